@@ -1,0 +1,491 @@
+"""The simulator's engine: rank threads, one baton, matching, virtual time.
+
+Exactly one rank thread runs at a time. At every scheduling point the running rank
+posts what it wants, the engine completes whatever that makes possible (matches
+messages, advances collective algorithms), then the strategy picks the next runnable
+rank and the baton moves to it. No wall clock, OS scheduling or hash ordering enters
+a choice: a run is a function of the program and its choice list.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+from simdist import _arrays as A
+from simdist import algorithms
+from simdist._errors import CollectiveMismatchError, DistError, DistTimeoutError, RankError
+from simdist._trace import Event, Trace
+from simdist._world import set_thread_world
+
+from . import _isolation
+from ._messages import CollectiveRun, Post, Waitable
+from ._report import deadlock_error
+
+__all__ = ["Engine", "Abort"]
+
+
+class Abort(BaseException):
+    """Unwinds a rank thread when the run has failed elsewhere (never seen by users)."""
+
+
+class RankState:
+    """The engine's record of one rank thread."""
+
+    __slots__ = ("rank", "lock", "thread", "started", "done", "pending", "clock", "rng", "world",
+                 "value", "blocked", "cpu_mark", "released", "cuda_mode")
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.thread: threading.Thread | None = None
+        self.started = False
+        self.done = False
+        self.pending = 0
+        self.clock = 0.0
+        self.rng: Any = None
+        self.world: Any = None
+        self.value: Any = None
+        self.blocked: tuple[str, list] | None = None
+        self.cpu_mark = 0.0
+        self.released = False
+        self.cuda_mode: Any = None
+
+
+class _GroupState:
+    __slots__ = ("gid", "ranks", "seq", "instances")
+
+    def __init__(self, gid: int, ranks: tuple[int, ...]):
+        self.gid = gid
+        self.ranks = ranks
+        self.seq = dict.fromkeys(ranks, 0)
+        self.instances: dict[int, _Instance] = {}
+
+
+class _Instance:
+    """The k-th collective on a group, as the ranks arrive at it."""
+
+    __slots__ = ("seq", "coll_id", "first", "runs")
+
+    def __init__(self, seq: int, coll_id: int):
+        self.seq = seq
+        self.coll_id = coll_id
+        self.first: tuple[int, Any] | None = None
+        self.runs: dict[int, CollectiveRun] = {}
+
+
+class Engine:
+    """One simulated run of ``fn(rank, *args)`` on ``size`` rank threads."""
+
+    def __init__(self, fn: Callable, args: tuple, size: int, *, strategy, topology, detail: str,
+                 eager_limit: int, record_steps: bool, prefix_output: bool, cpu_time: bool,
+                 cuda_as_cpu: bool, timeout: float | None, make_world: Callable):
+        self.fn, self.args, self.size = fn, args, size
+        self.strategy = strategy
+        self.topology = topology
+        self.detail = detail
+        self.eager_limit = eager_limit
+        self.record_steps = record_steps
+        self.prefix_output = prefix_output
+        self.cpu_time = cpu_time
+        self.cuda_as_cpu = cuda_as_cpu
+        self.timeout = timeout
+        self.ranks = [RankState(r) for r in range(size)]
+        for rs in self.ranks:
+            rs.world = make_world(self, rs)
+        self.runnable: list[int] = list(range(size))
+        self.current: RankState | None = None
+        self.choices: list[int] = []
+        self.widths: list[int] = []
+        self.points = 0
+        self.trace = Trace(meta={"world_size": size, "detail": detail, "topology": topology.name})
+        self.sends: dict[tuple, dict[int, deque]] = {}
+        self.recvs: dict[tuple, list[Post]] = {}
+        self.ready: deque = deque()
+        self.draining = False
+        self.groups: dict[int, _GroupState] = {}
+        self.coll_counter = 0
+        self.unwaited: dict[int, tuple[int, str]] = {}
+        self.error: BaseException | None = None
+        self.aborting = False
+        self.main_lock = threading.Lock()
+        self.main_lock.acquire()
+        self.alpha, self.beta = topology.alpha_beta()
+
+    # --- running -------------------------------------------------------------------
+
+    def run(self) -> list:
+        """Run every rank to the end; return their values or raise the run's error."""
+        saved = _isolation.enter(self)
+        try:
+            self.topology.reset()
+            first = self._select(None)
+            self._handover(first)
+            if not self.main_lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
+                self.aborting = True
+                raise DistTimeoutError(
+                    f"the simulation did not finish within timeout={self.timeout} s of real time; "
+                    f"rank {self.current.rank if self.current else '?'} was running (a loop that never "
+                    "reaches a simdist call, or a call that blocks outside simdist)"
+                )
+            for rs in self.ranks:
+                if rs.thread is not None:
+                    rs.thread.join()
+        finally:
+            _isolation.leave(self, saved)
+        if self.error is not None:
+            raise self.error
+        return [rs.value for rs in self.ranks]
+
+    def token(self) -> str:
+        from ._strategies import encode_choices
+
+        return self.strategy.token() or encode_choices(self.choices)
+
+    def _thread_main(self, rs: RankState) -> None:
+        set_thread_world(rs.world)
+        _isolation.enter_thread(self, rs)
+        try:
+            if self.aborting:
+                raise Abort
+            rs.value = self.fn(rs.rank, *self.args)
+        except Abort:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - a rank's failure is the run's result
+            if not self.aborting:
+                self._set_error(RankError(rs.rank, exc))
+        finally:
+            _isolation.leave_thread(self, rs)
+            set_thread_world(None)
+            self._finish(rs)
+
+    def _set_error(self, err: BaseException) -> None:
+        if self.error is None:
+            if isinstance(err, DistError):
+                err._with_schedule(self.token())
+            self.error = err
+        self.aborting = True
+
+    def fail(self, err: BaseException) -> None:
+        """Record ``err`` as the run's error and unwind the calling rank."""
+        self._set_error(err)
+        raise Abort
+
+    def _finish(self, rs: RankState) -> None:
+        rs.done = True
+        self._unrun(rs.rank)
+        if self.cpu_time:
+            rs.clock += time.thread_time() - rs.cpu_mark
+        if self.aborting:
+            self._continue_abort()
+            return
+        nxt = self._select(None)
+        if nxt is not None:
+            self._handover(nxt)
+        elif all(r.done for r in self.ranks):
+            self.current = None
+            self.main_lock.release()
+        else:
+            self._set_error(deadlock_error(self))
+            self._continue_abort()
+
+    def _continue_abort(self) -> None:
+        for rs in self.ranks:
+            if rs.started and not rs.done and not rs.released:
+                rs.released = True
+                self.current = rs
+                rs.lock.release()
+                return
+        self.current = None
+        self.main_lock.release()
+
+    def _handover(self, nxt: RankState) -> None:
+        self.current = nxt
+        _isolation.restore(self, nxt)
+        if nxt.started:
+            nxt.lock.release()
+        else:
+            nxt.started = True
+            nxt.thread = threading.Thread(target=self._thread_main, args=(nxt,), name=f"simdist-rank-{nxt.rank}", daemon=True)
+            nxt.thread.start()
+
+    # --- scheduling ------------------------------------------------------------------
+
+    def _unrun(self, rank: int) -> None:
+        i = bisect.bisect_left(self.runnable, rank)
+        if i < len(self.runnable) and self.runnable[i] == rank:
+            del self.runnable[i]
+
+    def _select(self, me: RankState | None) -> RankState | None:
+        runnable = self.runnable
+        n = len(runnable)
+        if n == 0:
+            return None
+        if n == 1:
+            return self.ranks[runnable[0]]
+        if me is not None and not me.done and me.pending == 0:
+            options = [me.rank] + [r for r in runnable if r != me.rank]
+        else:
+            options = runnable
+        c = self.strategy.pick(n, options, me.rank if me is not None else None)
+        self.choices.append(c)
+        self.widths.append(n)
+        return self.ranks[options[c]]
+
+    def point(self, me: RankState) -> None:
+        """A scheduling point of the running rank ``me``: maybe hand the baton to another rank."""
+        self.points += 1
+        self.drain()
+        if self.aborting:
+            raise Abort
+        if self.cpu_time:
+            me.clock += time.thread_time() - me.cpu_mark
+        nxt = self._select(me)
+        if nxt is None:
+            self.fail(deadlock_error(self))
+        if nxt is not me:
+            _isolation.save(self, me)
+            self._handover(nxt)
+            me.lock.acquire()
+            if self.aborting:
+                raise Abort
+        if self.cpu_time:
+            me.cpu_mark = time.thread_time()
+
+    def wait(self, me: RankState, items: list[Waitable], what: str) -> None:
+        """Block ``me`` until every item has completed (a scheduling point); advance its clock."""
+        pending = [it for it in items if not it.done]
+        if pending:
+            me.pending = len(pending)
+            me.blocked = (what, pending)
+            for it in pending:
+                it.waiters.append(me)
+            self._unrun(me.rank)
+        self.point(me)
+        me.blocked = None
+        for it in items:
+            if it.t_done > me.clock:
+                me.clock = it.t_done
+
+    def complete(self, item: Waitable, t_done: float) -> None:
+        item.done = True
+        item.t_done = t_done
+        waiters, item.waiters = item.waiters, []
+        for w in waiters:
+            w.pending -= 1
+            if w.pending == 0:
+                if isinstance(w, RankState):
+                    bisect.insort(self.runnable, w.rank)
+                else:
+                    self.ready.append(w)
+
+    def drain(self) -> None:
+        """Advance every collective run whose messages have completed, until none can move."""
+        if self.draining:
+            return
+        self.draining = True
+        try:
+            while self.ready:
+                self._advance(self.ready.popleft())
+        finally:
+            self.draining = False
+
+    # --- point to point --------------------------------------------------------------
+
+    def post(self, p: Post) -> Post:
+        """Post a send or a receive; match it if its partner is waiting."""
+        key = (p.ctx, p.dst, p.tag)
+        if p.kind == "send":
+            if 0 < p.nbytes <= self.eager_limit or (self.eager_limit > 0 and p.nbytes == 0):
+                p.data = A.empty(p.buf, A.numel(p.buf))
+                A.copy_(p.data, p.buf)
+                self._finish_post(p, p.t_post)
+            waiting = self.recvs.get(key)
+            if waiting:
+                for i, r in enumerate(waiting):
+                    if r.src is None or r.src == p.src:
+                        del waiting[i]
+                        self._match(p, r)
+                        return p
+            self.sends.setdefault(key, {}).setdefault(p.src, deque()).append(p)
+            return p
+        by_src = self.sends.get(key)
+        if by_src:
+            if p.src is not None:
+                queue = by_src.get(p.src)
+                if queue:
+                    self._match(queue.popleft(), p)
+                    return p
+            else:
+                senders = sorted(s for s, q in by_src.items() if q)
+                if senders:
+                    pick = 0
+                    if len(senders) > 1:
+                        pick = self.strategy.pick_match(len(senders)) % len(senders)
+                        self.choices.append(pick)
+                        self.widths.append(len(senders))
+                    self._match(by_src[senders[pick]].popleft(), p)
+                    return p
+        self.recvs.setdefault(key, []).append(p)
+        return p
+
+    def _match(self, s: Post, r: Post) -> None:
+        if s.nbytes != r.nbytes or s.dtype != r.dtype:
+            self.fail(DistError(
+                f"message size mismatch: {s.describe()} matched {r.describe()}; a send and its receive "
+                "must have the same dtype and number of elements"
+            ))
+        A.copy_(r.buf, s.data if s.data is not None else s.buf)
+        ready = s.t_post if s.done else max(s.t_post, r.t_post)
+        start, arrival = self.topology.transfer(s.src, s.dst, s.nbytes, ready)
+        r.source = s.src
+        self.trace.add(Event(rank=s.src, kind="message", op=s.label, group=s.group, peer=s.dst, tag=s.tag,
+                             nbytes=s.nbytes, t_start=start, t_end=arrival, collective_id=s.coll_id,
+                             step=s.step, chunk=s.chunk, call_site=s.call_site, algorithm=s.algorithm))
+        if not s.done:
+            self._finish_post(s, arrival)
+        self._finish_post(r, max(arrival, r.t_post))
+
+    def _finish_post(self, p: Post, t: float) -> None:
+        p.t_done = t
+        if p.on_done is not None:
+            p.on_done()
+        self.complete(p, t)
+
+    # --- collectives -------------------------------------------------------------------
+
+    def group_state(self, gid: int, ranks: tuple[int, ...]) -> _GroupState:
+        gs = self.groups.get(gid)
+        if gs is None:
+            gs = self.groups[gid] = _GroupState(gid, ranks)
+        return gs
+
+    def start_collective(self, me: RankState, group: Any, call: Any, instant: bool = False) -> CollectiveRun:
+        """Join the next collective on ``group``; check it against the other ranks' calls."""
+        gs = self.group_state(group.group_id, group.ranks)
+        gs.seq[me.rank] += 1
+        seq = gs.seq[me.rank]
+        inst = gs.instances.get(seq)
+        if inst is None:
+            inst = gs.instances[seq] = _Instance(seq, self.coll_counter)
+            self.coll_counter += 1
+            inst.first = (me.rank, call)
+        else:
+            self._check(inst, me.rank, call, group)
+        run = CollectiveRun(call, group, me.rank, seq, inst.coll_id, me.clock)
+        inst.runs[group.rank] = run
+        if instant or self.detail == "collectives":
+            if len(inst.runs) == group.size:
+                del gs.instances[seq]
+                self._complete_at_once(inst, instant)
+        else:
+            if len(inst.runs) == group.size:
+                del gs.instances[seq]
+            run.gen = call.start(_Transport(self, run))
+            self.ready.append(run)
+        return run
+
+    def _check(self, inst: _Instance, rank: int, call: Any, group: Any) -> None:
+        first_rank, first = inst.first
+        a, b = first.signature, call.signature
+        diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+        if diff:
+            fields = ", ".join(f"{k}: {va!r} on rank {first_rank} vs {vb!r} on rank {rank}" for k, (va, vb) in diff.items())
+            self.fail(CollectiveMismatchError(
+                f"collective mismatch on group {group.group_id} (collective {inst.seq} of the group): "
+                f"rank {first_rank} called {a.get('op')} at {first.call_site}, rank {rank} called "
+                f"{b.get('op')} at {call.call_site}; differing fields: {fields}",
+                ranks=(first_rank, rank), call_sites=(first.call_site, call.call_site), fields=diff,
+            ))
+
+    def _complete_at_once(self, inst: _Instance, instant: bool) -> None:
+        runs = [inst.runs[i] for i in range(len(inst.runs))]
+        call = runs[0].call
+        try:
+            call.oneshot([r.call for r in runs])
+        except (ValueError, TypeError) as exc:
+            self.fail(CollectiveMismatchError(f"{call.op} #{inst.coll_id}: {exc}"))
+        start = max(r.t0 for r in runs)
+        cost = 0.0 if instant else algorithms.cost(call.op, call.algorithm, call.nbytes, len(runs), self.alpha, self.beta)
+        for r in runs:
+            self._end_run(r, start + cost)
+
+    def _advance(self, run: CollectiveRun) -> None:
+        if run.waiting:
+            for h in run.waiting:
+                if h.t_done > run.t:
+                    run.t = h.t_done
+            if self.record_steps and run.call.snapshot is not None:
+                self.trace.add(Event(rank=run.rank, kind="step", op=run.call.op, group=run.group.group_id,
+                                     t_start=run.t, t_end=run.t, collective_id=run.coll_id, step=run.step,
+                                     algorithm=run.call.algorithm, snapshot=A.snapshot(run.call.snapshot)))
+            run.step += 1
+        while True:
+            try:
+                handles = next(run.gen)
+            except StopIteration:
+                self._end_run(run, run.t)
+                return
+            except Abort:
+                raise
+            except Exception as exc:  # noqa: BLE001 - an algorithm's failure belongs to its rank
+                self.fail(RankError(run.rank, exc))
+            run.waiting = handles
+            pending = [h for h in handles if not h.done]
+            if pending:
+                run.pending = len(pending)
+                for h in pending:
+                    h.waiters.append(run)
+                return
+            for h in handles:
+                if h.t_done > run.t:
+                    run.t = h.t_done
+            run.step += 1
+
+    def _end_run(self, run: CollectiveRun, t: float) -> None:
+        call = run.call
+        call.finish()
+        if call.op != "new_group":
+            self.trace.add(Event(rank=run.rank, kind="collective", op=call.op, group=run.group.group_id,
+                                 nbytes=call.nbytes, t_start=run.t0, t_end=t, collective_id=run.coll_id,
+                                 call_site=call.call_site, algorithm=call.algorithm))
+        self.complete(run, t)
+
+
+class _Transport:
+    """The Transport a collective algorithm sees inside the simulator."""
+
+    __slots__ = ("engine", "run", "rank", "size")
+
+    def __init__(self, engine: Engine, run: CollectiveRun):
+        self.engine = engine
+        self.run = run
+        self.rank = run.group.rank
+        self.size = run.group.size
+
+    def _post(self, kind: str, buf: Any, peer: int, tag: int, chunk: int | None) -> Post:
+        run = self.run
+        me, other = run.rank, run.group.ranks[peer]
+        p = Post(kind, me if kind == "send" else other, other if kind == "send" else me, run.ctx, tag, buf,
+                 A.nbytes(buf), A.dtype_name(buf), run.t, me)
+        p.label = run.call.op
+        p.group = run.group.group_id
+        p.call_site = run.call.call_site
+        p.coll_id = run.coll_id
+        p.step = run.step
+        p.chunk = chunk
+        p.algorithm = run.call.algorithm
+        return self.engine.post(p)
+
+    def isend(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Post:
+        return self._post("send", buf, peer, tag, chunk)
+
+    def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Post:
+        return self._post("recv", buf, peer, tag, chunk)
+
+    def wait(self, handles: Any) -> None:
+        raise RuntimeError("inside the simulator, algorithms wait by yielding their handles")

@@ -1,0 +1,189 @@
+"""The simulator's ProcessGroup, World and Work: thin translations onto the engine."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from simdist import _arrays as A
+from simdist._algorithmic import AlgorithmicGroup, CollectiveCall
+from simdist._group import GroupMember, Options
+from simdist._registry import TORCH_NAMES, backend_names
+from simdist._work import Work
+from simdist._world import World
+
+from ._messages import Post, Waitable
+
+__all__ = ["SimGroup", "SimWorld", "SimWork"]
+
+
+class SimWork(Work):
+    """A work in the simulator; ``wait`` is a scheduling point."""
+
+    def __init__(self, group: "SimGroup", item: Waitable, what: str, outputs: list, track: bool):
+        self.group = group
+        self.item = item
+        self.what = what
+        self.outs = outputs
+        self.key = id(self) if track else None
+        if track:
+            group.engine.unwaited[self.key] = (group.me.rank, f"{what} at {getattr(item, 'call_site', None) or _site(item)}")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        engine, me = self.group.engine, self.group.me
+        if self.key is not None:
+            engine.unwaited.pop(self.key, None)
+        engine.wait(me, [self.item], self.what)
+        return True
+
+    def is_completed(self) -> bool:
+        return self.item.done
+
+    def source_rank(self) -> int:
+        if not isinstance(self.item, Post) or not self.item.done:
+            return super().source_rank()
+        return self.item.source
+
+    def _outputs(self) -> list:
+        return self.outs
+
+
+def _site(item: Any) -> str:
+    call = getattr(item, "call", None)
+    return getattr(call, "call_site", None) or "?"
+
+
+class SimGroup(AlgorithmicGroup):
+    """One rank's handle on a group of simulated ranks."""
+
+    backend = "sim"
+
+    def __init__(self, engine: Any, me: Any, rank: int, ranks: Sequence[int], group_id: int):
+        super().__init__(rank, ranks, group_id)
+        self.engine = engine
+        self.me = me
+
+    def _p2p(self, kind: str, tensor: Any, peer: int | None, opts: Options) -> Work:
+        engine, me = self.engine, self.me
+        if engine.aborting:
+            from ._engine import Abort
+
+            raise Abort
+        if kind == "send":
+            buf, back = A.stage_in(tensor), None
+            src, dst = me.rank, self.ranks[peer]
+        else:
+            buf, back = A.stage_out(tensor)
+            src, dst = (None if peer is None else self.ranks[peer]), me.rank
+        p = Post(kind, src, dst, ("p", self.group_id), opts.tag or 0, buf, A.nbytes(buf), A.dtype_name(buf), me.clock, me.rank)
+        p.group = self.group_id
+        p.call_site = opts.call_site
+        p.label = kind
+        p.on_done = _span(engine, p, back)
+        engine.post(p)
+        work = SimWork(self, p, kind, [tensor], track=True)
+        engine.point(me)
+        return work
+
+    def send(self, tensor: Any, dst: int, opts: Options) -> Work:
+        return self._p2p("send", tensor, dst, opts)
+
+    def recv(self, tensor: Any, src: int | None, opts: Options) -> Work:
+        return self._p2p("recv", tensor, src, opts)
+
+    def _run_collective(self, call: CollectiveCall, opts: Options) -> Work:
+        engine, me = self.engine, self.me
+        if engine.aborting:
+            from ._engine import Abort
+
+            raise Abort
+        run = engine.start_collective(me, self, call)
+        work = SimWork(self, run, call.op, call.outputs, track=bool(opts.async_op))
+        if opts.async_op:
+            engine.point(me)
+        return work
+
+
+def _span(engine: Any, p: Post, back: Any):
+    """Completion of a user send/recv: write back a staged buffer, record the span."""
+    from simdist._trace import Event
+
+    def done() -> None:
+        if back is not None:
+            back()
+        engine.trace.add(Event(rank=p.owner, kind=p.kind, op=p.kind, group=p.group,
+                               peer=p.dst if p.kind == "send" else p.source, tag=p.tag, nbytes=p.nbytes,
+                               t_start=p.t_post, t_end=p.t_done,
+                               call_site=p.call_site))
+
+    return done
+
+
+_KNOWN = set(TORCH_NAMES) | {"socket", "torch-nccl", "torch-gloo"}
+
+
+class SimWorld(World):
+    """The world one simulated rank lives in (one per rank thread)."""
+
+    def __init__(self, engine: Any, me: Any):
+        self.engine = engine
+        self.me = me
+        self.rank = me.rank
+        self.size = engine.size
+        self.groups: list[SimGroup] = []
+        self.group_count = 0
+
+    def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
+        if backend is not None and backend not in _KNOWN and backend not in backend_names():
+            raise ValueError(
+                f"backend={backend!r} is not a known backend; expected one of "
+                f"{sorted(_KNOWN | set(backend_names()))}"
+            )
+        if world_size not in (None, -1) and world_size != self.size:
+            raise ValueError(f"world_size={world_size!r} but this simulation runs {self.size} ranks")
+        if rank not in (None, -1) and rank != self.rank:
+            raise ValueError(f"rank={rank!r} but this simulated rank is rank {self.rank}")
+        self.backend = backend or "sim"
+        self.default_group = SimGroup(self.engine, self.me, self.rank, range(self.size), 0)
+        self.groups = [self.default_group]
+        self.engine.point(self.me)
+
+    def new_group(self, ranks, *, backend, timeout):
+        self.group_count += 1
+        gid = self.group_count
+        self._sync("new_group", {"op": "new_group", "ranks": tuple(ranks)})
+        if self.rank not in ranks:
+            return GroupMember.NON_GROUP_MEMBER
+        group = SimGroup(self.engine, self.me, ranks.index(self.rank), ranks, gid)
+        self.groups.append(group)
+        return group
+
+    def _sync(self, op: str, signature: dict) -> None:
+        """Wait until every rank of the world reaches the same call (checked like a collective)."""
+        from simdist._callsite import user_call_site
+
+        call = CollectiveCall(op=op, algorithm="none", signature=signature, start=None,
+                              oneshot=lambda calls: None, nbytes=0, finish=lambda: None, outputs=[],
+                              call_site=user_call_site())
+        run = self.engine.start_collective(self.me, self.default_group, call, instant=True)
+        self.engine.wait(self.me, [run], op)
+
+    def compute(self, seconds: float, call_site: str) -> None:
+        """Advance this rank's virtual clock by ``seconds`` of annotated computation."""
+        from simdist._trace import Event
+
+        me = self.me
+        self.engine.trace.add(Event(rank=me.rank, kind="compute", op="compute", t_start=me.clock,
+                                    t_end=me.clock + seconds, call_site=call_site))
+        me.clock += seconds
+
+    def destroy(self, group) -> None:
+        if group is None or group is self.default_group:
+            for g in self.groups:
+                g.destroy()
+            self.groups = []
+            self.default_group = None
+            self.backend = None
+        elif group in self.groups:
+            self.groups.remove(group)
+            group.destroy()
+

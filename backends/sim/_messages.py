@@ -1,0 +1,100 @@
+"""Things a rank can wait on: posted messages and collective runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Waitable", "Post", "CollectiveRun"]
+
+
+class Waitable:
+    """Something that completes once, with the virtual time ``t_done``.
+
+    ``waiters`` are notified on completion: each has a ``pending`` count that drops by one.
+    """
+
+    __slots__ = ("done", "t_done", "waiters")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.t_done = 0.0
+        self.waiters: list = []
+
+
+class Post(Waitable):
+    """One posted send or receive.
+
+    ``src``/``dst`` are global ranks (``src`` is ``None`` for an any-source receive until
+    it matches; ``source`` then holds the sender). ``ctx`` separates user point-to-point
+    traffic of a group from each collective's traffic.
+    """
+
+    __slots__ = (
+        "kind", "src", "dst", "ctx", "tag", "buf", "nbytes", "dtype", "t_post", "source",
+        "data", "on_done", "label", "group", "call_site", "coll_id", "step", "chunk",
+        "algorithm", "owner",
+    )
+
+    def __init__(self, kind: str, src: int | None, dst: int, ctx: tuple, tag: int, buf: Any,
+                 nbytes: int, dtype: str, t_post: float, owner: int):
+        super().__init__()
+        self.kind = kind
+        self.src = src
+        self.dst = dst
+        self.ctx = ctx
+        self.tag = tag
+        self.buf = buf
+        self.nbytes = nbytes
+        self.dtype = dtype
+        self.t_post = t_post
+        self.owner = owner
+        self.source: int | None = src
+        self.data: Any = None
+        self.on_done = None
+        self.label = kind
+        self.group = 0
+        self.call_site: str | None = None
+        self.coll_id: int | None = None
+        self.step: int | None = None
+        self.chunk: int | None = None
+        self.algorithm: str | None = None
+
+    def describe(self) -> str:
+        if self.kind == "send":
+            what = f"send {self.owner}->{self.dst}"
+        else:
+            what = f"recv {self.owner}<-{'any' if self.src is None else self.src}"
+        where = f" at {self.call_site}" if self.call_site else ""
+        coll = f" in {self.label} #{self.coll_id}" if self.coll_id is not None else ""
+        return f"{what} tag {self.tag} ({self.nbytes} bytes, {self.dtype}) on group {self.group}{coll}{where}"
+
+
+class CollectiveRun(Waitable):
+    """One rank's part of one collective: an algorithm generator driven by the engine.
+
+    ``t`` is the run's own virtual clock: it starts at the caller's clock and advances
+    as the messages it waits for complete, so an asynchronous collective progresses
+    while the caller computes.
+    """
+
+    __slots__ = ("call", "group", "rank", "gen", "seq", "coll_id", "t", "t0", "step", "waiting",
+                 "pending", "ctx")
+
+    def __init__(self, call: Any, group: Any, rank: int, seq: int, coll_id: int, t: float):
+        super().__init__()
+        self.call = call
+        self.group = group
+        self.rank = rank
+        self.seq = seq
+        self.coll_id = coll_id
+        self.t = t
+        self.t0 = t
+        self.step = 0
+        self.gen = None
+        self.waiting: list = []
+        self.pending = 0
+        self.ctx = ("c", group.group_id, seq)
+
+    def describe(self) -> str:
+        where = f" at {self.call.call_site}" if self.call.call_site else ""
+        return f"{self.call.op} #{self.coll_id} (collective {self.seq} on group {self.group.group_id}){where}"

@@ -1,0 +1,142 @@
+"""``simulate``: run an SPMD function on simulated ranks."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from simdist._callsite import user_call_site
+from simdist._errors import DistError, LeakWarning
+from simdist._topology import as_topology
+from simdist._trace import Trace
+
+from ._engine import Engine
+from ._group import SimWorld
+from ._report import leaks as find_leaks
+from ._report import undestroyed
+from ._strategies import make_strategy
+
+__all__ = ["SimResult", "simulate", "DETAILS"]
+
+DETAILS = ("messages", "collectives")
+
+
+@dataclass
+class SimResult:
+    """What a simulated run produced.
+
+    Attributes:
+        values: each rank's return value, by rank.
+        trace: every message, collective, point-to-point operation and step, in virtual time.
+        schedule: the replay token (``simulate(..., schedule=result.schedule)`` reruns it exactly).
+        choices: the scheduler's choices, in order.
+        leaks: unmatched messages, never-waited works and groups never destroyed.
+        points: the number of scheduling points the run passed.
+        option_counts: how many options each choice had (``choices[i] < option_counts[i]``).
+    """
+
+    values: list
+    trace: Trace
+    schedule: str
+    choices: list[int] = field(default_factory=list)
+    leaks: list[str] = field(default_factory=list)
+    points: int = 0
+    option_counts: list[int] = field(default_factory=list)
+
+    @property
+    def time(self) -> float:
+        """The run's virtual makespan in seconds."""
+        return self.trace.duration()
+
+
+def _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout):
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"nprocs={nprocs!r} must be a positive integer (the number of ranks)")
+    if not isinstance(args, tuple):
+        raise TypeError(f"args must be a tuple, got {type(args).__name__}")
+    if detail not in DETAILS:
+        raise ValueError(f"detail={detail!r} is not a level of detail; expected one of {DETAILS}")
+    if isinstance(eager_limit, bool) or not isinstance(eager_limit, int) or eager_limit < 0:
+        raise ValueError(f"eager_limit={eager_limit!r} must be a non-negative number of bytes")
+    if leaks not in ("warn", "error", "ignore"):
+        raise ValueError(f"leaks={leaks!r} must be 'warn', 'error' or 'ignore'")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout={timeout!r} must be a positive number of seconds or None")
+
+
+def simulate(
+    fn: Callable,
+    nprocs: int,
+    args: tuple = (),
+    *,
+    seed: int | None = None,
+    strategy: Any = None,
+    schedule: Any = None,
+    detail: str = "messages",
+    topology: Any = None,
+    eager_limit: int = 0,
+    timeout: float | None = None,
+    record_steps: bool = True,
+    prefix_output: bool = False,
+    cpu_time: bool = False,
+    cuda_as_cpu: bool | None = None,
+    leaks: str = "warn",
+) -> SimResult:
+    """Run ``fn(rank, *args)`` on ``nprocs`` simulated ranks; return values, trace and replay token.
+
+    Every rank is a thread and exactly one runs at a time; ``strategy`` (seeded by
+    ``seed``, default ``'random'`` with seed 0) picks the next rank at each scheduling
+    point, or ``schedule`` (a replay token or a list of choices) replays a run.
+
+    Args:
+        detail: ``'messages'`` runs each collective's algorithm message by message;
+            ``'collectives'`` completes each collective in one step once every member has
+            arrived, charging the algorithm's alpha-beta cost (for thousands of ranks).
+        topology: ``None`` (``'switch'``), a name from ``simdist.TOPOLOGIES``, a networkx graph or a Topology.
+        eager_limit: sends of at most this many bytes complete at once (buffered); larger
+            ones wait for their receive, as on real transports. 0: every send waits.
+        timeout: real seconds after which a run that does not finish raises ``DistTimeoutError``.
+        record_steps: record the leading values of each algorithm step's buffer in the trace.
+        prefix_output: prefix each line a rank prints with ``[rank N]``.
+        cpu_time: add each rank's measured CPU time to its virtual clock (not deterministic).
+        cuda_as_cpu: keep tensors moved to CUDA on the CPU (default: when CUDA is unavailable).
+        leaks: ``'warn'`` (a ``LeakWarning``), ``'error'`` or ``'ignore'`` for what the run leaves behind.
+
+    Raises:
+        DeadlockError, CollectiveMismatchError, RankError, DistTimeoutError: each with
+        ``.schedule``, the replay token of the failing run.
+    """
+    _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout)
+    engine = Engine(
+        fn, args, nprocs,
+        strategy=make_strategy(strategy, seed, schedule),
+        topology=as_topology(topology, nprocs),
+        detail=detail,
+        eager_limit=eager_limit,
+        record_steps=record_steps,
+        prefix_output=prefix_output,
+        cpu_time=cpu_time,
+        cuda_as_cpu=(not torch.cuda.is_available()) if cuda_as_cpu is None else bool(cuda_as_cpu),
+        timeout=timeout,
+        make_world=SimWorld,
+    )
+    values = engine.run()
+    token = engine.token()
+    engine.trace.meta["schedule"] = token
+    found = find_leaks(engine)
+    if found and leaks != "ignore":
+        text = f"the simulation left {len(found)} leak(s) (replay token {token}):\n  " + "\n  ".join(found)
+        if leaks == "error":
+            raise DistError(text)._with_schedule(token)
+        site = user_call_site()
+        filename, _, line = site.rpartition(":")
+        warnings.warn_explicit(text, LeakWarning, filename or site, int(line) if line.isdigit() else 0)
+    kept = undestroyed(engine)
+    if kept:
+        found.append(f"ranks {kept}: the default process group was never destroyed (destroy_process_group)")
+    return SimResult(values, engine.trace, token, list(engine.choices), found, engine.points, list(engine.widths))

@@ -1,0 +1,76 @@
+"""simdist: torch.distributed-style collectives on a deterministic simulator and real backends.
+
+``import simdist as dist`` in place of ``import torch.distributed as dist``; launch with
+``simdist.spawn(fn, args=(world_size,), nprocs=world_size, backend="sim")`` or
+``simdist.simulate(fn, nprocs)`` for values, trace and replay token.
+"""
+
+from ._api import P2POp as P2POp
+from ._api import all_gather as all_gather
+from ._api import all_gather_into_tensor as all_gather_into_tensor
+from ._api import all_reduce as all_reduce
+from ._api import all_to_all as all_to_all
+from ._api import all_to_all_single as all_to_all_single
+from ._api import barrier as barrier
+from ._api import batch_isend_irecv as batch_isend_irecv
+from ._api import broadcast as broadcast
+from ._api import compute as compute
+from ._api import destroy_process_group as destroy_process_group
+from ._api import gather as gather
+from ._api import get_backend as get_backend
+from ._api import get_global_rank as get_global_rank
+from ._api import get_group_rank as get_group_rank
+from ._api import get_process_group_ranks as get_process_group_ranks
+from ._api import get_rank as get_rank
+from ._api import get_world_size as get_world_size
+from ._api import init_process_group as init_process_group
+from ._api import irecv as irecv
+from ._api import is_initialized as is_initialized
+from ._api import isend as isend
+from ._api import new_group as new_group
+from ._api import recv as recv
+from ._api import reduce as reduce
+from ._api import reduce_scatter as reduce_scatter
+from ._api import reduce_scatter_tensor as reduce_scatter_tensor
+from ._api import scatter as scatter
+from ._api import send as send
+from ._errors import CollectiveMismatchError as CollectiveMismatchError
+from ._errors import DeadlockError as DeadlockError
+from ._errors import DistError as DistError
+from ._errors import DistTimeoutError as DistTimeoutError
+from ._errors import LeakWarning as LeakWarning
+from ._errors import NotInitializedError as NotInitializedError
+from ._errors import ProtocolError as ProtocolError
+from ._errors import RankError as RankError
+from ._group import GroupMember as GroupMember
+from ._group import ProcessGroup as ProcessGroup
+from ._launch import enumerate_schedules as enumerate_schedules
+from ._launch import simulate as simulate
+from ._launch import spawn as spawn
+from ._objects import all_gather_object as all_gather_object
+from ._objects import broadcast_object_list as broadcast_object_list
+from ._objects import gather_object as gather_object
+from ._objects import scatter_object_list as scatter_object_list
+from ._reduce_op import ReduceOp as ReduceOp
+from ._registry import BackendSpec as BackendSpec
+from ._registry import register_backend as register_backend
+from ._topology import TOPOLOGIES as TOPOLOGIES
+from ._topology import Topology as Topology
+from ._trace import Event as Event
+from ._trace import Trace as Trace
+from ._work import Work as Work
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "P2POp", "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all", "all_to_all_single",
+    "barrier", "batch_isend_irecv", "broadcast", "compute", "destroy_process_group", "gather",
+    "get_backend", "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank",
+    "get_world_size", "init_process_group", "irecv", "is_initialized", "isend", "new_group", "recv",
+    "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",
+    "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+    "CollectiveMismatchError", "DeadlockError", "DistError", "DistTimeoutError", "LeakWarning",
+    "NotInitializedError", "ProtocolError", "RankError",
+    "GroupMember", "ProcessGroup", "ReduceOp", "Work", "Event", "Trace", "Topology", "TOPOLOGIES",
+    "BackendSpec", "register_backend", "enumerate_schedules", "simulate", "spawn",
+]

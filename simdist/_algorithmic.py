@@ -1,0 +1,293 @@
+"""``AlgorithmicGroup``: collectives built from ``simdist.algorithms`` over a Transport.
+
+The simulator and the socket backend share this class. It stages arrays into flat
+buffers, packs list arguments, picks an algorithm and describes the call as a
+:class:`CollectiveCall`; the backend only decides how messages travel
+(:meth:`AlgorithmicGroup._run_collective`).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import _arrays as A
+from . import algorithms
+from ._group import Options, ProcessGroup
+from ._reduce_op import ReduceOp
+from ._work import Work
+
+__all__ = ["AlgorithmicGroup", "CollectiveCall"]
+
+
+@dataclass(eq=False)
+class CollectiveCall:
+    """One rank's part in one collective, ready for a backend to run.
+
+    Attributes:
+        op: the collective's name (``'all_reduce'``).
+        algorithm: the chosen algorithm's name.
+        signature: the fields that must agree on every rank (dtype, shape, op, root, ...).
+        start: makes the algorithm's generator for a Transport.
+        oneshot: computes every rank's result at once from all ranks' calls (fast mode).
+        nbytes: the size the cost model charges for.
+        finish: run once the data is in place (write-backs, the division of AVG).
+        outputs: what ``Work.result()`` returns.
+        snapshot: the flat buffer whose values the trace may record after each step.
+        args: the staged buffers, read by ``oneshot`` across ranks.
+    """
+
+    op: str
+    algorithm: str
+    signature: dict[str, Any]
+    start: Callable[[Any], Any]
+    oneshot: Callable[[list["CollectiveCall"]], None]
+    nbytes: int
+    finish: Callable[[], None]
+    outputs: list
+    snapshot: Any = None
+    args: dict[str, Any] = field(default_factory=dict)
+    call_site: str | None = None
+
+
+def _chain(*steps: Callable[[], None] | None) -> Callable[[], None]:
+    live = [s for s in steps if s is not None]
+
+    def run() -> None:
+        for s in live:
+            s()
+
+    return run
+
+
+def _concat(arrays: Sequence[Any]) -> Any:
+    """One flat buffer holding ``arrays`` back to back."""
+    first = A.stage_in(arrays[0])
+    out = A.empty(first, sum(A.numel(a) for a in arrays))
+    pos = 0
+    for a in arrays:
+        n = A.numel(a)
+        A.copy_(A.narrow(out, pos, n), A.stage_in(a))
+        pos += n
+    return out
+
+
+def _split_into(flat: Any, arrays: Sequence[Any]) -> Callable[[], None]:
+    """A write-back copying consecutive pieces of ``flat`` into ``arrays``."""
+
+    def run() -> None:
+        pos = 0
+        for a in arrays:
+            n = A.numel(a)
+            buf, back = A.stage_out(a)
+            A.copy_(buf, A.narrow(flat, pos, n))
+            if back is not None:
+                back()
+            pos += n
+
+    return run
+
+
+class AlgorithmicGroup(ProcessGroup):
+    """A ProcessGroup whose collectives are ``simdist.algorithms`` over a Transport."""
+
+    @abstractmethod
+    def _run_collective(self, call: CollectiveCall, opts: Options) -> Work:
+        """Start ``call`` on this rank and return its Work."""
+
+    def _pick(self, op: str, opts: Options, nbytes: int) -> str:
+        name = opts.algorithm or self.default_algorithms.get(op)
+        if name is None:
+            return algorithms.choose(op, nbytes, self.size)
+        algorithms.get(op, name)
+        return name
+
+    def _signature(self, op: str, algorithm: str, opts: Options, x: Any, **extra: Any) -> dict:
+        sig = {"op": op, "dtype": A.dtype_name(x), "shape": A.shape_of(x), "algorithm": algorithm}
+        sig["async_op"] = bool(opts.async_op)
+        if opts.op is not None:
+            sig["reduce_op"] = opts.op.name
+        if opts.root is not None:
+            sig["root"] = self.ranks[opts.root]
+        sig.update(extra)
+        return sig
+
+    def _call(self, op, opts, x, nbytes, make, oneshot, finish, outputs, snapshot, args, **extra):
+        algo = self._pick(op, opts, nbytes)
+        fn = algorithms.get(op, algo)
+        call = CollectiveCall(
+            op=op,
+            algorithm=algo,
+            signature=self._signature(op, algo, opts, x, **extra),
+            start=lambda t: make(fn, t),
+            oneshot=oneshot,
+            nbytes=nbytes,
+            finish=finish,
+            outputs=outputs,
+            snapshot=snapshot,
+            args=args,
+            call_site=opts.call_site,
+        )
+        return self._run_collective(call, opts)
+
+    # --- collectives -------------------------------------------------------------
+
+    def all_reduce(self, tensor: Any, opts: Options) -> Work:
+        red = opts.op or ReduceOp.SUM
+        A.check_reduce_op(tensor, red)
+        buf, back = A.stage_out(tensor)
+        base = ReduceOp.SUM if red is ReduceOp.AVG else red
+        avg = (lambda: A.average_(buf, self.size)) if red is ReduceOp.AVG else None
+        return self._call(
+            "all_reduce", opts, tensor, A.nbytes(buf),
+            make=lambda fn, t: fn(t, buf, base),
+            oneshot=lambda calls: algorithms.oneshot.all_reduce([c.args["buf"] for c in calls], base),
+            finish=_chain(avg, back), outputs=[tensor], snapshot=buf, args={"buf": buf},
+        )
+
+    def broadcast(self, tensor: Any, opts: Options) -> Work:
+        buf, back = A.stage_out(tensor)
+        root = opts.root
+        return self._call(
+            "broadcast", opts, tensor, A.nbytes(buf),
+            make=lambda fn, t: fn(t, buf, root),
+            oneshot=lambda calls: algorithms.oneshot.broadcast([c.args["buf"] for c in calls], root),
+            finish=_chain(back), outputs=[tensor], snapshot=buf, args={"buf": buf},
+        )
+
+    def reduce(self, tensor: Any, opts: Options) -> Work:
+        red = opts.op or ReduceOp.SUM
+        A.check_reduce_op(tensor, red)
+        buf, back = A.stage_out(tensor)
+        root = opts.root
+        base = ReduceOp.SUM if red is ReduceOp.AVG else red
+        avg = None
+        if red is ReduceOp.AVG and self.rank == root:
+            avg = lambda: A.average_(buf, self.size)  # noqa: E731
+        return self._call(
+            "reduce", opts, tensor, A.nbytes(buf),
+            make=lambda fn, t: fn(t, buf, base, root),
+            oneshot=lambda calls: algorithms.oneshot.reduce([c.args["buf"] for c in calls], base, root),
+            finish=_chain(avg, back), outputs=[tensor], snapshot=buf, args={"buf": buf},
+        )
+
+    def all_gather(self, output_list: list, tensor: Any, opts: Options) -> Work:
+        inp = A.stage_in(tensor)
+        out = A.empty(inp, A.numel(inp) * self.size)
+        return self._gathered("all_gather", opts, tensor, inp, out, _split_into(out, output_list), output_list)
+
+    def all_gather_into_tensor(self, output: Any, input: Any, opts: Options) -> Work:
+        inp = A.stage_in(input)
+        out, back = A.stage_out(output)
+        return self._gathered("all_gather", opts, input, inp, out, _chain(back), [output])
+
+    def _gathered(self, op, opts, x, inp, out, finish, outputs):
+        return self._call(
+            op, opts, x, A.nbytes(inp) * self.size,
+            make=lambda fn, t: fn(t, inp, out),
+            oneshot=lambda calls: algorithms.oneshot.all_gather(
+                [c.args["inp"] for c in calls], [c.args["out"] for c in calls]
+            ),
+            finish=finish, outputs=outputs, snapshot=out, args={"inp": inp, "out": out},
+        )
+
+    def gather(self, tensor: Any, gather_list: list | None, opts: Options) -> Work:
+        root = opts.root
+        inp = A.stage_in(tensor)
+        out = A.empty(inp, A.numel(inp) * self.size) if self.rank == root else None
+        finish = _split_into(out, gather_list) if out is not None else _chain()
+        return self._call(
+            "gather", opts, tensor, A.nbytes(inp) * self.size,
+            make=lambda fn, t: fn(t, inp, out, root),
+            oneshot=lambda calls: algorithms.oneshot.gather(
+                [c.args["inp"] for c in calls], calls[root].args["out"], root
+            ),
+            finish=finish, outputs=list(gather_list or []), snapshot=out if out is not None else inp,
+            args={"inp": inp, "out": out},
+        )
+
+    def scatter(self, tensor: Any, scatter_list: list | None, opts: Options) -> Work:
+        root = opts.root
+        out, back = A.stage_out(tensor)
+        inp = _concat(scatter_list) if self.rank == root else None
+        return self._call(
+            "scatter", opts, tensor, A.nbytes(out) * self.size,
+            make=lambda fn, t: fn(t, inp, out, root),
+            oneshot=lambda calls: algorithms.oneshot.scatter(
+                calls[root].args["inp"], [c.args["out"] for c in calls], root
+            ),
+            finish=_chain(back), outputs=[tensor], snapshot=out, args={"inp": inp, "out": out},
+        )
+
+    def reduce_scatter(self, output: Any, input_list: list, opts: Options) -> Work:
+        return self._reduce_scatter(output, _concat(input_list), [A.numel(x) for x in input_list], opts)
+
+    def reduce_scatter_tensor(self, output: Any, input: Any, opts: Options) -> Work:
+        return self._reduce_scatter(output, A.stage_in(input), [A.numel(output)] * self.size, opts)
+
+    def _reduce_scatter(self, output, inp, counts, opts):
+        red = opts.op or ReduceOp.SUM
+        A.check_reduce_op(output, red)
+        out, back = A.stage_out(output)
+        base = ReduceOp.SUM if red is ReduceOp.AVG else red
+        avg = (lambda: A.average_(out, self.size)) if red is ReduceOp.AVG else None
+        return self._call(
+            "reduce_scatter", opts, output, A.nbytes(inp),
+            make=lambda fn, t: fn(t, inp, out, counts, base),
+            oneshot=lambda calls: algorithms.oneshot.reduce_scatter(
+                [c.args["inp"] for c in calls], [c.args["out"] for c in calls], counts, base
+            ),
+            finish=_chain(avg, back), outputs=[output], snapshot=out, args={"inp": inp, "out": out},
+            counts=tuple(counts),
+        )
+
+    def all_to_all(self, output_list: list, input_list: list, opts: Options) -> Work:
+        inp = _concat(input_list)
+        out = A.empty(inp, sum(A.numel(x) for x in output_list))
+        send = [A.numel(x) for x in input_list]
+        recv = [A.numel(x) for x in output_list]
+        return self._all_to_all(output_list[0], inp, out, send, recv, _split_into(out, output_list), output_list, opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts) -> Work:
+        inp = A.stage_in(input)
+        out, back = A.stage_out(output)
+        send = _split_counts(input, input_split_sizes, self.size)
+        recv = _split_counts(output, output_split_sizes, self.size)
+        return self._all_to_all(output, inp, out, send, recv, _chain(back), [output], opts)
+
+    def _all_to_all(self, x, inp, out, send, recv, finish, outputs, opts):
+        return self._call(
+            "all_to_all", opts, x, A.nbytes(inp),
+            make=lambda fn, t: fn(t, inp, out, send, recv),
+            oneshot=lambda calls: algorithms.oneshot.all_to_all(
+                [c.args["inp"] for c in calls],
+                [c.args["out"] for c in calls],
+                [c.args["send"] for c in calls],
+                [c.args["recv"] for c in calls],
+            ),
+            finish=finish, outputs=outputs, snapshot=out,
+            args={"inp": inp, "out": out, "send": send, "recv": recv},
+            shape=None,
+        )
+
+    def barrier(self, opts: Options) -> Work:
+        scratch = np.zeros(1, dtype=np.uint8)
+        return self._call(
+            "barrier", opts, scratch, 0,
+            make=lambda fn, t: fn(t, scratch),
+            oneshot=lambda calls: None,
+            finish=_chain(), outputs=[], snapshot=None, args={},
+            dtype=None, shape=None,
+        )
+
+
+def _split_counts(x: Any, splits: Sequence[int] | None, size: int) -> list[int]:
+    """Element counts per rank for ``all_to_all_single`` split sizes (counted in dim-0 rows)."""
+    rows = A.shape_of(x)[0] if A.shape_of(x) else 1
+    per_row = A.numel(x) // rows if rows else 0
+    if splits is None:
+        return [rows // size * per_row] * size
+    return [int(s) * per_row for s in splits]

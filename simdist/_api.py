@@ -1,0 +1,462 @@
+"""The torch.distributed-compatible functions: set-up, point-to-point and collectives.
+
+Every function resolves the world, then the group, checks its arguments, then calls
+the group. Collectives wait for their Work unless ``async_op=True``, exactly like
+torch. On a rank outside ``group`` an operation does nothing and returns ``None``.
+Ranks named by ``src``/``dst``/``peer`` are *global* ranks; ``group_src``/``group_dst``
+name ranks within ``group``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from . import _arrays as A
+from ._callsite import user_call_site
+from ._checks import check_int, check_list, check_splits, resolve, root_of, same_kind, to_group_rank
+from ._group import GroupMember, Options
+from ._reduce_op import ReduceOp, as_reduce_op
+from ._registry import TORCH_NAMES, backend_spec
+from ._work import Work
+from ._world import current_world, require_world
+
+__all__ = [
+    "init_process_group", "is_initialized", "destroy_process_group", "get_rank", "get_world_size",
+    "get_backend", "new_group", "get_process_group_ranks", "get_global_rank", "get_group_rank",
+    "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",
+    "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter",
+    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "compute",
+]
+
+
+# --- set-up ------------------------------------------------------------------------------
+
+
+def init_process_group(
+    backend: str | None = None,
+    init_method: str | None = None,
+    timeout: Any = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Any = None,
+    group_name: str = "",
+    pg_options: Any = None,
+    device_id: Any = None,
+) -> None:
+    """Create the default process group of all ranks.
+
+    Inside a simulated rank (``simdist.spawn(..., backend="sim")`` or
+    ``simdist.simulate``) the group always binds to the simulator, whatever backend
+    it names, so code written for ``"gloo"`` or ``"nccl"`` runs unchanged; ``rank`` and
+    ``world_size``, if given, must match the simulated rank.
+
+    Raises:
+        ValueError: double initialization, a bad ``rank``/``world_size`` or an unknown backend.
+    """
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be a str such as 'gloo' or 'sim', got {type(backend).__name__}")
+    world_size = check_int(world_size, "world_size")
+    rank = check_int(rank, "rank")
+    if world_size != -1 and world_size < 1:
+        raise ValueError(f"world_size={world_size} must be positive (or -1 to take it from the environment)")
+    if rank != -1 and (rank < 0 or (world_size > 0 and rank >= world_size)):
+        raise ValueError(f"rank={rank} is out of range for world_size={world_size}")
+    world = current_world()
+    if world is not None and world.initialized:
+        raise ValueError("trying to initialize the default process group twice (call destroy_process_group first)")
+    if world is None:
+        if backend is not None and backend not in TORCH_NAMES:
+            backend_spec(backend)
+        raise RuntimeError(
+            f"init_process_group(backend={backend!r}) was called outside a simulation, and no process "
+            "backend serves it here; run the function on simulated ranks with "
+            "simdist.spawn(fn, args=(world_size,), nprocs=world_size, backend='sim') or simdist.simulate(fn, nprocs)"
+        )
+    world.init(backend, init_method=init_method, timeout=timeout, world_size=world_size, rank=rank, store=store)
+
+
+def is_initialized() -> bool:
+    """Whether the default process group of the calling rank has been initialized."""
+    world = current_world()
+    return world is not None and world.initialized
+
+
+def destroy_process_group(group: Any = None) -> None:
+    """Destroy ``group``, or the default group and every group when ``group`` is ``None``."""
+    world = require_world("destroy_process_group")
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return
+    world.destroy(group)
+
+
+def get_rank(group: Any = None) -> int:
+    """This rank's rank in ``group`` (the default group if ``None``); -1 if it is not a member."""
+    world = require_world("get_rank")
+    if group is None or group is GroupMember.WORLD:
+        return world.rank
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return -1
+    return group.rank
+
+
+def get_world_size(group: Any = None) -> int:
+    """The number of ranks in ``group`` (the default group if ``None``); -1 if this rank is not a member."""
+    world = require_world("get_world_size")
+    if group is None or group is GroupMember.WORLD:
+        return world.size
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return -1
+    return group.size
+
+
+def get_backend(group: Any = None) -> str:
+    """The backend name given to ``init_process_group`` (``'sim'`` if none was given)."""
+    world = require_world("get_backend")
+    if group is GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("get_backend: this rank is not a member of the given group")
+    return world.backend or "sim"
+
+
+def new_group(
+    ranks: Sequence[int] | None = None,
+    timeout: Any = None,
+    backend: str | None = None,
+    pg_options: Any = None,
+    use_local_synchronization: bool = False,
+    group_desc: str | None = None,
+    device_id: Any = None,
+) -> Any:
+    """A new group of the global ``ranks`` (all ranks if ``None``), sorted as torch sorts them.
+
+    Every rank of the world must call ``new_group`` with the same ranks, in the same
+    order as its other ``new_group`` calls; ranks outside the group get
+    ``GroupMember.NON_GROUP_MEMBER``.
+    """
+    world = require_world("new_group")
+    if ranks is None:
+        members = list(range(world.size))
+    else:
+        if not isinstance(ranks, (list, tuple, range)):
+            raise TypeError(f"ranks must be a list of global ranks, got {type(ranks).__name__}")
+        members = sorted(check_int(r, f"ranks[{i}]") for i, r in enumerate(ranks))
+        bad = [r for r in members if not 0 <= r < world.size]
+        if bad:
+            raise ValueError(f"ranks={list(ranks)} has ranks {bad} outside 0..{world.size - 1}")
+        if len(set(members)) != len(members):
+            raise ValueError(f"ranks={list(ranks)} names a rank more than once")
+        if not members:
+            raise ValueError("ranks=[] is empty; a group needs at least one rank")
+    return world.new_group(members, backend=backend, timeout=timeout)
+
+
+def get_process_group_ranks(group: Any) -> list[int]:
+    """The global ranks of ``group``."""
+    world, pg = resolve("get_process_group_ranks", group)
+    return list(pg.ranks) if pg is not None else []
+
+
+def get_global_rank(group: Any, group_rank: int) -> int:
+    """The global rank of ``group_rank`` in ``group``."""
+    _, pg = resolve("get_global_rank", group)
+    g = check_int(group_rank, "group_rank")
+    if pg is None or not 0 <= g < pg.size:
+        raise ValueError(f"group_rank={g} is not a rank of the group")
+    return pg.ranks[g]
+
+
+def get_group_rank(group: Any, global_rank: int) -> int:
+    """The rank within ``group`` of ``global_rank``."""
+    world, pg = resolve("get_group_rank", group)
+    return to_group_rank(world, pg, global_rank, "global_rank")
+
+
+def compute(seconds: float) -> None:
+    """Annotate ``seconds`` of computation: a simulated rank's virtual clock advances by it.
+
+    Outside a simulation it does nothing (real time passes on its own).
+    """
+    if not seconds >= 0:
+        raise ValueError(f"seconds={seconds!r} must be a non-negative number")
+    world = current_world()
+    if world is not None and hasattr(world, "compute"):
+        world.compute(float(seconds), user_call_site())
+
+
+# --- point to point ------------------------------------------------------------------------
+
+
+def _p2p(fn: str, tensor: Any, peer: Any, group: Any, tag: Any, group_peer: Any, kind: str) -> tuple:
+    world, pg = resolve(fn, group)
+    A.check_array(tensor, "tensor")
+    tag = check_int(tag, "tag", 0)
+    if pg is None:
+        return None, None
+    argname = "dst" if kind == "send" else "src"
+    if peer is None and group_peer is None:
+        if kind == "send":
+            raise ValueError(f"{fn}: dst is required")
+        target = None
+    else:
+        target = root_of(world, pg, peer, group_peer, argname)
+        if target == pg.rank:
+            raise ValueError(f"{fn}: {argname}={pg.ranks[target]} is this rank itself; a rank cannot {kind} to itself")
+    opts = Options(tag=tag, call_site=user_call_site())
+    return pg, (pg.send(tensor, target, opts) if kind == "send" else pg.recv(tensor, target, opts))
+
+
+def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> None:
+    """Send ``tensor`` to global rank ``dst``; returns once the receiver has posted its receive.
+
+    ``tensor`` is not modified. Pairs of ranks with one tag on one group receive in send order.
+    """
+    _, work = _p2p("send", tensor, dst, group, tag, group_dst, "send")
+    if work is not None:
+        work.wait()
+
+
+def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> int:
+    """Receive into ``tensor`` from global rank ``src`` (any rank if ``None``); return the sender's global rank.
+
+    ``tensor`` is overwritten in place; its dtype and number of elements must match the send's.
+    Returns -1 on a rank outside ``group``.
+    """
+    pg, work = _p2p("recv", tensor, src, group, tag, group_src, "recv")
+    if work is None:
+        return -1
+    work.wait()
+    return work.source_rank()
+
+
+def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> Work | None:
+    """Start sending ``tensor`` to ``dst``; return a Work (do not modify ``tensor`` before ``wait()``)."""
+    return _p2p("isend", tensor, dst, group, tag, group_dst, "send")[1]
+
+
+def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> Work | None:
+    """Start receiving into ``tensor`` from ``src`` (any rank if ``None``); return a Work."""
+    return _p2p("irecv", tensor, src, group, tag, group_src, "recv")[1]
+
+
+@dataclass
+class P2POp:
+    """One point-to-point operation for :func:`batch_isend_irecv`: ``op`` is ``isend`` or ``irecv``."""
+
+    op: Callable
+    tensor: Any
+    peer: int | None = None
+    group: Any = None
+    tag: int = 0
+    group_peer: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.op not in (isend, irecv):
+            raise ValueError(f"op={self.op!r} must be simdist.isend or simdist.irecv")
+        if self.peer is None and self.group_peer is None:
+            raise ValueError("P2POp needs peer (a global rank) or group_peer")
+
+
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
+    """Start every operation of the list; return their Works (wait on each)."""
+    if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
+        raise ValueError("p2p_op_list must be a non-empty list of P2POp")
+    for i, p in enumerate(p2p_op_list):
+        if not isinstance(p, P2POp):
+            raise TypeError(f"p2p_op_list[{i}] must be a P2POp, got {type(p).__name__}")
+    works = []
+    for p in p2p_op_list:
+        peer_kw = {"dst": p.peer, "group_dst": p.group_peer} if p.op is isend else {"src": p.peer, "group_src": p.group_peer}
+        work = p.op(p.tensor, group=p.group, tag=p.tag, **peer_kw)
+        if work is not None:
+            works.append(work)
+    return works
+
+
+# --- collectives ------------------------------------------------------------------------------
+
+
+def _run(work: Work, async_op: bool) -> Work | None:
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def _opts(async_op: Any, algorithm: str | None, **kw: Any) -> Options:
+    if not isinstance(async_op, bool):
+        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
+    if algorithm is not None and not isinstance(algorithm, str):
+        raise TypeError(f"algorithm must be a str or None, got {type(algorithm).__name__}")
+    return Options(async_op=async_op, algorithm=algorithm, call_site=user_call_site(), **kw)
+
+
+def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
+              group_src: int | None = None, *, algorithm: str | None = None) -> Work | None:
+    """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank of the group (in place)."""
+    world, pg = resolve("broadcast", group)
+    A.check_array(tensor, "tensor")
+    if pg is None:
+        return None
+    root = root_of(world, pg, src, group_src, "src", default=None)
+    return _run(pg.broadcast(tensor, _opts(async_op, algorithm, root=root)), async_op)
+
+
+def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
+               *, algorithm: str | None = None) -> Work | None:
+    """Reduce ``tensor`` across the group with ``op``; every rank ends with the same result, in place."""
+    world, pg = resolve("all_reduce", group)
+    A.check_array(tensor, "tensor")
+    op = as_reduce_op(op)
+    A.check_reduce_op(tensor, op)
+    if pg is None:
+        return None
+    return _run(pg.all_reduce(tensor, _opts(async_op, algorithm, op=op)), async_op)
+
+
+def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
+           group_dst: int | None = None, *, algorithm: str | None = None) -> Work | None:
+    """Reduce ``tensor`` across the group with ``op`` into ``tensor`` on rank ``dst`` only.
+
+    Other ranks' tensors are left unchanged.
+    """
+    world, pg = resolve("reduce", group)
+    A.check_array(tensor, "tensor")
+    op = as_reduce_op(op)
+    A.check_reduce_op(tensor, op)
+    if pg is None:
+        return None
+    root = root_of(world, pg, dst, group_dst, "dst", default=None)
+    return _run(pg.reduce(tensor, _opts(async_op, algorithm, op=op, root=root)), async_op)
+
+
+def all_gather(tensor_list: list, tensor: Any, group: Any = None, async_op: bool = False,
+               *, algorithm: str | None = None) -> Work | None:
+    """Fill ``tensor_list[i]`` with rank i's ``tensor`` on every rank of the group."""
+    world, pg = resolve("all_gather", group)
+    A.check_array(tensor, "tensor")
+    if pg is None:
+        return None
+    check_list(tensor_list, pg.size, "tensor_list", tensor, A.numel(tensor))
+    return _run(pg.all_gather(tensor_list, tensor, _opts(async_op, algorithm)), async_op)
+
+
+def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False,
+                           *, algorithm: str | None = None) -> Work | None:
+    """Concatenate every rank's ``input_tensor`` (in rank order) into ``output_tensor`` on every rank."""
+    world, pg = resolve("all_gather_into_tensor", group)
+    A.check_array(input_tensor, "input_tensor")
+    same_kind(output_tensor, input_tensor, "output_tensor")
+    if pg is None:
+        return None
+    if A.numel(output_tensor) != pg.size * A.numel(input_tensor):
+        raise ValueError(
+            f"output_tensor has {A.numel(output_tensor)} elements, expected {pg.size} x {A.numel(input_tensor)} "
+            "(group size x input elements)"
+        )
+    return _run(pg.all_gather_into_tensor(output_tensor, input_tensor, _opts(async_op, algorithm)), async_op)
+
+
+def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None, group: Any = None,
+           async_op: bool = False, group_dst: int | None = None, *, algorithm: str | None = None) -> Work | None:
+    """Fill ``gather_list[i]`` on rank ``dst`` with rank i's ``tensor``; other ranks pass no list."""
+    world, pg = resolve("gather", group)
+    A.check_array(tensor, "tensor")
+    if pg is None:
+        return None
+    root = root_of(world, pg, dst, group_dst, "dst")
+    if pg.rank == root:
+        if gather_list is None:
+            raise ValueError("gather_list is required on the destination rank")
+        check_list(gather_list, pg.size, "gather_list", tensor, A.numel(tensor))
+    elif gather_list:
+        raise ValueError("gather_list must not be given on a rank other than dst")
+    return _run(pg.gather(tensor, gather_list if pg.rank == root else None, _opts(async_op, algorithm, root=root)), async_op)
+
+
+def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = None, group: Any = None,
+            async_op: bool = False, group_src: int | None = None, *, algorithm: str | None = None) -> Work | None:
+    """Copy ``scatter_list[i]`` of rank ``src`` into ``tensor`` on rank i; other ranks pass no list."""
+    world, pg = resolve("scatter", group)
+    A.check_array(tensor, "tensor")
+    if pg is None:
+        return None
+    root = root_of(world, pg, src, group_src, "src")
+    if pg.rank == root:
+        if scatter_list is None:
+            raise ValueError("scatter_list is required on the source rank")
+        check_list(scatter_list, pg.size, "scatter_list", tensor, A.numel(tensor))
+    elif scatter_list:
+        raise ValueError("scatter_list must not be given on a rank other than src")
+    return _run(pg.scatter(tensor, scatter_list if pg.rank == root else None, _opts(async_op, algorithm, root=root)), async_op)
+
+
+def reduce_scatter(output: Any, input_list: list, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
+                   *, algorithm: str | None = None) -> Work | None:
+    """Reduce ``input_list[i]`` across the group with ``op`` into ``output`` on rank i."""
+    world, pg = resolve("reduce_scatter", group)
+    A.check_array(output, "output")
+    op = as_reduce_op(op)
+    A.check_reduce_op(output, op)
+    if pg is None:
+        return None
+    check_list(input_list, pg.size, "input_list", output)
+    if A.numel(input_list[pg.rank]) != A.numel(output):
+        raise ValueError(
+            f"input_list[{pg.rank}] has {A.numel(input_list[pg.rank])} elements but output has {A.numel(output)}"
+        )
+    return _run(pg.reduce_scatter(output, input_list, _opts(async_op, algorithm, op=op)), async_op)
+
+
+def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
+                          *, algorithm: str | None = None) -> Work | None:
+    """Reduce ``input`` across the group and give rank i the i-th of ``size`` equal pieces, in ``output``."""
+    world, pg = resolve("reduce_scatter_tensor", group)
+    A.check_array(output, "output")
+    same_kind(input, output, "input")
+    op = as_reduce_op(op)
+    A.check_reduce_op(output, op)
+    if pg is None:
+        return None
+    if A.numel(input) != pg.size * A.numel(output):
+        raise ValueError(
+            f"input has {A.numel(input)} elements, expected {pg.size} x {A.numel(output)} (group size x output elements)"
+        )
+    return _run(pg.reduce_scatter_tensor(output, input, _opts(async_op, algorithm, op=op)), async_op)
+
+
+def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Any = None, async_op: bool = False,
+               *, algorithm: str | None = None) -> Work | None:
+    """Send ``input_tensor_list[j]`` to rank j; receive rank j's piece into ``output_tensor_list[j]``."""
+    world, pg = resolve("all_to_all", group)
+    if pg is None:
+        return None
+    check_list(input_tensor_list, pg.size, "input_tensor_list")
+    check_list(output_tensor_list, pg.size, "output_tensor_list", input_tensor_list[0])
+    check_list(input_tensor_list, pg.size, "input_tensor_list", input_tensor_list[0])
+    return _run(pg.all_to_all(output_tensor_list, input_tensor_list, _opts(async_op, algorithm)), async_op)
+
+
+def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int] | None = None,
+                      input_split_sizes: Sequence[int] | None = None, group: Any = None, async_op: bool = False,
+                      *, algorithm: str | None = None) -> Work | None:
+    """Split ``input`` along dim 0 by ``input_split_sizes`` (equal pieces if ``None``), send piece j to
+    rank j, and concatenate the pieces received, in rank order, into ``output``."""
+    world, pg = resolve("all_to_all_single", group)
+    A.check_array(input, "input")
+    same_kind(output, input, "output")
+    if pg is None:
+        return None
+    for x, splits, name in ((input, input_split_sizes, "input_split_sizes"), (output, output_split_sizes, "output_split_sizes")):
+        rows = A.shape_of(x)[0] if A.shape_of(x) else 1
+        check_splits(splits, pg.size, rows, name)
+    return _run(pg.all_to_all_single(output, input, output_split_sizes, input_split_sizes, _opts(async_op, algorithm)), async_op)
+
+
+def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
+            *, algorithm: str | None = None) -> Work | None:
+    """Return once every rank of the group has entered ``barrier``."""
+    world, pg = resolve("barrier", group)
+    if pg is None:
+        return None
+    return _run(pg.barrier(_opts(async_op, algorithm)), async_op)
+

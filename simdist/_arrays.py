@@ -1,0 +1,260 @@
+"""The array adapter: the only module that switches on the array type.
+
+Backends and algorithms see *flat buffers*: contiguous one-dimensional arrays (torch
+tensors or numpy arrays) that share memory with what the user passed, or a staging
+copy that is written back when the operation completes. Everything that depends on
+the array type lives here: dtype names, views, copies and the reductions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ._reduce_op import ReduceOp
+
+__all__ = [
+    "Array",
+    "is_array",
+    "check_array",
+    "dtype_name",
+    "shape_of",
+    "nbytes",
+    "numel",
+    "device_of",
+    "flat",
+    "stage_in",
+    "stage_out",
+    "empty",
+    "narrow",
+    "copy_",
+    "snapshot",
+    "reduce_",
+    "average_",
+    "check_reduce_op",
+    "to_numpy",
+    "uint8_from_bytes",
+]
+
+Array = Any  # torch.Tensor | numpy.ndarray
+
+_FLOATS = {"float16", "bfloat16", "float32", "float64"}
+_BITWISE = {ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR}
+
+
+def is_array(x: object) -> bool:
+    """True if ``x`` is an array simdist can communicate (a torch tensor or a numpy array)."""
+    return isinstance(x, (torch.Tensor, np.ndarray))
+
+
+def check_array(x: object, argname: str) -> None:
+    """Raise ``TypeError`` naming ``argname`` unless ``x`` is a supported array."""
+    if not is_array(x):
+        raise TypeError(
+            f"{argname} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__} ({x!r:.60})"
+        )
+    if isinstance(x, torch.Tensor):
+        if x.is_sparse or x.layout != torch.strided:
+            raise TypeError(f"{argname} must be a dense (strided) tensor, got layout {x.layout}")
+        if x.is_complex():
+            return
+    elif x.dtype == object:
+        raise TypeError(f"{argname} has dtype object; only numeric and bool arrays can be sent")
+
+
+def dtype_name(x: Array) -> str:
+    """The dtype as a plain name shared by torch and numpy: ``'float32'``, ``'bfloat16'``, ``'bool'``."""
+    if isinstance(x, torch.Tensor):
+        return str(x.dtype).removeprefix("torch.")
+    return str(x.dtype)
+
+
+def shape_of(x: Array) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+
+def numel(x: Array) -> int:
+    return int(x.numel()) if isinstance(x, torch.Tensor) else int(x.size)
+
+
+def nbytes(x: Array) -> int:
+    if isinstance(x, torch.Tensor):
+        return int(x.numel() * x.element_size())
+    return int(x.nbytes)
+
+
+def device_of(x: Array) -> str:
+    """``'cpu'`` for numpy arrays and CPU tensors, else the tensor's device (``'cuda:0'``)."""
+    return str(x.device) if isinstance(x, torch.Tensor) else "cpu"
+
+
+def _is_contiguous(x: Array) -> bool:
+    if isinstance(x, torch.Tensor):
+        return x.is_contiguous()
+    return bool(x.flags.c_contiguous)
+
+
+def flat(x: Array) -> Array:
+    """A contiguous 1-D view of ``x`` sharing its memory; ``ValueError`` if ``x`` is not contiguous."""
+    if not _is_contiguous(x):
+        raise ValueError("flat() needs a contiguous array; use stage_in/stage_out")
+    if isinstance(x, torch.Tensor):
+        return x.detach().view(-1)
+    return x.reshape(-1)
+
+
+def stage_in(x: Array) -> Array:
+    """A flat buffer holding ``x``'s values: a view if ``x`` is contiguous, else a copy."""
+    if _is_contiguous(x):
+        return flat(x)
+    if isinstance(x, torch.Tensor):
+        return x.detach().contiguous().view(-1)
+    return np.ascontiguousarray(x).reshape(-1)
+
+
+def stage_out(x: Array) -> tuple[Array, Callable[[], None] | None]:
+    """A flat buffer to receive into ``x``, and the write-back to call once it is filled.
+
+    For contiguous ``x`` the buffer is a view and the write-back is ``None``. For a
+    non-contiguous ``x`` (a transposed or sliced tensor) the buffer is a contiguous
+    copy, and the write-back copies it into ``x`` element by element.
+    """
+    if _is_contiguous(x):
+        return flat(x), None
+    buf = stage_in(x)
+    if isinstance(x, torch.Tensor):
+        target = x.detach()
+        return buf, lambda: target.copy_(buf.view(target.shape))
+    return buf, lambda: np.copyto(x, buf.reshape(x.shape))
+
+
+def empty(like: Array, n: int) -> Array:
+    """A new flat buffer of ``n`` elements of ``like``'s kind, dtype and device."""
+    if isinstance(like, torch.Tensor):
+        return torch.empty(n, dtype=like.dtype, device=like.device)
+    return np.empty(n, dtype=like.dtype)
+
+
+def narrow(buf: Array, start: int, length: int) -> Array:
+    """The view ``buf[start:start + length]`` of a flat buffer."""
+    return buf[start : start + length]
+
+
+def _bytes(buf: Array) -> np.ndarray:
+    if isinstance(buf, torch.Tensor):
+        if buf.dtype == torch.bool:
+            buf = buf.view(torch.uint8)
+        return buf.view(torch.uint8).numpy()
+    return buf.view(np.uint8)
+
+
+def copy_(dst: Array, src: Array) -> None:
+    """Copy the bytes of flat buffer ``src`` into flat buffer ``dst`` (same byte size)."""
+    if isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor):
+        if dst.dtype == src.dtype:
+            dst.copy_(src)
+        else:
+            dst.view(torch.uint8).copy_(src.view(torch.uint8))
+        return
+    np.copyto(_bytes(dst), _bytes(src))
+
+
+def snapshot(buf: Array, limit: int = 64) -> list:
+    """Up to ``limit`` leading values of a flat buffer, as plain Python numbers (for traces)."""
+    head = buf[:limit]
+    if isinstance(head, torch.Tensor):
+        if head.dtype in (torch.bfloat16, torch.float16):
+            head = head.float()
+        return head.cpu().tolist()
+    return head.tolist()
+
+
+def to_numpy(x: Array) -> np.ndarray:
+    """A numpy copy of ``x`` (bfloat16 becomes float32), for references and reports."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        if x.dtype == torch.bfloat16:
+            x = x.float()
+        return x.numpy().copy()
+    return np.array(x, copy=True)
+
+
+def uint8_from_bytes(data: bytes) -> torch.Tensor:
+    """A uint8 CPU tensor holding ``data`` (used to send pickled objects)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
+def check_reduce_op(x: Array, op: ReduceOp, argname: str = "op") -> None:
+    """Raise ``TypeError`` if ``op`` cannot reduce ``x``'s dtype (AVG on integers, bitwise on floats)."""
+    name = dtype_name(x)
+    floating = name in _FLOATS or name.startswith("complex")
+    if op is ReduceOp.AVG and not floating:
+        raise TypeError(f"{argname}=ReduceOp.AVG needs a floating-point dtype, got {name}")
+    if op in _BITWISE and floating:
+        raise TypeError(f"{argname}={op!r} needs an integer or bool dtype, got {name}")
+    if name.startswith("complex") and op in (ReduceOp.MIN, ReduceOp.MAX):
+        raise TypeError(f"{argname}={op!r} is not defined for complex dtype {name}")
+
+
+_TORCH_OPS = {
+    ReduceOp.SUM: torch.add,
+    ReduceOp.PRODUCT: torch.mul,
+    ReduceOp.MIN: torch.minimum,
+    ReduceOp.MAX: torch.maximum,
+    ReduceOp.BAND: torch.bitwise_and,
+    ReduceOp.BOR: torch.bitwise_or,
+    ReduceOp.BXOR: torch.bitwise_xor,
+}
+_TORCH_BOOL_OPS = {
+    ReduceOp.SUM: torch.logical_or,
+    ReduceOp.PRODUCT: torch.logical_and,
+    ReduceOp.MIN: torch.logical_and,
+    ReduceOp.MAX: torch.logical_or,
+    ReduceOp.BAND: torch.logical_and,
+    ReduceOp.BOR: torch.logical_or,
+    ReduceOp.BXOR: torch.logical_xor,
+}
+_NUMPY_OPS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
+}
+_NUMPY_BOOL_OPS = {
+    ReduceOp.SUM: np.logical_or,
+    ReduceOp.PRODUCT: np.logical_and,
+    ReduceOp.MIN: np.logical_and,
+    ReduceOp.MAX: np.logical_or,
+    ReduceOp.BAND: np.logical_and,
+    ReduceOp.BOR: np.logical_or,
+    ReduceOp.BXOR: np.logical_xor,
+}
+
+
+def reduce_(dst: Array, src: Array, op: ReduceOp) -> None:
+    """``dst = dst (op) src`` element-wise, in place. ``AVG`` reduces as ``SUM`` (see :func:`average_`)."""
+    if op is ReduceOp.AVG:
+        op = ReduceOp.SUM
+    if isinstance(dst, torch.Tensor):
+        if not isinstance(src, torch.Tensor):
+            src = torch.from_numpy(src)
+        table = _TORCH_BOOL_OPS if dst.dtype == torch.bool else _TORCH_OPS
+        table[op](dst, src, out=dst)
+    else:
+        if isinstance(src, torch.Tensor):
+            src = src.numpy()
+        table = _NUMPY_BOOL_OPS if dst.dtype == np.bool_ else _NUMPY_OPS
+        table[op](dst, src, out=dst)
+
+
+def average_(buf: Array, count: int) -> None:
+    """Divide a summed flat buffer by ``count`` in place (the last step of ``ReduceOp.AVG``)."""
+    if isinstance(buf, torch.Tensor):
+        buf.div_(count)
+    else:
+        np.divide(buf, count, out=buf)

@@ -1,0 +1,106 @@
+"""Argument checks shared by the public functions: clear errors that name the argument."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Sequence
+
+from . import _arrays as A
+from ._group import GroupMember, ProcessGroup
+from ._world import World, require_world
+
+__all__ = ["resolve", "to_group_rank", "root_of", "check_int", "check_list", "same_kind"]
+
+
+def resolve(fn: str, group: Any) -> tuple[World, ProcessGroup | None]:
+    """The world and the group for a call of ``fn``; the group is ``None`` if this rank is not a member."""
+    world = require_world(fn)
+    if group is None or group is GroupMember.WORLD:
+        return world, world.default_group
+    if group is GroupMember.NON_GROUP_MEMBER:
+        warnings.warn(
+            f"running {fn} on global rank {world.rank} which does not belong to the given group",
+            stacklevel=3,
+        )
+        return world, None
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"group must be a ProcessGroup from new_group() or None, got {type(group).__name__}")
+    return world, group
+
+
+def check_int(value: Any, argname: str, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if hasattr(value, "__index__") and not isinstance(value, bool):
+            value = value.__index__()
+        else:
+            raise TypeError(f"{argname} must be an int, got {type(value).__name__} ({value!r})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{argname}={value!r} must be at least {minimum}")
+    return value
+
+
+def to_group_rank(world: World, group: ProcessGroup, rank: Any, argname: str) -> int:
+    """The group rank of global rank ``rank``; errors name ``argname`` when it is out of range."""
+    rank = check_int(rank, argname)
+    if not 0 <= rank < world.size:
+        raise ValueError(f"{argname}={rank} is out of range; expected a global rank in 0..{world.size - 1}")
+    g = group.group_rank(rank)
+    if g is None:
+        raise ValueError(f"{argname}={rank} is not a member of the group (global ranks {list(group.ranks)})")
+    return g
+
+
+def root_of(world: World, group: ProcessGroup, rank: Any, group_rank: Any, argname: str, default: int | None = 0) -> int:
+    """The group rank named by a global ``src``/``dst`` or by ``group_src``/``group_dst``."""
+    if rank is not None and group_rank is not None:
+        raise ValueError(f"pass either {argname}={rank!r} or group_{argname}={group_rank!r}, not both")
+    if group_rank is not None:
+        g = check_int(group_rank, f"group_{argname}")
+        if not 0 <= g < group.size:
+            raise ValueError(f"group_{argname}={g} is out of range; expected a group rank in 0..{group.size - 1}")
+        return g
+    if rank is None:
+        if default is None:
+            raise ValueError(f"{argname} is required")
+        return default
+    return to_group_rank(world, group, rank, argname)
+
+
+def same_kind(x: Any, ref: Any, argname: str) -> None:
+    """``x`` is an array of ``ref``'s dtype."""
+    A.check_array(x, argname)
+    if A.dtype_name(x) != A.dtype_name(ref):
+        raise TypeError(f"{argname} has dtype {A.dtype_name(x)}, expected {A.dtype_name(ref)} like the input tensor")
+
+
+def check_list(items: Any, length: int, argname: str, ref: Any | None = None, numel: int | None = None) -> list:
+    """A list of ``length`` arrays (of ``ref``'s dtype and ``numel`` elements when given)."""
+    if not isinstance(items, (list, tuple)):
+        raise TypeError(f"{argname} must be a list of tensors, got {type(items).__name__}")
+    if len(items) != length:
+        raise ValueError(f"{argname} has {len(items)} entries, expected {length} (the group size)")
+    for i, x in enumerate(items):
+        name = f"{argname}[{i}]"
+        if ref is not None:
+            same_kind(x, ref, name)
+        else:
+            A.check_array(x, name)
+        if numel is not None and A.numel(x) != numel:
+            raise ValueError(f"{name} has shape {A.shape_of(x)} ({A.numel(x)} elements), expected {numel} elements")
+    return list(items)
+
+
+def check_splits(splits: Sequence[int] | None, size: int, rows: int, argname: str) -> None:
+    """Split sizes of ``all_to_all_single``: ``size`` non-negative ints summing to ``rows``."""
+    if splits is None:
+        if rows % size:
+            raise ValueError(
+                f"{argname} is None, so dim 0 ({rows}) must divide evenly among {size} ranks; pass split sizes"
+            )
+        return
+    if len(splits) != size:
+        raise ValueError(f"{argname} has {len(splits)} entries, expected {size} (the group size)")
+    for i, s in enumerate(splits):
+        check_int(s, f"{argname}[{i}]", 0)
+    if sum(splits) != rows:
+        raise ValueError(f"{argname}={list(splits)} sums to {sum(splits)}, expected dim 0 of the tensor ({rows})")

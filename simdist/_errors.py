@@ -1,0 +1,100 @@
+"""The errors simdist raises. Every one derives from :class:`DistError`."""
+
+from __future__ import annotations
+
+__all__ = [
+    "DistError",
+    "DeadlockError",
+    "CollectiveMismatchError",
+    "RankError",
+    "DistTimeoutError",
+    "ProtocolError",
+    "NotInitializedError",
+    "LeakWarning",
+]
+
+
+class DistError(RuntimeError):
+    """Base of every simdist error.
+
+    Errors raised by a simulation carry ``schedule``, the replay token that
+    reproduces the run (``simdist.simulate(..., schedule=err.schedule)``); the
+    token is also printed in the message.
+    """
+
+    schedule: str | None = None
+
+    def _with_schedule(self, token: str | None) -> "DistError":
+        self.schedule = token
+        return self
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.schedule and "replay token" not in text:
+            text += f"\nreplay token: {self.schedule}"
+        return text
+
+
+class DeadlockError(DistError):
+    """No rank can make progress while some have not finished.
+
+    Attributes:
+        graph: the wait-for graph (``networkx.DiGraph``); an edge ``a -> b`` means
+            rank ``a`` waits for rank ``b``. Node attributes hold each blocked
+            rank's ``op``, ``peer``, ``group``, ``tag`` and ``call_site``.
+        blocked: one dict per blocked rank (the same fields as the node attributes).
+        unmatched: descriptions of the posted messages that found no partner.
+        cycle: the ranks of one cycle of the graph, if there is one.
+    """
+
+    def __init__(self, message: str, *, graph=None, blocked=(), unmatched=(), cycle=()):
+        super().__init__(message)
+        self.graph = graph
+        self.blocked = list(blocked)
+        self.unmatched = list(unmatched)
+        self.cycle = list(cycle)
+
+
+class CollectiveMismatchError(DistError):
+    """The k-th collective on a group differs between ranks.
+
+    Attributes:
+        ranks: the two ranks whose calls disagree (global ranks).
+        call_sites: ``file:line`` of each of the two calls.
+        fields: ``{field: (value on ranks[0], value on ranks[1])}`` for each field that differs.
+    """
+
+    def __init__(self, message: str, *, ranks=(), call_sites=(), fields=None):
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+        self.call_sites = tuple(call_sites)
+        self.fields = dict(fields or {})
+
+
+class RankError(DistError):
+    """A rank raised an exception; the original is ``__cause__``.
+
+    Attributes:
+        rank: the global rank that failed.
+    """
+
+    def __init__(self, rank: int, cause: BaseException):
+        super().__init__(f"rank {rank} raised {type(cause).__name__}: {cause}")
+        self.rank = rank
+        self.__cause__ = cause
+
+
+class DistTimeoutError(DistError, TimeoutError):
+    """An operation or a run did not finish within its timeout."""
+
+
+class ProtocolError(DistError):
+    """Bytes that do not follow the wire protocol were received."""
+
+
+class NotInitializedError(DistError):
+    """A call that needs a process group was made before ``init_process_group``."""
+
+
+class LeakWarning(UserWarning):
+    """A simulation ended with unmatched messages, never-waited works or groups never destroyed."""

@@ -1,0 +1,60 @@
+"""Launching SPMD functions: ``spawn`` and ``simulate``."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+__all__ = ["spawn", "simulate", "enumerate_schedules"]
+
+
+def simulate(fn: Callable, nprocs: int, args: tuple = (), **options: Any):
+    """Run ``fn(rank, *args)`` on ``nprocs`` simulated ranks; return a ``SimResult``.
+
+    ``SimResult.values`` holds each rank's return value, ``.trace`` the trace and
+    ``.schedule`` the replay token. See :func:`simdist.backends.sim.simulate` for options
+    (``seed``, ``strategy``, ``schedule``, ``detail``, ``topology``, ``eager_limit``, ...).
+    """
+    from simdist.backends.sim import simulate as run
+
+    return run(fn, nprocs, args, **options)
+
+
+def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, backend: str = "sim", **options: Any) -> list:
+    """Run ``fn(rank, *args)`` on ``nprocs`` ranks, as ``torch.multiprocessing.spawn``; return their values.
+
+    ``backend="sim"`` runs the ranks on the simulator (``options`` go to :func:`simulate`).
+    """
+    if backend == "sim":
+        return simulate(fn, nprocs, args, **options).values
+    from ._registry import backend_spec
+
+    spec = backend_spec(backend)
+    launcher = getattr(spec.load(), "spawn", None)
+    if launcher is None:
+        raise ValueError(f"backend={backend!r} cannot launch ranks; use backend='sim'")
+    return launcher(fn, args=args, nprocs=nprocs, **options)
+
+
+def enumerate_schedules(fn: Callable, nprocs: int, args: tuple = (), *, max_runs: int = 1000, **options: Any):
+    """Yield the ``SimResult`` of every distinct schedule of a small program (depth-first).
+
+    Each run replays a prefix of choices and records how many options each choice
+    point had; the next run bumps the last choice that has an untried option. Stops
+    after ``max_runs`` runs. The first failing schedule raises its error (with its token).
+    """
+    from simdist.backends.sim import simulate as run
+
+    if options.get("schedule") is not None or options.get("strategy") is not None:
+        raise ValueError("enumerate_schedules chooses the schedules itself; do not pass schedule or strategy")
+    prefix: list[int] = []
+    for _ in range(max_runs):
+        res = run(fn, nprocs, args, schedule=list(prefix), **options)
+        yield res
+        widths = res.option_counts
+        choices = res.choices
+        i = len(choices) - 1
+        while i >= 0 and choices[i] + 1 >= widths[i]:
+            i -= 1
+        if i < 0:
+            return
+        prefix = choices[:i] + [choices[i] + 1]

@@ -1,0 +1,67 @@
+"""Backends by name: a registry that imports nothing heavy until a backend is used."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["BackendSpec", "register_backend", "backend_spec", "backend_names", "TORCH_NAMES"]
+
+TORCH_NAMES = ("gloo", "nccl", "mpi", "ucc", "cpu:gloo,cuda:nccl")
+"""Backend names of torch.distributed. Inside a simulation they all bind to the simulator."""
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One registered backend.
+
+    Attributes:
+        name: the name users pass (``'sim'``).
+        target: ``'module:attribute'`` of its factory, imported on first use.
+        requires: modules that must be importable for the backend to be available.
+        description: one line for error messages and docs.
+    """
+
+    name: str
+    target: str
+    requires: tuple[str, ...] = ()
+    description: str = ""
+
+    def available(self) -> bool:
+        """Whether every required module can be imported (checked without importing it)."""
+        return all(importlib.util.find_spec(m) is not None for m in self.requires)
+
+    def load(self) -> Callable:
+        module, _, attr = self.target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+_REGISTRY: dict[str, BackendSpec] = {}
+
+
+def register_backend(spec: BackendSpec, *, replace: bool = False) -> None:
+    """Add a backend; ``ValueError`` for a duplicate name unless ``replace``."""
+    if not isinstance(spec, BackendSpec):
+        raise TypeError(f"spec must be a BackendSpec, got {type(spec).__name__}")
+    if spec.name in _REGISTRY and not replace:
+        raise ValueError(f"backend {spec.name!r} is already registered")
+    _REGISTRY[spec.name] = spec
+
+
+def backend_spec(name: str) -> BackendSpec:
+    """The backend registered as ``name``; ``ValueError`` listing the names otherwise."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"backend={name!r} is not a known backend; expected one of {backend_names()}"
+        ) from None
+
+
+def backend_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+register_backend(BackendSpec("sim", "simdist.backends.sim:SimWorld", (), "the deterministic in-process simulator"))

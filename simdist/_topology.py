@@ -1,0 +1,234 @@
+"""Network topologies and the cost of a message on them.
+
+A topology is an undirected networkx graph. Ranks are the integer nodes ``0 .. n-1``;
+other nodes (switches) are strings. Every edge carries ``alpha`` (seconds of latency)
+and ``bandwidth`` (bytes per second). Each direction of a link carries one message at
+a time, so messages that share a link queue behind each other (contention).
+
+A message of ``n`` bytes from ``a`` to ``b`` follows the shortest path (in hops). It
+starts when it is ready and every link of the path is free, occupies those links for
+``n / min(bandwidth)`` seconds, and arrives ``sum(alpha) + n / min(bandwidth)``
+seconds after it starts (cut-through, as on a switched network).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import networkx as nx
+
+__all__ = [
+    "Topology",
+    "DEFAULT_ALPHA",
+    "DEFAULT_BANDWIDTH",
+    "TOPOLOGIES",
+    "as_topology",
+    "fully_connected",
+    "ring",
+    "switch",
+    "two_level",
+]
+
+DEFAULT_ALPHA = 1e-6
+"""Latency of one link, in seconds (1 µs; two links through a switch make 2 µs)."""
+
+DEFAULT_BANDWIDTH = 12.5e9
+"""Bandwidth of one link, in bytes per second (12.5 GB/s, a 100 Gb/s network)."""
+
+Link = tuple[Any, Any]
+
+
+class Topology:
+    """A network of ranks: routes, link parameters and the links' busy times.
+
+    Args:
+        name: a short name for reports (``'switch'``).
+        size: the number of ranks.
+        build: makes the networkx graph (called at most once, lazily).
+        route: optional ``route(a, b) -> [nodes]`` for regular topologies, so that large
+            worlds never build a graph with n² edges; by default the graph's shortest path.
+        link_params: optional ``(u, v) -> (alpha, bandwidth)`` for the same purpose.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        size: int,
+        build: Callable[[], nx.Graph],
+        route: Callable[[int, int], list] | None = None,
+        link_params: Callable[[Any, Any], tuple[float, float]] | None = None,
+    ):
+        self.name = name
+        self.size = size
+        self._build = build
+        self._graph: nx.Graph | None = None
+        self._route_fn = route
+        self._link_fn = link_params
+        self._paths: dict[tuple[int, int], tuple[tuple[Link, ...], float, float]] = {}
+        self._free: dict[Link, float] = {}
+
+    @property
+    def graph(self) -> nx.Graph:
+        """The networkx graph (built on first use)."""
+        if self._graph is None:
+            self._graph = self._build()
+        return self._graph
+
+    def __repr__(self) -> str:
+        return f"<Topology {self.name} of {self.size} ranks>"
+
+    def path(self, a: int, b: int) -> tuple[tuple[Link, ...], float, float]:
+        """``(links, alpha, bandwidth)`` of the route from rank ``a`` to rank ``b``."""
+        key = (a, b)
+        cached = self._paths.get(key)
+        if cached is None:
+            nodes = self._route_fn(a, b) if self._route_fn else nx.shortest_path(self.graph, a, b)
+            links = tuple(zip(nodes, nodes[1:]))
+            params = [self._params(u, v) for u, v in links]
+            alpha = sum(p[0] for p in params)
+            bandwidth = min((p[1] for p in params), default=float("inf"))
+            cached = self._paths[key] = (links, alpha, bandwidth)
+        return cached
+
+    def _params(self, u: Any, v: Any) -> tuple[float, float]:
+        if self._link_fn is not None:
+            return self._link_fn(u, v)
+        data = self.graph.edges[u, v]
+        return float(data.get("alpha", DEFAULT_ALPHA)), float(data.get("bandwidth", DEFAULT_BANDWIDTH))
+
+    def alpha_beta(self) -> tuple[float, float]:
+        """``(alpha, beta)`` of a typical pair (ranks 0 and 1): the analytic model's parameters."""
+        if self.size < 2:
+            return 0.0, 0.0
+        _, alpha, bandwidth = self.path(0, 1)
+        return alpha, 1.0 / bandwidth
+
+    def reset(self) -> None:
+        """Forget the links' busy times (a new run starts on an idle network)."""
+        self._free.clear()
+
+    def transfer(self, a: int, b: int, nbytes: int, ready: float) -> tuple[float, float]:
+        """Send ``nbytes`` from ``a`` to ``b`` once ready at ``ready``: returns ``(start, arrival)``.
+
+        The links of the route are marked busy while the bytes pass (contention).
+        """
+        if a == b:
+            return ready, ready
+        links, alpha, bandwidth = self.path(a, b)
+        free = self._free
+        start = ready
+        for link in links:
+            t = free.get(link, 0.0)
+            if t > start:
+                start = t
+        busy = start + nbytes / bandwidth
+        for link in links:
+            free[link] = busy
+        return start, busy + alpha
+
+
+def fully_connected(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH) -> Topology:
+    """A direct link between every pair of ranks."""
+
+    def build() -> nx.Graph:
+        g = nx.complete_graph(n)
+        nx.set_edge_attributes(g, alpha, "alpha")
+        nx.set_edge_attributes(g, bandwidth, "bandwidth")
+        return g
+
+    return Topology("fully_connected", n, build, route=lambda a, b: [a, b], link_params=lambda u, v: (alpha, bandwidth))
+
+
+def switch(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH) -> Topology:
+    """Every rank on one link to one switch (a star): each rank sends and receives one message at a time."""
+
+    def build() -> nx.Graph:
+        g = nx.Graph()
+        g.add_nodes_from(range(n))
+        g.add_edges_from(((r, "switch") for r in range(n)), alpha=alpha, bandwidth=bandwidth)
+        return g
+
+    return Topology("switch", n, build, route=lambda a, b: [a, "switch", b], link_params=lambda u, v: (alpha, bandwidth))
+
+
+def ring(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH) -> Topology:
+    """Rank ``i`` linked to ranks ``i-1`` and ``i+1`` (mod n); other pairs route the shorter way round."""
+
+    def build() -> nx.Graph:
+        g = nx.cycle_graph(n) if n > 2 else nx.path_graph(n)
+        nx.set_edge_attributes(g, alpha, "alpha")
+        nx.set_edge_attributes(g, bandwidth, "bandwidth")
+        return g
+
+    def route(a: int, b: int) -> list:
+        fwd = (b - a) % n
+        step = 1 if fwd <= n - fwd else -1
+        return [(a + step * i) % n for i in range(min(fwd, n - fwd) + 1)]
+
+    return Topology("ring", n, build, route=route, link_params=lambda u, v: (alpha, bandwidth))
+
+
+def two_level(
+    n: int,
+    per_node: int = 4,
+    intra_alpha: float = 0.5e-6,
+    intra_bandwidth: float = 100e9,
+    inter_alpha: float = DEFAULT_ALPHA,
+    inter_bandwidth: float = DEFAULT_BANDWIDTH,
+) -> Topology:
+    """Nodes of ``per_node`` ranks: a fast switch inside each node, one slower uplink per node to a spine."""
+    nodes = (n + per_node - 1) // per_node
+
+    def local(r: int) -> str:
+        return f"node{r // per_node}"
+
+    def build() -> nx.Graph:
+        g = nx.Graph()
+        g.add_nodes_from(range(n))
+        for r in range(n):
+            g.add_edge(r, local(r), alpha=intra_alpha, bandwidth=intra_bandwidth)
+        for k in range(nodes):
+            g.add_edge(f"node{k}", "spine", alpha=inter_alpha, bandwidth=inter_bandwidth)
+        return g
+
+    def route(a: int, b: int) -> list:
+        if a // per_node == b // per_node:
+            return [a, local(a), b]
+        return [a, local(a), "spine", local(b), b]
+
+    def params(u: Any, v: Any) -> tuple[float, float]:
+        if "spine" in (u, v):
+            return inter_alpha, inter_bandwidth
+        return intra_alpha, intra_bandwidth
+
+    return Topology("two_level", n, build, route=route, link_params=params)
+
+
+TOPOLOGIES: dict[str, Callable[[int], Topology]] = {
+    "switch": switch,
+    "fully_connected": fully_connected,
+    "ring": ring,
+    "two_level": two_level,
+}
+
+
+def as_topology(spec: Any, size: int) -> Topology:
+    """A :class:`Topology` for ``size`` ranks from ``None`` (``'switch'``), a name, a graph or a Topology."""
+    if spec is None:
+        spec = "switch"
+    if isinstance(spec, Topology):
+        topo = spec
+    elif isinstance(spec, str):
+        if spec not in TOPOLOGIES:
+            raise ValueError(f"topology={spec!r} is not a named topology; expected one of {sorted(TOPOLOGIES)}")
+        return TOPOLOGIES[spec](size)
+    elif isinstance(spec, nx.Graph):
+        graph = spec
+        topo = Topology(graph.graph.get("name") or "custom", size, lambda: graph)
+    else:
+        raise TypeError(f"topology must be None, a name, a networkx.Graph or a Topology, got {type(spec).__name__}")
+    missing = [r for r in range(size) if r not in topo.graph]
+    if missing:
+        raise ValueError(f"topology {topo.name!r} has no node for ranks {missing[:8]}; ranks are the integer nodes 0..{size - 1}")
+    topo.size = size
+    return topo

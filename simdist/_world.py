@@ -1,0 +1,77 @@
+"""The one piece of module state: which ``World`` the calling code lives in.
+
+A rank thread of the simulator sees its own world (thread-local); a process sees the
+process world. Every public function resolves the world, then the group, then calls
+the group.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+from ._errors import NotInitializedError
+from ._group import ProcessGroup
+
+__all__ = ["World", "current_world", "require_world", "set_thread_world", "set_process_world"]
+
+
+class World(ABC):
+    """The ranks one program runs as, and the groups it has made.
+
+    Attributes:
+        rank: this rank's global rank (known before ``init_process_group`` inside a simulation).
+        size: the number of ranks.
+        backend: the backend name given to ``init_process_group``, once initialized.
+        default_group: the group of all ranks, once initialized.
+    """
+
+    rank: int = -1
+    size: int = -1
+    backend: str | None = None
+    default_group: ProcessGroup | None = None
+
+    @property
+    def initialized(self) -> bool:
+        return self.default_group is not None
+
+    @abstractmethod
+    def init(self, backend: str, *, init_method: str | None, timeout: Any, world_size: int, rank: int, store: Any) -> None:
+        """Create the default group (``init_process_group``)."""
+
+    @abstractmethod
+    def new_group(self, ranks: Sequence[int], *, backend: str | None, timeout: Any) -> Any:
+        """Create a group of ``ranks`` (every rank calls it); non-members get ``NON_GROUP_MEMBER``."""
+
+    @abstractmethod
+    def destroy(self, group: ProcessGroup | None) -> None:
+        """Destroy ``group``, or every group and the default group when ``None``."""
+
+
+_local = threading.local()
+_process_world: World | None = None
+
+
+def current_world() -> World | None:
+    """The calling thread's world, else the process world, else ``None``."""
+    return getattr(_local, "world", None) or _process_world
+
+
+def require_world(fn: str) -> World:
+    """The current world, initialized; ``NotInitializedError`` naming ``fn`` otherwise."""
+    world = current_world()
+    if world is None or not world.initialized:
+        raise NotInitializedError(
+            f"{fn}() needs the default process group: call simdist.init_process_group() first"
+        )
+    return world
+
+
+def set_thread_world(world: World | None) -> None:
+    _local.world = world
+
+
+def set_process_world(world: World | None) -> None:
+    global _process_world
+    _process_world = world

@@ -1,0 +1,60 @@
+"""Collective algorithms, written once against a :class:`Transport`, shared by the backends.
+
+Each algorithm is a generator function that posts ``t.isend``/``t.irecv`` and yields
+the handles it waits on (see :mod:`simdist.algorithms._transport`). Look one up by
+collective and name, or let :func:`choose` pick one::
+
+    fn = get("all_reduce", choose("all_reduce", nbytes, size))
+    run_blocking(fn(transport, buf, ReduceOp.SUM), transport)
+
+Signatures, per collective (``t`` the transport, buffers flat, ranks group ranks):
+
+=============== ====================================== =====================================
+op              call                                   algorithms
+=============== ====================================== =====================================
+all_reduce      ``fn(t, buf, op)``                     ring, recursive_doubling,
+                                                       rabenseifner, binomial
+broadcast       ``fn(t, buf, root)``                   binomial, scatter_allgather
+reduce          ``fn(t, buf, op, root)``               binomial, linear
+all_gather      ``fn(t, inp, out)``                    ring, recursive_doubling, bruck
+reduce_scatter  ``fn(t, inp, out, counts, op)``        ring, pairwise, recursive_halving
+all_to_all      ``fn(t, inp, out, send_counts,         pairwise, bruck, direct
+                recv_counts)``
+gather          ``fn(t, inp, out, root)``              linear, binomial
+scatter         ``fn(t, inp, out, root)``              linear, binomial
+barrier         ``fn(t, scratch)``                     dissemination
+=============== ====================================== =====================================
+
+Every algorithm works for any group size and element count, never writes an input
+that is not also its output, and leaves bit-identical results on every rank that
+holds one. ``op`` is never ``ReduceOp.AVG``: callers sum, then divide.
+:mod:`simdist.algorithms.oneshot` computes the same results for all ranks at once.
+"""
+
+from __future__ import annotations
+
+from . import oneshot as oneshot
+from ._chunks import chunk_bounds as chunk_bounds
+from ._select import ALGORITHMS as ALGORITHMS
+from ._select import FORMULAS as FORMULAS
+from ._select import choose as choose
+from ._select import cost as cost
+from ._select import get as get
+from ._transport import Algorithm as Algorithm
+from ._transport import Handle as Handle
+from ._transport import Transport as Transport
+from ._transport import run_blocking as run_blocking
+
+__all__ = [
+    "ALGORITHMS",
+    "FORMULAS",
+    "Algorithm",
+    "Handle",
+    "Transport",
+    "choose",
+    "chunk_bounds",
+    "cost",
+    "get",
+    "oneshot",
+    "run_blocking",
+]

@@ -1,0 +1,167 @@
+"""all_reduce algorithms: ``fn(t, buf, op)`` reduces ``buf`` across the group, in place.
+
+Every rank ends with the same bits: each element's result is either computed on one
+rank and copied to the others (ring, Rabenseifner, binomial), or computed by every rank
+from the same partial results in the same order, lower ranks on the left
+(recursive doubling).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _arrays as A
+from .._reduce_op import ReduceOp
+from ._broadcast import binomial_tree_bcast
+from ._chunks import ceil_log2, chunk_bounds, floor_log2, fold, real_of, recv, send
+from ._rooted import binomial_tree_reduce
+from ._transport import Algorithm, Transport
+
+__all__ = ["ring", "recursive_doubling", "rabenseifner", "binomial"]
+
+
+def ring(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
+    """Ring: a reduce-scatter around the ring, then an all-gather around the ring.
+
+    ``buf`` is split into ``p`` chunks (:func:`chunk_bounds`). In ``p - 1`` steps each
+    chunk travels once around the ring collecting every rank's contribution; rank ``r``
+    then holds the finished chunk ``r + 1`` and ``p - 1`` more steps pass the finished
+    chunks on. Bandwidth-optimal: each rank sends ``2 (p-1)/p`` of the buffer.
+    """
+    p, r = t.size, t.rank
+    n = A.numel(buf)
+    if p == 1 or n == 0:
+        return
+    bounds = chunk_bounds(n, p)
+    blocks = [A.narrow(buf, s, k) for s, k in bounds]
+    tmp = A.empty(buf, bounds[0][1])
+    right, left = (r + 1) % p, (r - 1) % p
+    for step in range(p - 1):
+        out, inc = (r - step) % p, (r - step - 1) % p
+        incoming = A.narrow(tmp, 0, bounds[inc][1])
+        yield send(t, blocks[out], right, step, out) + recv(t, incoming, left, step, inc)
+        if bounds[inc][1]:
+            A.reduce_(blocks[inc], incoming, op)
+    for step in range(p - 1):
+        out, inc = (r + 1 - step) % p, (r - step) % p
+        tag = p - 1 + step
+        yield send(t, blocks[out], right, tag, out) + recv(t, blocks[inc], left, tag, inc)
+
+
+def _fold_in(t: Transport, buf: Any, tmp: Any, op: ReduceOp, rem: int, newrank: int) -> Algorithm:
+    """Non-power-of-two start (see :func:`fold`): rank ``2i`` hands ``buf`` to ``2i + 1``."""
+    if t.rank < 2 * rem:
+        if newrank == -1:
+            yield send(t, buf, t.rank + 1, 0)
+        else:
+            yield recv(t, tmp, t.rank - 1, 0)
+            _reduce_left(buf, tmp, op)
+
+
+def _fold_out(t: Transport, buf: Any, rem: int, newrank: int, tag: int) -> Algorithm:
+    """Non-power-of-two end: rank ``2i + 1`` hands the result back to rank ``2i``."""
+    if t.rank < 2 * rem:
+        if newrank == -1:
+            yield recv(t, buf, t.rank + 1, tag)
+        else:
+            yield send(t, buf, t.rank - 1, tag)
+
+
+def _reduce_left(buf: Any, lower: Any, op: ReduceOp) -> None:
+    """``buf = lower (op) buf``: the lower rank's data as the left operand."""
+    A.reduce_(lower, buf, op)
+    A.copy_(buf, lower)
+
+
+def recursive_doubling(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
+    """Recursive doubling: ``log2 p`` exchanges of the whole buffer with rank ``r xor 2^k``.
+
+    Latency-optimal for short messages. Both partners combine ``lower (op) upper``, so
+    every rank computes bit-identical results. For ``p`` not a power of two the first
+    ``2 * rem`` ranks fold pairwise first and get the result back at the end
+    (``rem = p - 2^floor(log2 p)``): two extra steps.
+    """
+    p, r = t.size, t.rank
+    n = A.numel(buf)
+    if p == 1 or n == 0:
+        return
+    pof2, rem, newrank = fold(r, p)
+    tmp = A.empty(buf, n)
+    yield from _fold_in(t, buf, tmp, op, rem, newrank)
+    if newrank != -1:
+        mask, step = 1, 1
+        while mask < pof2:
+            peer_new = newrank ^ mask
+            peer = real_of(peer_new, rem)
+            yield send(t, buf, peer, step) + recv(t, tmp, peer, step)
+            if peer_new < newrank:
+                _reduce_left(buf, tmp, op)
+            else:
+                A.reduce_(buf, tmp, op)
+            mask, step = mask << 1, step + 1
+    yield from _fold_out(t, buf, rem, newrank, tag=floor_log2(p) + 1)
+
+
+def rabenseifner(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
+    """Rabenseifner: reduce-scatter by recursive halving, then all-gather by recursive doubling.
+
+    Step ``k`` of the halving exchanges half of the remaining range with rank
+    ``r xor 2^(K-1-k)``; after ``log2 p`` steps each rank owns one finished chunk, and
+    the doubling steps gather the chunks back. Each rank sends about
+    ``2 (p-1)/p`` of the buffer in ``2 log2 p`` messages. For ``p`` not a power of two
+    the first ``2 * rem`` ranks fold pairwise first (whole buffer) and receive the
+    result at the end, as in :func:`recursive_doubling`.
+    """
+    p, r = t.size, t.rank
+    n = A.numel(buf)
+    if p == 1 or n == 0:
+        return
+    pof2, rem, newrank = fold(r, p)
+    tmp = A.empty(buf, n)
+    yield from _fold_in(t, buf, tmp, op, rem, newrank)
+    if newrank != -1:
+        bounds = chunk_bounds(n, pof2)
+
+        def span(lo: int, hi: int) -> Any:
+            start = bounds[lo][0]
+            return A.narrow(buf, start, bounds[hi - 1][0] + bounds[hi - 1][1] - start)
+
+        lo, hi, step = 0, pof2, 1
+        mask = pof2 >> 1
+        while mask:
+            peer = real_of(newrank ^ mask, rem)
+            mid = lo + mask
+            if newrank & mask:
+                give, keep, lo = span(lo, mid), span(mid, hi), mid
+            else:
+                give, keep, hi = span(mid, hi), span(lo, mid), mid
+            incoming = A.narrow(tmp, 0, A.numel(keep))
+            yield send(t, give, peer, step) + recv(t, incoming, peer, step)
+            if A.numel(keep):
+                A.reduce_(keep, incoming, op)
+            mask, step = mask >> 1, step + 1
+        mask = 1
+        while mask < pof2:
+            peer_new = newrank ^ mask
+            peer = real_of(peer_new, rem)
+            theirs_lo = lo ^ mask
+            chunk = lo if mask == 1 else None
+            yield (
+                send(t, span(lo, hi), peer, step, chunk)
+                + recv(t, span(theirs_lo, theirs_lo + mask), peer, step, theirs_lo if mask == 1 else None)
+            )
+            lo, hi = min(lo, theirs_lo), min(lo, theirs_lo) + 2 * mask
+            mask, step = mask << 1, step + 1
+    yield from _fold_out(t, buf, rem, newrank, tag=2 * floor_log2(p) + 1)
+
+
+def binomial(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
+    """Binomial tree: reduce to rank 0 in ``ceil(log2 p)`` steps, then broadcast from rank 0.
+
+    The whole buffer travels at every step, so this suits short messages; the result is
+    computed once, at rank 0, so every rank gets the same bits.
+    """
+    if t.size == 1 or A.numel(buf) == 0:
+        return
+    yield from binomial_tree_reduce(t, buf, op, 0, in_place=True, tag=0)
+    yield from binomial_tree_bcast(t, buf, 0, tag=ceil_log2(t.size))

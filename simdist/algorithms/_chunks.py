@@ -1,0 +1,120 @@
+"""Small helpers shared by the algorithms: block bounds, tree arithmetic, posting messages."""
+
+from __future__ import annotations
+
+import operator
+from itertools import accumulate
+from typing import Any, Sequence
+
+from .. import _arrays as A
+from ._transport import Handle, Transport
+
+__all__ = [
+    "chunk_bounds",
+    "offsets",
+    "floor_log2",
+    "ceil_log2",
+    "fold",
+    "first_of",
+    "real_of",
+    "send",
+    "recv",
+    "check_counts",
+]
+
+
+def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``n`` elements into ``parts`` contiguous chunks, as evenly as possible.
+
+    Returns ``parts`` pairs ``(start, length)`` in order; the first ``n % parts`` chunks
+    are one element longer than the others. Chunks may be empty when ``n < parts``.
+
+    >>> chunk_bounds(7, 3)
+    [(0, 3), (3, 2), (5, 2)]
+    """
+    if parts < 1:
+        raise ValueError(f"parts={parts!r} must be at least 1")
+    if n < 0:
+        raise ValueError(f"n={n!r} must be non-negative")
+    base, extra = divmod(n, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        length = base + (1 if i < extra else 0)
+        bounds.append((start, length))
+        start += length
+    return bounds
+
+
+def offsets(counts: Sequence[int]) -> list[int]:
+    """Start offsets of consecutive blocks of ``counts`` elements, plus the total at the end."""
+    return [0, *accumulate(counts)]
+
+
+def floor_log2(p: int) -> int:
+    """The largest ``k`` with ``2**k <= p`` (``p >= 1``)."""
+    return p.bit_length() - 1
+
+
+def ceil_log2(p: int) -> int:
+    """The smallest ``k`` with ``2**k >= p`` (``p >= 1``)."""
+    return (p - 1).bit_length()
+
+
+def fold(rank: int, size: int) -> tuple[int, int, int]:
+    """Map ``rank`` onto the largest power of two ``pof2 <= size`` (the usual trick).
+
+    The first ``2 * rem`` ranks (``rem = size - pof2``) pair up: even rank ``2i`` hands
+    its data to odd rank ``2i + 1``, which acts as new rank ``i``; ranks from ``2 * rem``
+    on become ``rank - rem``. New ranks keep the order of the original ranks, and new
+    rank ``i`` stands for original ranks ``first(i) .. first(i + 1) - 1`` (see
+    :func:`first_of`). Returns ``(pof2, rem, newrank)``; ``newrank`` is -1 for the even
+    ranks that sit out.
+    """
+    pof2 = 1 << floor_log2(size)
+    rem = size - pof2
+    if rank < 2 * rem:
+        newrank = -1 if rank % 2 == 0 else rank // 2
+    else:
+        newrank = rank - rem
+    return pof2, rem, newrank
+
+
+def first_of(newrank: int, rem: int) -> int:
+    """The first original rank that new rank ``newrank`` of :func:`fold` stands for."""
+    return 2 * newrank if newrank < rem else newrank + rem
+
+
+def real_of(newrank: int, rem: int) -> int:
+    """The original rank that acts as new rank ``newrank`` of :func:`fold`."""
+    return 2 * newrank + 1 if newrank < rem else newrank + rem
+
+
+def send(t: Transport, buf: Any, peer: int, tag: int, chunk: int | None = None) -> list[Handle]:
+    """Post a send of ``buf`` to ``peer``: ``[handle]``, or ``[]`` if ``buf`` is empty.
+
+    Empty messages are skipped; the receiver skips them too, because both sides derive
+    every block size from arguments that agree on all ranks.
+    """
+    if A.numel(buf) == 0:
+        return []
+    return [t.isend(buf, peer, tag, chunk=chunk)]
+
+
+def recv(t: Transport, buf: Any, peer: int, tag: int, chunk: int | None = None) -> list[Handle]:
+    """Post a receive into ``buf`` from ``peer``: ``[handle]``, or ``[]`` if ``buf`` is empty."""
+    if A.numel(buf) == 0:
+        return []
+    return [t.irecv(buf, peer, tag, chunk=chunk)]
+
+
+def check_counts(counts: Sequence[int], size: int, argname: str) -> list[int]:
+    """``counts`` as a list of ``size`` non-negative ints; ``ValueError`` naming ``argname`` if not."""
+    try:
+        result = [operator.index(c) for c in counts]
+    except TypeError:
+        result = None
+    if result is None or len(result) != size or min(result, default=0) < 0:
+        raise ValueError(
+            f"{argname}={counts!r:.80} must be {size} non-negative ints, one per rank of the group"
+        )
+    return result

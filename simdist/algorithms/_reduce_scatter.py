@@ -1,0 +1,128 @@
+"""reduce_scatter algorithms: ``fn(t, inp, out, counts, op)``.
+
+``inp`` holds ``p`` blocks, block ``j`` of ``counts[j]`` elements, in rank order; rank
+``r``'s ``out`` (``counts[r]`` elements) gets the reduction over all ranks of block
+``r``. Counts may differ between blocks (and be 0); ``inp`` is never written. Each
+block's result is computed on one rank only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .. import _arrays as A
+from .._reduce_op import ReduceOp
+from ._chunks import check_counts, first_of, fold, offsets, real_of, recv, send
+from ._transport import Algorithm, Transport
+
+__all__ = ["ring", "pairwise", "recursive_halving"]
+
+
+def _setup(t: Transport, inp: Any, counts: Sequence[int]) -> tuple[list[int], list[int], list[Any]]:
+    counts = check_counts(counts, t.size, "counts")
+    offs = offsets(counts)
+    if A.numel(inp) != offs[-1]:
+        raise ValueError(f"inp has {A.numel(inp)} elements but sum(counts) is {offs[-1]}")
+    return counts, offs, [A.narrow(inp, offs[j], counts[j]) for j in range(t.size)]
+
+
+def ring(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) -> Algorithm:
+    """Ring: each block travels once around the ring, collecting contributions, ending at its owner.
+
+    At step ``s`` rank ``r`` sends its partial sum of block ``r - s - 1`` to the right
+    and receives the partial sum of block ``r - s - 2`` from the left; ``p - 1`` steps,
+    ``(p-1)/p`` of the input sent per rank, neighbour-only traffic.
+    """
+    counts, offs, blocks = _setup(t, inp, counts)
+    p, r = t.size, t.rank
+    if p == 1:
+        A.copy_(out, blocks[0])
+        return
+    if offs[-1] == 0:
+        return
+    width = max(counts)
+    bufs = [A.empty(inp, width), A.empty(inp, width)]  # partial sums, alternately
+    right, left = (r + 1) % p, (r - 1) % p
+    outgoing = blocks[(r - 1) % p]
+    for step in range(p - 1):
+        s, g = (r - step - 1) % p, (r - step - 2) % p
+        last = step == p - 2
+        incoming = out if last else A.narrow(bufs[step % 2], 0, counts[g])
+        yield send(t, outgoing, right, step, s) + recv(t, incoming, left, step, g)
+        A.reduce_(incoming, blocks[g], op)
+        outgoing = incoming
+
+
+def pairwise(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) -> Algorithm:
+    """Pairwise exchange: at step ``s`` rank ``r`` sends block ``r + s`` to its owner and
+    receives its own block from rank ``r - s``; ``p - 1`` steps, no forwarding.
+    """
+    counts, offs, blocks = _setup(t, inp, counts)
+    p, r = t.size, t.rank
+    A.copy_(out, blocks[r])
+    if p == 1 or offs[-1] == 0:
+        return
+    tmp = A.empty(inp, counts[r])
+    for step in range(1, p):
+        dst, src = (r + step) % p, (r - step) % p
+        yield send(t, blocks[dst], dst, step, dst) + recv(t, tmp, src, step, r)
+        if counts[r]:
+            A.reduce_(out, tmp, op)
+
+
+def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) -> Algorithm:
+    """Recursive halving: ``log2 p`` exchanges with rank ``r xor 2^(K-1-k)``, halving the
+    blocks still held and reducing the half kept.
+
+    For ``p`` not a power of two, even rank ``2i < 2 rem`` (``rem = p - 2^floor(log2 p)``)
+    first hands its whole input to ``2i + 1``, which then stands for both blocks and at
+    the end sends block ``2i``'s result back: two extra steps.
+    """
+    counts, offs, blocks = _setup(t, inp, counts)
+    p, r = t.size, t.rank
+    if p == 1:
+        A.copy_(out, blocks[0])
+        return
+    total = offs[-1]
+    if total == 0:
+        return
+    pof2, rem, newrank = fold(r, p)
+    acc = A.empty(inp, total if newrank != -1 else 0)
+    tmp = A.empty(inp, total if newrank != -1 else 0)
+
+    def span(buf: Any, lo: int, hi: int) -> Any:
+        """The blocks of the original ranks that new ranks ``lo .. hi - 1`` stand for."""
+        a, b = offs[first_of(lo, rem)], offs[first_of(hi, rem)]
+        return A.narrow(buf, a, b - a)
+
+    if newrank != -1:
+        A.copy_(acc, inp)
+    if r < 2 * rem:
+        if newrank == -1:
+            yield send(t, inp, r + 1, 0)
+        else:
+            yield recv(t, tmp, r - 1, 0)
+            A.reduce_(acc, tmp, op)
+    if newrank != -1:
+        lo, hi, step = 0, pof2, 1
+        mask = pof2 >> 1
+        while mask:
+            peer = real_of(newrank ^ mask, rem)
+            mid = lo + mask
+            if newrank & mask:
+                give, keep, lo = (lo, mid), (mid, hi), mid
+            else:
+                give, keep, hi = (mid, hi), (lo, mid), mid
+            kept = span(acc, *keep)
+            incoming = A.narrow(tmp, 0, A.numel(kept))
+            yield send(t, span(acc, *give), peer, step) + recv(t, incoming, peer, step)
+            A.reduce_(kept, incoming, op)
+            mask, step = mask >> 1, step + 1
+        # new rank ``lo`` now holds the results for original ranks first_of(lo) .. r
+        A.copy_(out, A.narrow(acc, offs[r], counts[r]))
+    if r < 2 * rem:
+        tag = pof2.bit_length()
+        if newrank == -1:
+            yield recv(t, out, r + 1, tag, r)
+        else:
+            yield send(t, A.narrow(acc, offs[r - 1], counts[r - 1]), r - 1, tag, r - 1)

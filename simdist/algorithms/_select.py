@@ -1,0 +1,294 @@
+"""The algorithm registry, the automatic choice and the alpha-beta cost model.
+
+Sizes: ``nbytes`` is always the largest per-rank buffer of the operation, as in
+Thakur, Rabenseifner & Gropp (2005), "Optimization of collective communication
+operations in MPICH":
+
+- all_reduce, broadcast, reduce: the buffer;
+- all_gather: the output (``p`` blocks); reduce_scatter and all_to_all: the input
+  (``p`` blocks); gather: the root's output; scatter: the root's input;
+- barrier: ignored.
+
+Cost symbols: ``p`` ranks, ``n`` = nbytes, ``α`` seconds per message, ``β`` seconds per
+byte, ``γ`` seconds per byte reduced (default 0), ``⌈lg p⌉``/``⌊lg p⌋`` the rounded
+base-2 logarithms, ``p' = 2^⌊lg p⌋`` and ``e = 0`` if ``p`` is a power of two, else 1
+(the two extra folding steps of the recursive doubling/halving algorithms). Costs
+count the critical path of the algorithm as implemented here, assuming every rank can
+send and receive one message at a time; on one rank every cost is 0.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from . import _allgather, _allreduce, _alltoall, _barrier, _broadcast, _reduce_scatter, _rooted
+from ._chunks import ceil_log2, floor_log2
+
+__all__ = ["ALGORITHMS", "FORMULAS", "get", "choose", "cost"]
+
+KiB = 1024
+
+ALGORITHMS: dict[str, dict[str, Callable]] = {
+    "all_reduce": {
+        "ring": _allreduce.ring,
+        "recursive_doubling": _allreduce.recursive_doubling,
+        "rabenseifner": _allreduce.rabenseifner,
+        "binomial": _allreduce.binomial,
+    },
+    "broadcast": {
+        "binomial": _broadcast.binomial,
+        "scatter_allgather": _broadcast.scatter_allgather,
+    },
+    "reduce": {
+        "binomial": _rooted.reduce_binomial,
+        "linear": _rooted.reduce_linear,
+    },
+    "all_gather": {
+        "ring": _allgather.ring,
+        "recursive_doubling": _allgather.recursive_doubling,
+        "bruck": _allgather.bruck,
+    },
+    "reduce_scatter": {
+        "ring": _reduce_scatter.ring,
+        "pairwise": _reduce_scatter.pairwise,
+        "recursive_halving": _reduce_scatter.recursive_halving,
+    },
+    "all_to_all": {
+        "pairwise": _alltoall.pairwise,
+        "bruck": _alltoall.bruck,
+        "direct": _alltoall.direct,
+    },
+    "gather": {
+        "linear": _rooted.gather_linear,
+        "binomial": _rooted.gather_binomial,
+    },
+    "scatter": {
+        "linear": _rooted.scatter_linear,
+        "binomial": _rooted.scatter_binomial,
+    },
+    "barrier": {
+        "dissemination": _barrier.dissemination,
+    },
+}
+"""op -> algorithm name -> generator function (see each module for the signature)."""
+
+
+def _choices(names: object) -> str:
+    return ", ".join(repr(k) for k in sorted(names))  # type: ignore[call-overload]
+
+
+def _table(op: str) -> dict[str, Callable]:
+    try:
+        return ALGORITHMS[op]
+    except (KeyError, TypeError):
+        raise ValueError(f"op={op!r} is not a collective; expected one of {_choices(ALGORITHMS)}") from None
+
+
+def get(op: str, name: str) -> Callable:
+    """The algorithm ``name`` of collective ``op``, e.g. ``get("all_reduce", "ring")``.
+
+    Raises:
+        ValueError: naming the unknown ``op`` or ``algorithm`` and the valid choices.
+    """
+    table = _table(op)
+    try:
+        return table[name]
+    except (KeyError, TypeError):
+        article = "an" if op.startswith("a") else "a"
+        raise ValueError(
+            f"algorithm={name!r} is not {article} {op} algorithm; expected one of {_choices(table)}"
+        ) from None
+
+
+def _check(op: str, nbytes: int, size: int) -> None:
+    _table(op)
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"size={size!r} must be a positive int")
+    if nbytes < 0:
+        raise ValueError(f"nbytes={nbytes!r} must be non-negative")
+
+
+def _pow2(p: int) -> bool:
+    return p & (p - 1) == 0
+
+
+def choose(op: str, nbytes: int, size: int, *, equal_counts: bool = True) -> str:
+    """A sensible algorithm for ``op`` on ``size`` ranks and ``nbytes`` (see the module doc).
+
+    The thresholds follow MPICH's defaults (Thakur et al. 2005):
+
+    - all_reduce: ``recursive_doubling`` up to 2 KiB; above, ``rabenseifner`` when ``p``
+      is a power of two or ``nbytes < (p - 1 - ⌊lg p⌋) · 8 KiB`` (where its two extra
+      whole-buffer folding steps cost less than the ring's extra latencies), else ``ring``.
+    - broadcast: ``binomial`` below 12 KiB or for fewer than 8 ranks, else ``scatter_allgather``.
+    - reduce, gather, scatter: ``binomial``.
+    - all_gather: ``recursive_doubling`` below 512 KiB when ``p`` is a power of two;
+      otherwise ``bruck`` below 80 KiB and ``ring`` above.
+    - reduce_scatter: ``recursive_halving`` below 512 KiB, else ``ring``.
+    - all_to_all: ``bruck`` for blocks (``nbytes / p``) up to 256 bytes on 8 or more ranks
+      (only with ``equal_counts``: Bruck needs equal counts), ``direct`` for blocks up
+      to 32 KiB, else ``pairwise``.
+    - barrier: ``dissemination``.
+    """
+    _check(op, nbytes, size)
+    p, n = size, nbytes
+    if op == "all_reduce":
+        if n <= 2 * KiB:
+            return "recursive_doubling"
+        if _pow2(p) or n < (p - 1 - floor_log2(p)) * 8 * KiB:
+            return "rabenseifner"
+        return "ring"
+    if op == "broadcast":
+        return "binomial" if n < 12 * KiB or p < 8 else "scatter_allgather"
+    if op == "all_gather":
+        if _pow2(p) and n < 512 * KiB:
+            return "recursive_doubling"
+        return "bruck" if n < 80 * KiB else "ring"
+    if op == "reduce_scatter":
+        return "recursive_halving" if n < 512 * KiB else "ring"
+    if op == "all_to_all":
+        block = n / p
+        if equal_counts and block <= 256 and p >= 8:
+            return "bruck"
+        return "direct" if block <= 32 * KiB else "pairwise"
+    if op == "barrier":
+        return "dissemination"
+    return "binomial"  # reduce, gather, scatter
+
+
+FORMULAS: dict[str, dict[str, str]] = {
+    "all_reduce": {
+        "ring": "2(p-1)·α + 2(p-1)/p·n·β + (p-1)/p·n·γ",
+        "recursive_doubling": "(⌊lg p⌋+2e)·(α + n·β) + (⌊lg p⌋+e)·n·γ",
+        "rabenseifner": "2(⌊lg p⌋+e)·α + (2(p'-1)/p' + 2e)·n·β + ((p'-1)/p' + e)·n·γ",
+        "binomial": "2⌈lg p⌉·(α + n·β) + ⌈lg p⌉·n·γ",
+    },
+    "broadcast": {
+        "binomial": "⌈lg p⌉·(α + n·β)",
+        "scatter_allgather": "(⌈lg p⌉ + p-1)·α + 2(p-1)/p·n·β",
+    },
+    "reduce": {
+        "binomial": "⌈lg p⌉·(α + n·β + n·γ)",
+        "linear": "(p-1)·(α + n·β + n·γ)",
+    },
+    "all_gather": {
+        "ring": "(p-1)·α + (p-1)/p·n·β",
+        "recursive_doubling": "(⌊lg p⌋+2e)·α + ((p-1)/p + e(p+1)/p)·n·β",
+        "bruck": "⌈lg p⌉·α + (p-1)/p·n·β",
+    },
+    "reduce_scatter": {
+        "ring": "(p-1)·α + (p-1)/p·n·(β + γ)",
+        "pairwise": "(p-1)·α + (p-1)/p·n·(β + γ)",
+        "recursive_halving": "(⌊lg p⌋+2e)·α + ((p'-1)/p' + e(p+1)/p)·n·β + ((p'-1)/p' + e)·n·γ",
+    },
+    "all_to_all": {
+        "pairwise": "(p-1)·α + (p-1)/p·n·β",
+        "bruck": "⌈lg p⌉·α + ⌈lg p⌉·n/2·β",
+        "direct": "(p-1)·α + (p-1)/p·n·β",
+    },
+    "gather": {
+        "linear": "(p-1)·α + (p-1)/p·n·β",
+        "binomial": "⌈lg p⌉·α + (p-1)/p·n·β",
+    },
+    "scatter": {
+        "linear": "(p-1)·α + (p-1)/p·n·β",
+        "binomial": "⌈lg p⌉·α + (p-1)/p·n·β",
+    },
+    "barrier": {
+        "dissemination": "⌈lg p⌉·α",
+    },
+}
+"""op -> algorithm name -> the cost formula that :func:`cost` evaluates (symbols in the module doc)."""
+
+
+class _Terms(NamedTuple):
+    p: int
+    n: float
+    a: float  # α
+    b: float  # β
+    g: float  # γ
+    up: int  # ⌈lg p⌉
+    down: int  # ⌊lg p⌋
+    q: int  # p'
+    e: int
+    spread: float  # (p-1)/p
+
+
+_COSTS: dict[str, dict[str, Callable[[_Terms], float]]] = {
+    "all_reduce": {
+        "ring": lambda x: 2 * (x.p - 1) * x.a + 2 * x.spread * x.n * x.b + x.spread * x.n * x.g,
+        "recursive_doubling": lambda x: (x.down + 2 * x.e) * (x.a + x.n * x.b) + (x.down + x.e) * x.n * x.g,
+        "rabenseifner": lambda x: 2 * (x.down + x.e) * x.a
+        + (2 * (x.q - 1) / x.q + 2 * x.e) * x.n * x.b
+        + ((x.q - 1) / x.q + x.e) * x.n * x.g,
+        "binomial": lambda x: 2 * x.up * (x.a + x.n * x.b) + x.up * x.n * x.g,
+    },
+    "broadcast": {
+        "binomial": lambda x: x.up * (x.a + x.n * x.b),
+        "scatter_allgather": lambda x: (x.up + x.p - 1) * x.a + 2 * x.spread * x.n * x.b,
+    },
+    "reduce": {
+        "binomial": lambda x: x.up * (x.a + x.n * x.b + x.n * x.g),
+        "linear": lambda x: (x.p - 1) * (x.a + x.n * x.b + x.n * x.g),
+    },
+    "all_gather": {
+        "ring": lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
+        "recursive_doubling": lambda x: (x.down + 2 * x.e) * x.a
+        + (x.spread + x.e * (x.p + 1) / x.p) * x.n * x.b,
+        "bruck": lambda x: x.up * x.a + x.spread * x.n * x.b,
+    },
+    "reduce_scatter": {
+        "ring": lambda x: (x.p - 1) * x.a + x.spread * x.n * (x.b + x.g),
+        "pairwise": lambda x: (x.p - 1) * x.a + x.spread * x.n * (x.b + x.g),
+        "recursive_halving": lambda x: (x.down + 2 * x.e) * x.a
+        + ((x.q - 1) / x.q + x.e * (x.p + 1) / x.p) * x.n * x.b
+        + ((x.q - 1) / x.q + x.e) * x.n * x.g,
+    },
+    "all_to_all": {
+        "pairwise": lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
+        "bruck": lambda x: x.up * x.a + x.up * x.n / 2 * x.b,
+        "direct": lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
+    },
+    "gather": {
+        "linear": lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
+        "binomial": lambda x: x.up * x.a + x.spread * x.n * x.b,
+    },
+    "scatter": {
+        "linear": lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
+        "binomial": lambda x: x.up * x.a + x.spread * x.n * x.b,
+    },
+    "barrier": {
+        "dissemination": lambda x: x.up * x.a,
+    },
+}
+
+
+def cost(op: str, name: str, nbytes: int, size: int, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Seconds that algorithm ``name`` of ``op`` takes in the alpha-beta(-gamma) model.
+
+    Evaluates ``FORMULAS[op][name]`` with ``α = alpha`` (seconds per message),
+    ``β = beta`` (seconds per byte), ``γ = gamma`` (seconds per byte reduced; reducing
+    ops only) and ``n = nbytes`` as defined in the module doc. 0 on one rank.
+
+    Raises:
+        ValueError: for an unknown ``op`` or ``name``, a size below 1 or negative nbytes.
+    """
+    get(op, name)
+    _check(op, nbytes, size)
+    if size == 1:
+        return 0.0
+    down = floor_log2(size)
+    q = 1 << down
+    terms = _Terms(
+        p=size,
+        n=float(nbytes),
+        a=alpha,
+        b=beta,
+        g=gamma,
+        up=ceil_log2(size),
+        down=down,
+        q=q,
+        e=0 if q == size else 1,
+        spread=(size - 1) / size,
+    )
+    return float(_COSTS[op][name](terms))

@@ -1,0 +1,58 @@
+"""The contract between collective algorithms and the backends that carry their messages.
+
+An algorithm is a *generator function*. It posts non-blocking sends and receives on a
+:class:`Transport` and, to wait, yields the list of handles it needs completed::
+
+    def ring_step(t: Transport, send_buf, recv_buf):
+        s = t.isend(send_buf, (t.rank + 1) % t.size, tag=0)
+        r = t.irecv(recv_buf, (t.rank - 1) % t.size, tag=0)
+        yield [s, r]          # resumes once both have completed
+
+Each ``yield`` ends one *step* of the algorithm (the visualizer draws steps). The
+backend decides how waiting happens: the socket backend blocks in place
+(:func:`run_blocking`), the simulator resumes the generator from its scheduler, which
+is what lets an ``async_op=True`` collective progress while the caller computes.
+
+Ranks seen by an algorithm are group ranks ``0 .. t.size - 1``. Messages between one
+pair of ranks with one tag arrive in the order they were sent. Buffers are flat,
+contiguous arrays handled only through :mod:`simdist._arrays`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generator, Iterable, Protocol
+
+__all__ = ["Handle", "Transport", "Algorithm", "run_blocking"]
+
+Handle = Any
+"""An opaque token for one posted send or receive."""
+
+Algorithm = Generator[list, None, None]
+"""What an algorithm function returns: a generator yielding lists of handles."""
+
+
+class Transport(Protocol):
+    """Point-to-point messaging among the ranks of one group, for one collective call."""
+
+    rank: int
+    size: int
+
+    def isend(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Handle:
+        """Post a send of flat buffer ``buf`` to group rank ``peer``.
+
+        ``chunk`` names which chunk of the collective's data this is (for traces).
+        The algorithm must not modify ``buf`` until the handle has completed.
+        """
+
+    def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Handle:
+        """Post a receive from group rank ``peer`` into flat buffer ``buf`` (exact size)."""
+
+    def wait(self, handles: Iterable[Handle]) -> None:
+        """Block until every handle has completed (used by :func:`run_blocking`)."""
+
+
+def run_blocking(algorithm: Algorithm, transport: Transport) -> None:
+    """Run an algorithm to completion, blocking on each step's handles."""
+    for handles in algorithm:
+        if handles:
+            transport.wait(handles)
