@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import platform
 import random
 import sys
 import threading
@@ -51,22 +53,112 @@ def leave(engine: Any, saved: tuple) -> None:
     _running.release()
 
 
+class _RawState:
+    """Copies the raw bytes of a generator's state: exact, and ~50x faster than get/set_state.
+
+    Used only when a self-test at import shows that the bytes at ``address`` are the
+    whole state (the layout of CPython's ``random.Random`` and numpy's MT19937);
+    otherwise the public get/set API is used.
+    """
+
+    def __init__(self, address: int, size: int):
+        self.address, self.size = address, size
+
+    def get(self) -> bytes:
+        return ctypes.string_at(self.address, self.size)
+
+    def set(self, data: bytes) -> None:
+        ctypes.memmove(self.address, data, self.size)
+
+
+def _python_raw() -> _RawState | None:
+    """The Mersenne Twister of ``random`` (``int index; uint32 state[624]`` after the object header)."""
+    if platform.python_implementation() != "CPython":
+        return None
+    return _verified(_RawState(id(random._inst) + 2 * ctypes.sizeof(ctypes.c_void_p), 4 + 624 * 4),
+                     random.getstate, random.setstate, lambda: random.getrandbits(64))
+
+
+def _numpy_raw() -> _RawState | None:
+    """The MT19937 state of numpy's global RandomState (``uint32 key[624]; int pos``)."""
+    bitgen = getattr(np.random.mtrand._rand, "_bit_generator", None)
+    if type(bitgen).__name__ != "MT19937":
+        return None
+    return _verified(_RawState(bitgen.ctypes.state_address, 624 * 4 + 4),
+                     np.random.get_state, np.random.set_state, lambda: int(np.random.randint(0, 2**62)))
+
+
+def _verified(raw: _RawState, get, put, draw) -> _RawState | None:
+    saved = get()
+    try:
+        snap = raw.get()
+        first = [draw() for _ in range(700)]
+        raw.set(snap)
+        again = [draw() for _ in range(700)]
+        put(saved)
+        via_api = [draw() for _ in range(700)]
+        return raw if first == again == via_api else None
+    except Exception:  # noqa: BLE001 - any failure means: use the public API
+        return None
+    finally:
+        put(saved)
+
+
+_PY = _python_raw()
+_NP = _numpy_raw()
+
+
+class _RngState:
+    """One rank's generator states: raw bytes where possible, else the public API's values."""
+
+    __slots__ = ("py", "py_gauss", "np", "np_gauss", "np_full", "torch")
+
+    def capture(self) -> "_RngState":
+        self.py = _PY.get() if _PY else random.getstate()
+        self.py_gauss = random._inst.gauss_next
+        cur = _NP.get() if _NP else None
+        # numpy's legacy normal() caches a second value (has_gauss) outside the MT bytes:
+        # take the full state whenever the bytes moved or a cached value is pending.
+        if _NP is None or cur != getattr(self, "np", None) or self.np_gauss:
+            self.np_full = np.random.get_state()
+            self.np_gauss = bool(self.np_full[3])
+        self.np = cur
+        self.torch = torch.get_rng_state()
+        return self
+
+    def install(self, gauss_pending: bool) -> None:
+        if _PY:
+            _PY.set(self.py)
+        else:
+            random.setstate(self.py)
+        random._inst.gauss_next = self.py_gauss
+        if _NP and not (self.np_gauss or gauss_pending):
+            _NP.set(self.np)
+        else:
+            np.random.set_state(self.np_full)
+        torch.set_rng_state(self.torch)
+
+
+def _seeded(rank: int) -> _RngState:
+    random.seed(rank)
+    np.random.seed(rank)
+    torch.manual_seed(rank)
+    return _RngState().capture()
+
+
 def save(engine: Any, rs: Any) -> None:
     """Remember rank ``rs``'s generator states (it is about to lose the baton)."""
-    rs.rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    rs.rng = (rs.rng or _RngState()).capture()
+    engine.np_gauss_pending = rs.rng.np_gauss
 
 
 def restore(engine: Any, rs: Any) -> None:
     """Install rank ``rs``'s generator states (it is about to get the baton)."""
     if rs.rng is None:
-        random.seed(rs.rank)
-        np.random.seed(rs.rank)
-        torch.manual_seed(rs.rank)
-        return
-    py, npy, th = rs.rng
-    random.setstate(py)
-    np.random.set_state(npy)
-    torch.set_rng_state(th)
+        rs.rng = _seeded(rs.rank)
+    else:
+        rs.rng.install(getattr(engine, "np_gauss_pending", True))
+    engine.np_gauss_pending = rs.rng.np_gauss
 
 
 def enter_thread(engine: Any, rs: Any) -> None:

@@ -24,12 +24,14 @@ def _blocked_entry(engine: Any, rs: Any) -> tuple[dict, list[int]]:
             peer = it.dst if it.kind == "send" else it.src
             entry["peer"] = peer
             if peer is None:
-                waits += [r.rank for r in engine.ranks if r.rank != rs.rank and not r.done]
+                gs = engine.groups.get(it.group)
+                members = gs.ranks if gs else range(len(engine.ranks))
+                waits += [r for r in members if r != rs.rank]
             else:
                 waits.append(peer)
         elif isinstance(it, CollectiveRun):
             entry.update(op=it.call.op, group=it.group.group_id, call_site=it.call.call_site,
-                         collective=it.coll_id)
+                         collective=it.seq)
             gs = engine.groups.get(it.group.group_id)
             inst = gs.instances.get(it.seq) if gs else None
             if inst is not None:
@@ -51,7 +53,7 @@ def _line(entry: dict, engine: Any) -> str:
         arg = "dst" if op == "send" else "src"
         text = f"rank {rank} is blocked in {op}({arg}={peer}, tag={entry['tag']}) on group {entry['group']}"
     else:
-        text = f"rank {rank} is blocked in {op} (collective #{entry.get('collective')}) on group {entry['group']}"
+        text = f"rank {rank} is blocked in {op} (collective {entry.get('collective')} of group {entry['group']})"
         missing = entry.get("missing")
         if missing:
             done = [r for r in missing if engine.ranks[r].done]
