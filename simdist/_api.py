@@ -126,12 +126,14 @@ def new_group(
     use_local_synchronization: bool = False,
     group_desc: str | None = None,
     device_id: Any = None,
+    sort_ranks: bool = True,
 ) -> Any:
-    """A new group of the global ``ranks`` (all ranks if ``None``), sorted as torch sorts them.
+    """A new group of the global ``ranks`` (all ranks if ``None``).
 
-    Every rank of the world must call ``new_group`` with the same ranks, in the same
-    order as its other ``new_group`` calls; ranks outside the group get
-    ``GroupMember.NON_GROUP_MEMBER``.
+    Group ranks follow the sorted global ranks, as in torch, or the order of ``ranks``
+    when ``sort_ranks=False``. Every rank of the world must call ``new_group`` with the
+    same ranks, in the same order as its other ``new_group`` calls; ranks outside the
+    group get ``GroupMember.NON_GROUP_MEMBER``.
     """
     world = require_world("new_group")
     if ranks is None:
@@ -139,7 +141,9 @@ def new_group(
     else:
         if not isinstance(ranks, (list, tuple, range)):
             raise TypeError(f"ranks must be a list of global ranks, got {type(ranks).__name__}")
-        members = sorted(check_int(r, f"ranks[{i}]") for i, r in enumerate(ranks))
+        members = [check_int(r, f"ranks[{i}]") for i, r in enumerate(ranks)]
+        if sort_ranks:
+            members.sort()
         bad = [r for r in members if not 0 <= r < world.size]
         if bad:
             raise ValueError(f"ranks={list(ranks)} has ranks {bad} outside 0..{world.size - 1}")
@@ -189,6 +193,8 @@ def compute(seconds: float) -> None:
 def _p2p(fn: str, tensor: Any, peer: Any, group: Any, tag: Any, group_peer: Any, kind: str) -> tuple:
     world, pg = resolve(fn, group)
     A.check_array(tensor, "tensor")
+    if kind == "recv":
+        A.check_writable(tensor, "tensor")
     tag = check_int(tag, "tag", 0)
     if pg is None:
         return None, None
@@ -201,7 +207,7 @@ def _p2p(fn: str, tensor: Any, peer: Any, group: Any, tag: Any, group_peer: Any,
         target = root_of(world, pg, peer, group_peer, argname)
         if target == pg.rank:
             raise ValueError(f"{fn}: {argname}={pg.ranks[target]} is this rank itself; a rank cannot {kind} to itself")
-    opts = Options(tag=tag, call_site=user_call_site())
+    opts = Options(tag=tag, call_site=user_call_site(), async_op=fn in ("isend", "irecv"))
     return pg, (pg.send(tensor, target, opts) if kind == "send" else pg.recv(tensor, target, opts))
 
 
@@ -295,6 +301,7 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
     """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank of the group (in place)."""
     world, pg = resolve("broadcast", group)
     A.check_array(tensor, "tensor")
+    A.check_writable(tensor, "tensor")
     if pg is None:
         return None
     root = root_of(world, pg, src, group_src, "src", default=None)
@@ -306,6 +313,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
     """Reduce ``tensor`` across the group with ``op``; every rank ends with the same result, in place."""
     world, pg = resolve("all_reduce", group)
     A.check_array(tensor, "tensor")
+    A.check_writable(tensor, "tensor")
     op = as_reduce_op(op)
     A.check_reduce_op(tensor, op)
     if pg is None:
@@ -321,6 +329,7 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: A
     """
     world, pg = resolve("reduce", group)
     A.check_array(tensor, "tensor")
+    A.check_writable(tensor, "tensor")
     op = as_reduce_op(op)
     A.check_reduce_op(tensor, op)
     if pg is None:
@@ -336,7 +345,7 @@ def all_gather(tensor_list: list, tensor: Any, group: Any = None, async_op: bool
     A.check_array(tensor, "tensor")
     if pg is None:
         return None
-    check_list(tensor_list, pg.size, "tensor_list", tensor, A.numel(tensor))
+    check_list(tensor_list, pg.size, "tensor_list", tensor, A.numel(tensor), writable=True)
     return _run(pg.all_gather(tensor_list, tensor, _opts(async_op, algorithm)), async_op)
 
 
@@ -346,6 +355,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     world, pg = resolve("all_gather_into_tensor", group)
     A.check_array(input_tensor, "input_tensor")
     same_kind(output_tensor, input_tensor, "output_tensor")
+    A.check_writable(output_tensor, "output_tensor")
     if pg is None:
         return None
     if A.numel(output_tensor) != pg.size * A.numel(input_tensor):
@@ -367,7 +377,7 @@ def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None,
     if pg.rank == root:
         if gather_list is None:
             raise ValueError("gather_list is required on the destination rank")
-        check_list(gather_list, pg.size, "gather_list", tensor, A.numel(tensor))
+        check_list(gather_list, pg.size, "gather_list", tensor, A.numel(tensor), writable=True)
     elif gather_list:
         raise ValueError("gather_list must not be given on a rank other than dst")
     return _run(pg.gather(tensor, gather_list if pg.rank == root else None, _opts(async_op, algorithm, root=root)), async_op)
@@ -378,6 +388,7 @@ def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = Non
     """Copy ``scatter_list[i]`` of rank ``src`` into ``tensor`` on rank i; other ranks pass no list."""
     world, pg = resolve("scatter", group)
     A.check_array(tensor, "tensor")
+    A.check_writable(tensor, "tensor")
     if pg is None:
         return None
     root = root_of(world, pg, src, group_src, "src")
@@ -395,6 +406,7 @@ def reduce_scatter(output: Any, input_list: list, op: Any = ReduceOp.SUM, group:
     """Reduce ``input_list[i]`` across the group with ``op`` into ``output`` on rank i."""
     world, pg = resolve("reduce_scatter", group)
     A.check_array(output, "output")
+    A.check_writable(output, "output")
     op = as_reduce_op(op)
     A.check_reduce_op(output, op)
     if pg is None:
@@ -412,6 +424,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group
     """Reduce ``input`` across the group and give rank i the i-th of ``size`` equal pieces, in ``output``."""
     world, pg = resolve("reduce_scatter_tensor", group)
     A.check_array(output, "output")
+    A.check_writable(output, "output")
     same_kind(input, output, "input")
     op = as_reduce_op(op)
     A.check_reduce_op(output, op)
@@ -431,7 +444,7 @@ def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Any = N
     if pg is None:
         return None
     check_list(input_tensor_list, pg.size, "input_tensor_list")
-    check_list(output_tensor_list, pg.size, "output_tensor_list", input_tensor_list[0])
+    check_list(output_tensor_list, pg.size, "output_tensor_list", input_tensor_list[0], writable=True)
     check_list(input_tensor_list, pg.size, "input_tensor_list", input_tensor_list[0])
     return _run(pg.all_to_all(output_tensor_list, input_tensor_list, _opts(async_op, algorithm)), async_op)
 
@@ -444,6 +457,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     world, pg = resolve("all_to_all_single", group)
     A.check_array(input, "input")
     same_kind(output, input, "output")
+    A.check_writable(output, "output")
     if pg is None:
         return None
     for x, splits, name in ((input, input_split_sizes, "input_split_sizes"), (output, output_split_sizes, "output_split_sizes")):
@@ -452,7 +466,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     return _run(pg.all_to_all_single(output, input, output_split_sizes, input_split_sizes, _opts(async_op, algorithm)), async_op)
 
 
-def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
+def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None,
             *, algorithm: str | None = None) -> Work | None:
     """Return once every rank of the group has entered ``barrier``."""
     world, pg = resolve("barrier", group)

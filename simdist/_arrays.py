@@ -19,6 +19,7 @@ __all__ = [
     "Array",
     "is_array",
     "check_array",
+    "check_writable",
     "dtype_name",
     "shape_of",
     "nbytes",
@@ -62,6 +63,23 @@ def check_array(x: object, argname: str) -> None:
             return
     elif x.dtype == object:
         raise TypeError(f"{argname} has dtype object; only numeric and bool arrays can be sent")
+
+
+def check_writable(x: Array, argname: str) -> None:
+    """Raise ``ValueError`` naming ``argname`` if results cannot be written into ``x``.
+
+    That is a read-only numpy array, or a tensor whose elements share memory (an
+    ``expand``-ed tensor: a stride of 0 on a dimension of size > 1). Checked when the
+    call is made, so the error belongs to the calling rank, before anything is sent.
+    """
+    if isinstance(x, torch.Tensor):
+        if any(st == 0 and sz > 1 for st, sz in zip(x.stride(), x.shape)):
+            raise ValueError(
+                f"{argname} has elements that share memory (shape {tuple(x.shape)}, strides {x.stride()}, "
+                "as an expand()-ed tensor has); results cannot be written into it: pass a .clone()"
+            )
+    elif isinstance(x, np.ndarray) and not x.flags.writeable:
+        raise ValueError(f"{argname} is a read-only numpy array (shape {x.shape}); results cannot be written into it")
 
 
 def dtype_name(x: Array) -> str:
@@ -131,10 +149,10 @@ def stage_out(x: Array) -> tuple[Array, Callable[[], None] | None]:
 
 
 def empty(like: Array, n: int) -> Array:
-    """A new flat buffer of ``n`` elements of ``like``'s kind, dtype and device."""
+    """A new zero-filled flat buffer of ``n`` elements of ``like``'s kind, dtype and device (zeros keep traces deterministic)."""
     if isinstance(like, torch.Tensor):
-        return torch.empty(n, dtype=like.dtype, device=like.device)
-    return np.empty(n, dtype=like.dtype)
+        return torch.zeros(n, dtype=like.dtype, device=like.device)
+    return np.zeros(n, dtype=like.dtype)
 
 
 def narrow(buf: Array, start: int, length: int) -> Array:

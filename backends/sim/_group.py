@@ -81,8 +81,9 @@ class SimGroup(AlgorithmicGroup):
         p.label = kind
         p.on_done = _span(engine, p, back)
         engine.post(p)
-        work = SimWork(self, p, kind, [tensor], track=True)
-        engine.point(me)
+        work = SimWork(self, p, kind, [tensor], track=bool(opts.async_op))
+        if opts.async_op:
+            engine.point(me)
         return work
 
     def send(self, tensor: Any, dst: int, opts: Options) -> Work:
@@ -146,7 +147,6 @@ class SimWorld(World):
         self.backend = backend or "sim"
         self.default_group = SimGroup(self.engine, self.me, self.rank, range(self.size), 0)
         self.groups = [self.default_group]
-        self.engine.point(self.me)
 
     def new_group(self, ranks, *, backend, timeout):
         self.group_count += 1
