@@ -1,0 +1,157 @@
+"""Virtual time, topologies, link contention, the two levels of detail, and traces."""
+
+from __future__ import annotations
+
+import json
+
+import networkx as nx
+import pytest
+import torch
+
+import simdist
+import simdist as dist
+from simdist import algorithms
+from simdist._topology import DEFAULT_ALPHA, DEFAULT_BANDWIDTH, as_topology
+
+MB = 1 << 20
+
+
+def one_message(rank, nbytes):
+    dist.init_process_group("gloo")
+    t = torch.zeros(nbytes // 4)
+    if rank == 0:
+        dist.send(t, dst=1)
+    elif rank == 1:
+        dist.recv(t, src=0)
+
+
+def test_message_cost_is_alpha_plus_bytes_over_bandwidth():
+    res = simdist.simulate(one_message, 2, (MB,))
+    (msg,) = res.trace.of_kind("message")
+    expected = 2 * DEFAULT_ALPHA + MB / DEFAULT_BANDWIDTH  # two links through the switch
+    assert msg.t_end - msg.t_start == pytest.approx(expected)
+    assert res.time == pytest.approx(expected)
+
+
+def test_custom_graph_topology_uses_link_parameters():
+    g = nx.Graph()
+    g.add_edge(0, 1, alpha=1e-3, bandwidth=1e6)
+    res = simdist.simulate(one_message, 2, (4000,), topology=g)
+    (msg,) = res.trace.of_kind("message")
+    assert msg.t_end - msg.t_start == pytest.approx(1e-3 + 4000 / 1e6)
+
+
+def test_link_contention_serialises_messages_on_a_shared_link():
+    def fan_in(rank):
+        dist.init_process_group("gloo")
+        t = torch.zeros(MB // 4)
+        if rank == 0:
+            works = [dist.irecv(torch.zeros(MB // 4), src=s) for s in (1, 2, 3)]
+            for w in works:
+                w.wait()
+        else:
+            dist.send(t, dst=0)
+
+    res = simdist.simulate(fan_in, 4, topology="switch")
+    msgs = sorted(res.trace.of_kind("message"), key=lambda e: e.t_start)
+    per = MB / DEFAULT_BANDWIDTH
+    assert [m.t_start for m in msgs] == pytest.approx([0.0, per, 2 * per])
+    full = simdist.simulate(fan_in, 4, topology="fully_connected")
+    assert [m.t_start for m in full.trace.of_kind("message")] == pytest.approx([0.0] * 3)
+    assert res.time > 2.5 * full.time
+
+
+def test_compute_advances_the_clock_and_overlaps_async_work():
+    def program(rank, overlap):
+        dist.init_process_group("gloo")
+        t = torch.zeros(MB // 4)
+        work = dist.all_reduce(t, async_op=True)
+        if not overlap:
+            work.wait()
+        simdist.compute(seconds=1e-3)
+        if overlap:
+            work.wait()
+
+    serial = simdist.simulate(program, 4, (False,)).time
+    overlapped = simdist.simulate(program, 4, (True,)).time
+    assert serial > overlapped >= 1e-3
+    comm = serial - 1e-3
+    assert overlapped == pytest.approx(max(1e-3, comm), rel=1e-6)
+    res = simdist.simulate(program, 2, (True,))
+    (c,) = [e for e in res.trace.of_kind("compute") if e.rank == 0]
+    assert c.t_end - c.t_start == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("op,algorithm", [("all_reduce", "ring"), ("all_reduce", "recursive_doubling"), ("broadcast", "binomial")])
+def test_collectives_detail_charges_the_alpha_beta_cost(op, algorithm):
+    def program(rank):
+        dist.init_process_group("gloo")
+        t = torch.ones(64 * 1024)
+        if op == "all_reduce":
+            dist.all_reduce(t, algorithm=algorithm)
+        else:
+            dist.broadcast(t, src=0, algorithm=algorithm)
+        return float(t[0])
+
+    res = simdist.simulate(program, 8, detail="collectives", topology="fully_connected")
+    alpha, beta = DEFAULT_ALPHA, 1 / DEFAULT_BANDWIDTH
+    assert res.time == pytest.approx(algorithms.cost(op, algorithm, 256 * 1024, 8, alpha, beta))
+    assert res.values == [8.0 if op == "all_reduce" else 1.0] * 8
+    messages = simdist.simulate(program, 8, detail="messages", topology="fully_connected")
+    assert messages.values == res.values
+    assert not res.trace.of_kind("message") and messages.trace.of_kind("message")
+
+
+def test_collectives_detail_scales_to_a_thousand_ranks():
+    def program(rank):
+        dist.init_process_group("gloo")
+        t = torch.ones(256)
+        dist.all_reduce(t)
+        return float(t[0])
+
+    res = simdist.simulate(program, 1024, detail="collectives")
+    assert set(res.values) == {1024.0}
+
+
+def test_named_topologies_route_every_pair():
+    for name in simdist.TOPOLOGIES:
+        topo = as_topology(name, 10)
+        for a in range(10):
+            for b in range(10):
+                if a != b:
+                    links, alpha, bw = topo.path(a, b)
+                    assert links[0][0] == a and links[-1][1] == b and alpha > 0 and bw > 0
+        if name != "fully_connected":
+            assert all(r in topo.graph for r in range(10))
+
+
+def test_two_level_is_slower_across_nodes():
+    topo = as_topology("two_level", 8)
+    assert topo.path(0, 1)[1] < topo.path(0, 5)[1]
+    assert topo.path(0, 1)[2] > topo.path(0, 5)[2]
+
+
+def test_trace_events_and_chrome_json():
+    def program(rank):
+        dist.init_process_group("gloo")
+        t = torch.arange(8.0) + rank
+        dist.all_reduce(t, algorithm="ring")
+        if rank == 0:
+            dist.send(t, dst=1)
+        elif rank == 1:
+            dist.recv(t, src=0)
+
+    res = simdist.simulate(program, 4)
+    kinds = {e.kind for e in res.trace}
+    assert {"message", "collective", "step", "send", "recv"} <= kinds
+    for e in res.trace.of_kind("message"):
+        assert e.t_end >= e.t_start and e.peer is not None and e.call_site
+    steps = [e for e in res.trace.of_kind("step") if e.rank == 0]
+    assert steps and all(len(e.snapshot) == 8 for e in steps)
+    assert steps[-1].snapshot == [float(6 + 4 * i) for i in range(8)]
+    chrome = json.loads(res.trace.to_chrome_json())
+    assert {ev["ph"] for ev in chrome["traceEvents"]} >= {"M", "X", "s", "f", "i"}
+    names = {ev["args"]["name"] for ev in chrome["traceEvents"] if ev["ph"] == "M"}
+    assert names == {f"rank {r}" for r in range(4)}
+    back = simdist.Trace.from_json(res.trace.to_json())
+    assert back.events == res.trace.events and back.meta == res.trace.meta
