@@ -83,7 +83,8 @@ class Engine:
 
     def __init__(self, fn: Callable, args: tuple, size: int, *, strategy, topology, detail: str,
                  eager_limit: int, record_steps: bool, prefix_output: bool, cpu_time: bool,
-                 cuda_as_cpu: bool, timeout: float | None, make_world: Callable):
+                 cuda_as_cpu: bool, timeout: float | None, make_world: Callable,
+                 algorithms: dict[str, str] | None = None):
         self.fn, self.args, self.size = fn, args, size
         self.strategy = strategy
         self.topology = topology
@@ -93,6 +94,7 @@ class Engine:
         self.prefix_output = prefix_output
         self.cpu_time = cpu_time
         self.cuda_as_cpu = cuda_as_cpu
+        self.algorithms = dict(algorithms or {})
         self.timeout = timeout
         self.ranks = [RankState(r) for r in range(size)]
         for rs in self.ranks:

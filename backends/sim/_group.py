@@ -61,6 +61,7 @@ class SimGroup(AlgorithmicGroup):
         super().__init__(rank, ranks, group_id)
         self.engine = engine
         self.me = me
+        self.default_algorithms = dict(engine.algorithms)
         engine.group_state(group_id, self.ranks)
 
     def _p2p(self, kind: str, tensor: Any, peer: int | None, opts: Options) -> Work:

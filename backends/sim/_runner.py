@@ -86,6 +86,7 @@ def simulate(
     cpu_time: bool = False,
     cuda_as_cpu: bool | None = None,
     leaks: str = "warn",
+    algorithms: dict[str, str] | None = None,
 ) -> SimResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` simulated ranks; return values, trace and replay token.
 
@@ -106,12 +107,21 @@ def simulate(
         cpu_time: add each rank's measured CPU time to its virtual clock (not deterministic).
         cuda_as_cpu: keep tensors moved to CUDA on the CPU (default: when CUDA is unavailable).
         leaks: ``'warn'`` (a ``LeakWarning``), ``'error'`` or ``'ignore'`` for what the run leaves behind.
+        algorithms: the default algorithm per collective (``{"all_reduce": "ring"}``) for
+            every group of the run; a call's ``algorithm=`` still wins.
 
     Raises:
         DeadlockError, CollectiveMismatchError, RankError, DistTimeoutError: each with
         ``.schedule``, the replay token of the failing run.
     """
     _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout)
+    if algorithms is not None:
+        from simdist import algorithms as registry
+
+        if not isinstance(algorithms, dict):
+            raise TypeError(f"algorithms must be a dict of collective name -> algorithm name, got {type(algorithms).__name__}")
+        for op, name in algorithms.items():
+            registry.get(op, name)
     engine = Engine(
         fn, args, nprocs,
         strategy=make_strategy(strategy, seed, schedule),
@@ -124,6 +134,7 @@ def simulate(
         cuda_as_cpu=(not torch.cuda.is_available()) if cuda_as_cpu is None else bool(cuda_as_cpu),
         timeout=timeout,
         make_world=SimWorld,
+        algorithms=algorithms,
     )
     values = engine.run()
     token = engine.token()
