@@ -32,6 +32,7 @@ class _Op:
     tag: int
     buf: Any
     chunk: int | None
+    step: int  # the poster's number of yields so far
     matched: "_Op | None" = None
     copied: bool = False
     waited: bool = False
@@ -54,6 +55,7 @@ class Message:
     nbytes: int
     chunk: int | None
     step: int  # the sender's step (number of yields before it posted the send)
+    recv_step: int  # the receiver's step when it posted the receive
 
 
 @dataclass
@@ -103,7 +105,7 @@ class Loopback:
         assert peer != rank, f"rank {rank} {kind}s to itself (tag {tag})"
         assert isinstance(tag, int) and tag >= 0, f"rank {rank} {kind}: tag {tag!r} is not a non-negative int"
         assert chunk is None or (isinstance(chunk, int) and chunk >= 0), f"bad chunk {chunk!r}"
-        op = _Op(kind, rank, peer, tag, buf, chunk)
+        op = _Op(kind, rank, peer, tag, buf, chunk, self._ranks[rank].steps)
         self._ranks[rank].posted.append(op)
         src, dst = (rank, peer) if kind == "send" else (peer, rank)
         mine, theirs = (self._sends, self._recvs) if kind == "send" else (self._recvs, self._sends)
@@ -122,7 +124,7 @@ class Loopback:
             f"size mismatch: {s.describe()} ({sb} bytes) matched {r.describe()} ({rb} bytes)"
         )
         s.matched, r.matched = r, s
-        self.messages.append(Message(s.rank, r.rank, s.tag, sb, s.chunk, self._ranks[s.rank].steps))
+        self.messages.append(Message(s.rank, r.rank, s.tag, sb, s.chunk, s.step, r.step))
 
     def _deliver(self, op: _Op) -> None:
         s = op if op.kind == "send" else op.matched

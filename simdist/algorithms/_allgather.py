@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _arrays as A
-from ._chunks import first_of, fold, real_of, recv, send
+from ._chunks import check_numel, first_of, fold, real_of, recv, send
 from ._transport import Algorithm, Transport
 
 __all__ = ["ring", "recursive_doubling", "bruck"]
@@ -18,6 +18,7 @@ __all__ = ["ring", "recursive_doubling", "bruck"]
 def _own_block(t: Transport, inp: Any, out: Any) -> tuple[int, int]:
     """Copy ``inp`` into this rank's block of ``out``; return ``(p, n)``."""
     n = A.numel(inp)
+    check_numel(out, t.size * n, "out")
     A.copy_(A.narrow(out, t.rank * n, n), inp)
     return t.size, n
 
@@ -35,7 +36,9 @@ def ring(t: Transport, inp: Any, out: Any) -> Algorithm:
     right, left = (r + 1) % p, (r - 1) % p
     for step in range(p - 1):
         s, g = (r - step) % p, (r - step - 1) % p
-        yield send(t, A.narrow(out, s * n, n), right, step, s) + recv(t, A.narrow(out, g * n, n), left, step, g)
+        yield send(t, A.narrow(out, s * n, n), right, step, s) + recv(
+            t, A.narrow(out, g * n, n), left, step, g
+        )
 
 
 def recursive_doubling(t: Transport, inp: Any, out: Any) -> Algorithm:
@@ -88,6 +91,7 @@ def bruck(t: Transport, inp: Any, out: Any) -> Algorithm:
     """
     p, n = t.size, A.numel(inp)
     r = t.rank
+    check_numel(out, p * n, "out")
     if p == 1 or n == 0:
         A.copy_(A.narrow(out, r * n, n), inp)
         return

@@ -26,7 +26,9 @@ def _blocks(t: Transport, buf: Any, counts: Sequence[int], argname: str) -> list
     return [A.narrow(buf, offs[j], counts[j]) for j in range(t.size)]
 
 
-def direct(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_counts: Sequence[int]) -> Algorithm:
+def direct(
+    t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_counts: Sequence[int]
+) -> Algorithm:
     """Direct: post every send and receive at once and wait for all (one step).
 
     Lets the transport overlap all ``p - 1`` exchanges; good for medium messages.
@@ -43,7 +45,9 @@ def direct(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_co
         yield handles
 
 
-def pairwise(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_counts: Sequence[int]) -> Algorithm:
+def pairwise(
+    t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_counts: Sequence[int]
+) -> Algorithm:
     """Pairwise exchange: at step ``s`` send to rank ``r + s`` and receive from ``r - s``.
 
     ``p - 1`` steps with one message each way; no data is forwarded, so uneven counts
@@ -60,7 +64,9 @@ def pairwise(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_
         yield send(t, sends[dst], dst, step, r) + recv(t, recvs[src], src, step, src)
 
 
-def bruck(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_counts: Sequence[int]) -> Algorithm:
+def bruck(
+    t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_counts: Sequence[int]
+) -> Algorithm:
     """Bruck: ``ceil(log2 p)`` steps; step ``k`` forwards every block whose distance has bit ``k`` set.
 
     Rank ``r`` first rotates its blocks so that position ``i`` holds the block for rank

@@ -1,7 +1,7 @@
 """broadcast algorithms: ``fn(t, buf, root)`` copies the root's ``buf`` into every rank's ``buf``.
 
 Ranks are renumbered relative to the root (``v = (rank - root) mod p``) so the trees
-hang from the root; the root's ``buf`` is only read.
+hang from the root; the root's ``buf`` is only read, never written.
 """
 
 from __future__ import annotations
@@ -76,12 +76,12 @@ def scatter_allgather(t: Transport, buf: Any, root: int) -> Algorithm:
             hi = min(child + (1 << j), p)
             yield send(t, span(child, hi), real(child), j, child if hi == child + 1 else None)
 
-    # Ring all-gather of the chunks, in relative rank order.
+    # Ring all-gather of the chunks, in relative rank order. The root holds every chunk
+    # already: it only sends, and its left neighbour sends it nothing.
     base = ceil_log2(p)
     right, left = real(v + 1), real(v - 1)
     for step in range(p - 1):
         out, inc = (v - step) % p, (v - step - 1) % p
-        yield (
-            send(t, span(out, out + 1), right, base + step, out)
-            + recv(t, span(inc, inc + 1), left, base + step, inc)
-        )
+        sends = send(t, span(out, out + 1), right, base + step, out) if v != p - 1 else []
+        recvs = recv(t, span(inc, inc + 1), left, base + step, inc) if v != 0 else []
+        yield sends + recvs

@@ -20,6 +20,7 @@ __all__ = [
     "send",
     "recv",
     "check_counts",
+    "check_numel",
 ]
 
 
@@ -110,7 +111,7 @@ def recv(t: Transport, buf: Any, peer: int, tag: int, chunk: int | None = None) 
 def check_counts(counts: Sequence[int], size: int, argname: str) -> list[int]:
     """``counts`` as a list of ``size`` non-negative ints; ``ValueError`` naming ``argname`` if not."""
     try:
-        result = [operator.index(c) for c in counts]
+        result = list(map(operator.index, counts))
     except TypeError:
         result = None
     if result is None or len(result) != size or min(result, default=0) < 0:
@@ -118,3 +119,9 @@ def check_counts(counts: Sequence[int], size: int, argname: str) -> list[int]:
             f"{argname}={counts!r:.80} must be {size} non-negative ints, one per rank of the group"
         )
     return result
+
+
+def check_numel(buf: Any, expected: int, argname: str) -> None:
+    """``ValueError`` naming ``argname`` unless ``buf`` has ``expected`` elements."""
+    if A.numel(buf) != expected:
+        raise ValueError(f"{argname} has {A.numel(buf)} elements; expected {expected}")

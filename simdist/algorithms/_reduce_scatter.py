@@ -2,8 +2,9 @@
 
 ``inp`` holds ``p`` blocks, block ``j`` of ``counts[j]`` elements, in rank order; rank
 ``r``'s ``out`` (``counts[r]`` elements) gets the reduction over all ranks of block
-``r``. Counts may differ between blocks (and be 0); ``inp`` is never written. Each
-block's result is computed on one rank only.
+``r``. Counts may differ between blocks (and be 0). ``inp`` is never written, except
+where ``out`` is a view of it (in-place reduce-scatter: ``out`` is block ``r`` of
+``inp``). Each block's result is computed on one rank only.
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ def ring(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) 
     outgoing = blocks[(r - 1) % p]
     for step in range(p - 1):
         s, g = (r - step - 1) % p, (r - step - 2) % p
-        last = step == p - 2
-        incoming = out if last else A.narrow(bufs[step % 2], 0, counts[g])
+        incoming = A.narrow(bufs[step % 2], 0, counts[g])
         yield send(t, outgoing, right, step, s) + recv(t, incoming, left, step, g)
         A.reduce_(incoming, blocks[g], op)
         outgoing = incoming
+    A.copy_(out, outgoing)  # block r, finished (``out`` may be a view of ``inp``)
 
 
 def pairwise(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) -> Algorithm:

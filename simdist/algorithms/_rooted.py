@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import _arrays as A
 from .._reduce_op import ReduceOp
-from ._chunks import ceil_log2, recv, send
+from ._chunks import ceil_log2, check_numel, recv, send
 from ._transport import Algorithm, Transport
 
 __all__ = [
@@ -101,6 +101,7 @@ def gather_linear(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
     p, r = t.size, t.rank
     n = A.numel(inp)
     if r == root:
+        check_numel(out, p * n, "out")
         A.copy_(A.narrow(out, r * n, n), inp)
     if p == 1 or n == 0:
         return
@@ -118,6 +119,8 @@ def gather_binomial(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
     """
     p, r = t.size, t.rank
     n = A.numel(inp)
+    if r == root:
+        check_numel(out, p * n, "out")
     if p == 1 or n == 0:
         if r == root:
             A.copy_(A.narrow(out, r * n, n), inp)
@@ -148,6 +151,7 @@ def scatter_linear(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
     p, r = t.size, t.rank
     n = A.numel(out)
     if r == root:
+        check_numel(inp, p * n, "inp")
         A.copy_(out, A.narrow(inp, r * n, n))
     if p == 1 or n == 0:
         return
@@ -165,6 +169,8 @@ def scatter_binomial(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
     """
     p, r = t.size, t.rank
     n = A.numel(out)
+    if r == root:
+        check_numel(inp, p * n, "inp")
     if p == 1 or n == 0:
         if r == root:
             A.copy_(out, A.narrow(inp, r * n, n))

@@ -218,9 +218,11 @@ _COSTS: dict[str, dict[str, Callable[[_Terms], float]]] = {
     "all_reduce": {
         "ring": lambda x: 2 * (x.p - 1) * x.a + 2 * x.spread * x.n * x.b + x.spread * x.n * x.g,
         "recursive_doubling": lambda x: (x.down + 2 * x.e) * (x.a + x.n * x.b) + (x.down + x.e) * x.n * x.g,
-        "rabenseifner": lambda x: 2 * (x.down + x.e) * x.a
-        + (2 * (x.q - 1) / x.q + 2 * x.e) * x.n * x.b
-        + ((x.q - 1) / x.q + x.e) * x.n * x.g,
+        "rabenseifner": lambda x: (
+            2 * (x.down + x.e) * x.a
+            + (2 * (x.q - 1) / x.q + 2 * x.e) * x.n * x.b
+            + ((x.q - 1) / x.q + x.e) * x.n * x.g
+        ),
         "binomial": lambda x: 2 * x.up * (x.a + x.n * x.b) + x.up * x.n * x.g,
     },
     "broadcast": {
@@ -233,16 +235,19 @@ _COSTS: dict[str, dict[str, Callable[[_Terms], float]]] = {
     },
     "all_gather": {
         "ring": lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
-        "recursive_doubling": lambda x: (x.down + 2 * x.e) * x.a
-        + (x.spread + x.e * (x.p + 1) / x.p) * x.n * x.b,
+        "recursive_doubling": lambda x: (
+            (x.down + 2 * x.e) * x.a + (x.spread + x.e * (x.p + 1) / x.p) * x.n * x.b
+        ),
         "bruck": lambda x: x.up * x.a + x.spread * x.n * x.b,
     },
     "reduce_scatter": {
         "ring": lambda x: (x.p - 1) * x.a + x.spread * x.n * (x.b + x.g),
         "pairwise": lambda x: (x.p - 1) * x.a + x.spread * x.n * (x.b + x.g),
-        "recursive_halving": lambda x: (x.down + 2 * x.e) * x.a
-        + ((x.q - 1) / x.q + x.e * (x.p + 1) / x.p) * x.n * x.b
-        + ((x.q - 1) / x.q + x.e) * x.n * x.g,
+        "recursive_halving": lambda x: (
+            (x.down + 2 * x.e) * x.a
+            + ((x.q - 1) / x.q + x.e * (x.p + 1) / x.p) * x.n * x.b
+            + ((x.q - 1) / x.q + x.e) * x.n * x.g
+        ),
     },
     "all_to_all": {
         "pairwise": lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,

@@ -99,18 +99,21 @@ def all_to_all(
     p = len(inps)
     send = [check_counts(c, p, f"send_counts_per_rank[{i}]") for i, c in enumerate(send_counts_per_rank)]
     recv = [check_counts(c, p, f"recv_counts_per_rank[{i}]") for i, c in enumerate(recv_counts_per_rank)]
-    if len(send) != p or len(recv) != p or any(send[i][j] != recv[j][i] for i in range(p) for j in range(p)):
-        raise ValueError("send_counts_per_rank[i][j] must equal recv_counts_per_rank[j][i] for all ranks i, j")
-    # Stage every output in one scratch buffer first, in case outputs alias inputs.
+    if len(send) != p or len(recv) != p or [list(col) for col in zip(*send)] != recv:
+        raise ValueError(
+            "send_counts_per_rank[i][j] must equal recv_counts_per_rank[j][i] for all ranks i, j"
+        )
+    # Stage every output in one scratch buffer first, in case outputs alias inputs:
+    # rank j's output starts at base[j], and its block from rank i at base[j] + recv_offs[j][i].
     recv_offs = [offsets(c) for c in recv]
     base = offsets([o[-1] for o in recv_offs])
-    staged = A.empty(outs[0], base[-1]) if p else None
-    for i, x in enumerate(inps):
-        soff = 0
-        for j, k in enumerate(send[i]):
+    staged = A.empty(outs[0], base[-1])
+    for i, (x, row) in enumerate(zip(inps, send)):
+        src = 0
+        for j, k in enumerate(row):
             if k:
-                A.copy_(A.narrow(staged, base[j] + recv_offs[j][i], k), A.narrow(x, soff, k))
-            soff += k
+                A.copy_(A.narrow(staged, base[j] + recv_offs[j][i], k), A.narrow(x, src, k))
+                src += k
     for j, out in enumerate(outs):
         A.copy_(out, A.narrow(staged, base[j], base[j + 1] - base[j]))
 
