@@ -98,10 +98,10 @@ class AlgorithmicGroup(ProcessGroup):
     def _run_collective(self, call: CollectiveCall, opts: Options) -> Work:
         """Start ``call`` on this rank and return its Work."""
 
-    def _pick(self, op: str, opts: Options, nbytes: int) -> str:
+    def _pick(self, op: str, opts: Options, nbytes: int, equal_counts: bool = True) -> str:
         name = opts.algorithm or self.default_algorithms.get(op)
         if name is None:
-            return algorithms.choose(op, nbytes, self.size)
+            return algorithms.choose(op, nbytes, self.size, equal_counts=equal_counts)
         algorithms.get(op, name)
         return name
 
@@ -115,8 +115,11 @@ class AlgorithmicGroup(ProcessGroup):
         sig.update(extra)
         return sig
 
-    def _call(self, op, opts, x, nbytes, make, oneshot, finish, outputs, snapshot, args, **extra):
-        algo = self._pick(op, opts, nbytes)
+    def _call(self, op, opts, x, nbytes, make, oneshot, finish, outputs, snapshot, args, equal_counts=True,
+              **extra):
+        algo = self._pick(op, opts, nbytes, equal_counts)
+        if op == "all_to_all" and algo == "bruck":
+            _check_bruck(args["send"], args["recv"])
         fn = algorithms.get(op, algo)
         call = CollectiveCall(
             op=op,
@@ -223,12 +226,14 @@ class AlgorithmicGroup(ProcessGroup):
         )
 
     def reduce_scatter(self, output: Any, input_list: list, opts: Options) -> Work:
-        return self._reduce_scatter(output, _concat(input_list), [A.numel(x) for x in input_list], opts)
+        # Outputs may differ in size between ranks (uneven counts); the counts, which every
+        # rank must agree on, stand for the shape in the cross-rank check.
+        return self._reduce_scatter(output, _concat(input_list), [A.numel(x) for x in input_list], opts, shape=None)
 
     def reduce_scatter_tensor(self, output: Any, input: Any, opts: Options) -> Work:
         return self._reduce_scatter(output, A.stage_in(input), [A.numel(output)] * self.size, opts)
 
-    def _reduce_scatter(self, output, inp, counts, opts):
+    def _reduce_scatter(self, output, inp, counts, opts, **extra):
         red = opts.op or ReduceOp.SUM
         A.check_reduce_op(output, red)
         out, back = A.stage_out(output)
@@ -241,7 +246,7 @@ class AlgorithmicGroup(ProcessGroup):
                 [c.args["inp"] for c in calls], [c.args["out"] for c in calls], counts, base
             ),
             finish=_chain(avg, back), outputs=[output], snapshot=out, args={"inp": inp, "out": out},
-            counts=tuple(counts),
+            counts=tuple(counts), **extra,
         )
 
     def all_to_all(self, output_list: list, input_list: list, opts: Options) -> Work:
@@ -249,16 +254,22 @@ class AlgorithmicGroup(ProcessGroup):
         out = A.empty(inp, sum(A.numel(x) for x in output_list))
         send = [A.numel(x) for x in input_list]
         recv = [A.numel(x) for x in output_list]
-        return self._all_to_all(output_list[0], inp, out, send, recv, _split_into(out, output_list), output_list, opts)
+        # Only counts known to be equal on every rank may let the automatic choice pick Bruck:
+        # a rank cannot see the other ranks' lists, so lists never count as equal.
+        return self._all_to_all(output_list[0], inp, out, send, recv, _split_into(out, output_list), output_list,
+                                opts, equal=False)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts) -> Work:
         inp = A.stage_in(input)
+        if A.may_overlap(input, output):  # in place: the algorithms would overwrite blocks not yet sent
+            inp = _concat([inp])
         out, back = A.stage_out(output)
         send = _split_counts(input, input_split_sizes, self.size)
         recv = _split_counts(output, output_split_sizes, self.size)
-        return self._all_to_all(output, inp, out, send, recv, _chain(back), [output], opts)
+        equal = output_split_sizes is None and input_split_sizes is None
+        return self._all_to_all(output, inp, out, send, recv, _chain(back), [output], opts, equal)
 
-    def _all_to_all(self, x, inp, out, send, recv, finish, outputs, opts):
+    def _all_to_all(self, x, inp, out, send, recv, finish, outputs, opts, equal):
         return self._call(
             "all_to_all", opts, x, A.nbytes(inp),
             make=lambda fn, t: fn(t, inp, out, send, recv),
@@ -270,7 +281,7 @@ class AlgorithmicGroup(ProcessGroup):
             ),
             finish=finish, outputs=outputs, snapshot=out,
             args={"inp": inp, "out": out, "send": send, "recv": recv},
-            shape=None,
+            equal_counts=equal, shape=None,
         )
 
     def barrier(self, opts: Options) -> Work:
@@ -281,6 +292,15 @@ class AlgorithmicGroup(ProcessGroup):
             oneshot=lambda calls: None,
             finish=_chain(), outputs=[], snapshot=None, args={},
             dtype=None, shape=None,
+        )
+
+
+def _check_bruck(send: Sequence[int], recv: Sequence[int]) -> None:
+    """Bruck moves equal blocks: reject uneven counts on every level of detail, before any message."""
+    if len(set(send) | set(recv)) > 1:
+        raise ValueError(
+            f"algorithm='bruck' needs equal counts for every rank; got send counts {list(send)!r:.80} and "
+            f"receive counts {list(recv)!r:.80} (use 'pairwise' or 'direct' for uneven counts)"
         )
 
 

@@ -55,7 +55,9 @@ def init_process_group(
         ValueError: double initialization, a bad ``rank``/``world_size`` or an unknown backend.
     """
     if backend is not None and not isinstance(backend, str):
-        raise TypeError(f"backend must be a str such as 'gloo' or 'sim', got {type(backend).__name__}")
+        raise TypeError(
+            f"backend must be a str such as 'gloo' or 'sim', got {type(backend).__name__} ({backend!r:.60})"
+        )
     world_size = check_int(world_size, "world_size")
     rank = check_int(rank, "rank")
     if world_size != -1 and world_size < 1:
@@ -87,7 +89,13 @@ def destroy_process_group(group: Any = None) -> None:
     world = require_world("destroy_process_group")
     if group is GroupMember.NON_GROUP_MEMBER:
         return
+    if group is None or group is world.default_group:
+        doomed = [world.default_group, *getattr(world, "groups", ())]
+    else:
+        doomed = [resolve("destroy_process_group", group)[1]]
     world.destroy(group)
+    for g in doomed:
+        g._simdist_destroyed = True  # later calls on it raise a clear error (see _checks.resolve)
 
 
 def get_rank(group: Any = None) -> int:
@@ -114,7 +122,7 @@ def get_backend(group: Any = None) -> str:
     """The backend name given to ``init_process_group`` (``'sim'`` if none was given)."""
     world = require_world("get_backend")
     if group is GroupMember.NON_GROUP_MEMBER:
-        raise ValueError("get_backend: this rank is not a member of the given group")
+        raise ValueError("get_backend: group=GroupMember.NON_GROUP_MEMBER; this rank is not a member of the group")
     return world.backend or "sim"
 
 
@@ -140,7 +148,7 @@ def new_group(
         members = list(range(world.size))
     else:
         if not isinstance(ranks, (list, tuple, range)):
-            raise TypeError(f"ranks must be a list of global ranks, got {type(ranks).__name__}")
+            raise TypeError(f"ranks must be a list of global ranks, got {type(ranks).__name__} ({ranks!r:.60})")
         members = [check_int(r, f"ranks[{i}]") for i, r in enumerate(ranks)]
         if sort_ranks:
             members.sort()
@@ -180,6 +188,8 @@ def compute(seconds: float) -> None:
 
     Outside a simulation it does nothing (real time passes on its own).
     """
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"seconds must be a number, got {type(seconds).__name__} ({seconds!r:.60})")
     if not seconds >= 0:
         raise ValueError(f"seconds={seconds!r} must be a non-negative number")
     world = current_world()
@@ -201,7 +211,7 @@ def _p2p(fn: str, tensor: Any, peer: Any, group: Any, tag: Any, group_peer: Any,
     argname = "dst" if kind == "send" else "src"
     if peer is None and group_peer is None:
         if kind == "send":
-            raise ValueError(f"{fn}: dst is required")
+            raise ValueError(f"{fn}: dst=None; pass dst (a global rank) or group_dst (a rank of the group)")
         target = None
     else:
         target = root_of(world, pg, peer, group_peer, argname)
@@ -259,16 +269,16 @@ class P2POp:
         if self.op not in (isend, irecv):
             raise ValueError(f"op={self.op!r} must be simdist.isend or simdist.irecv")
         if self.peer is None and self.group_peer is None:
-            raise ValueError("P2POp needs peer (a global rank) or group_peer")
+            raise ValueError("P2POp: peer=None and group_peer=None; pass peer (a global rank) or group_peer")
 
 
 def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
     """Start every operation of the list; return their Works (wait on each)."""
     if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
-        raise ValueError("p2p_op_list must be a non-empty list of P2POp")
+        raise ValueError(f"p2p_op_list must be a non-empty list of P2POp, got {p2p_op_list!r:.60}")
     for i, p in enumerate(p2p_op_list):
         if not isinstance(p, P2POp):
-            raise TypeError(f"p2p_op_list[{i}] must be a P2POp, got {type(p).__name__}")
+            raise TypeError(f"p2p_op_list[{i}] must be a P2POp, got {type(p).__name__} ({p!r:.60})")
     works = []
     for p in p2p_op_list:
         peer_kw = {"dst": p.peer, "group_dst": p.group_peer} if p.op is isend else {"src": p.peer, "group_src": p.group_peer}
@@ -290,9 +300,9 @@ def _run(work: Work, async_op: bool) -> Work | None:
 
 def _opts(async_op: Any, algorithm: str | None, **kw: Any) -> Options:
     if not isinstance(async_op, bool):
-        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
+        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__} ({async_op!r:.60})")
     if algorithm is not None and not isinstance(algorithm, str):
-        raise TypeError(f"algorithm must be a str or None, got {type(algorithm).__name__}")
+        raise TypeError(f"algorithm must be a str or None, got {type(algorithm).__name__} ({algorithm!r:.60})")
     return Options(async_op=async_op, algorithm=algorithm, call_site=user_call_site(), **kw)
 
 
@@ -345,7 +355,7 @@ def all_gather(tensor_list: list, tensor: Any, group: Any = None, async_op: bool
     A.check_array(tensor, "tensor")
     if pg is None:
         return None
-    check_list(tensor_list, pg.size, "tensor_list", tensor, A.numel(tensor), writable=True)
+    check_list(tensor_list, pg.size, "tensor_list", tensor, A.numel(tensor), writable=True, refname="tensor")
     return _run(pg.all_gather(tensor_list, tensor, _opts(async_op, algorithm)), async_op)
 
 
@@ -354,7 +364,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     """Concatenate every rank's ``input_tensor`` (in rank order) into ``output_tensor`` on every rank."""
     world, pg = resolve("all_gather_into_tensor", group)
     A.check_array(input_tensor, "input_tensor")
-    same_kind(output_tensor, input_tensor, "output_tensor")
+    same_kind(output_tensor, input_tensor, "output_tensor", "input_tensor")
     A.check_writable(output_tensor, "output_tensor")
     if pg is None:
         return None
@@ -376,10 +386,15 @@ def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None,
     root = root_of(world, pg, dst, group_dst, "dst")
     if pg.rank == root:
         if gather_list is None:
-            raise ValueError("gather_list is required on the destination rank")
-        check_list(gather_list, pg.size, "gather_list", tensor, A.numel(tensor), writable=True)
+            raise ValueError(
+                f"gather_list=None on the destination rank dst={pg.ranks[root]}; pass a list of {pg.size} tensors"
+            )
+        check_list(gather_list, pg.size, "gather_list", tensor, A.numel(tensor), writable=True, refname="tensor")
     elif gather_list:
-        raise ValueError("gather_list must not be given on a rank other than dst")
+        raise ValueError(
+            f"gather_list must be None on rank {pg.ranks[pg.rank]}, which is not dst={pg.ranks[root]} "
+            f"(got a list of {len(gather_list)})"
+        )
     return _run(pg.gather(tensor, gather_list if pg.rank == root else None, _opts(async_op, algorithm, root=root)), async_op)
 
 
@@ -394,10 +409,15 @@ def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = Non
     root = root_of(world, pg, src, group_src, "src")
     if pg.rank == root:
         if scatter_list is None:
-            raise ValueError("scatter_list is required on the source rank")
-        check_list(scatter_list, pg.size, "scatter_list", tensor, A.numel(tensor))
+            raise ValueError(
+                f"scatter_list=None on the source rank src={pg.ranks[root]}; pass a list of {pg.size} tensors"
+            )
+        check_list(scatter_list, pg.size, "scatter_list", tensor, A.numel(tensor), refname="tensor")
     elif scatter_list:
-        raise ValueError("scatter_list must not be given on a rank other than src")
+        raise ValueError(
+            f"scatter_list must be None on rank {pg.ranks[pg.rank]}, which is not src={pg.ranks[root]} "
+            f"(got a list of {len(scatter_list)})"
+        )
     return _run(pg.scatter(tensor, scatter_list if pg.rank == root else None, _opts(async_op, algorithm, root=root)), async_op)
 
 
@@ -411,7 +431,7 @@ def reduce_scatter(output: Any, input_list: list, op: Any = ReduceOp.SUM, group:
     A.check_reduce_op(output, op)
     if pg is None:
         return None
-    check_list(input_list, pg.size, "input_list", output)
+    check_list(input_list, pg.size, "input_list", output, refname="output")
     if A.numel(input_list[pg.rank]) != A.numel(output):
         raise ValueError(
             f"input_list[{pg.rank}] has {A.numel(input_list[pg.rank])} elements but output has {A.numel(output)}"
@@ -425,7 +445,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group
     world, pg = resolve("reduce_scatter_tensor", group)
     A.check_array(output, "output")
     A.check_writable(output, "output")
-    same_kind(input, output, "input")
+    same_kind(input, output, "input", "output")
     op = as_reduce_op(op)
     A.check_reduce_op(output, op)
     if pg is None:
@@ -444,8 +464,9 @@ def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Any = N
     if pg is None:
         return None
     check_list(input_tensor_list, pg.size, "input_tensor_list")
-    check_list(output_tensor_list, pg.size, "output_tensor_list", input_tensor_list[0], writable=True)
-    check_list(input_tensor_list, pg.size, "input_tensor_list", input_tensor_list[0])
+    check_list(output_tensor_list, pg.size, "output_tensor_list", input_tensor_list[0], writable=True,
+               refname="input_tensor_list[0]")
+    check_list(input_tensor_list, pg.size, "input_tensor_list", input_tensor_list[0], refname="input_tensor_list[0]")
     return _run(pg.all_to_all(output_tensor_list, input_tensor_list, _opts(async_op, algorithm)), async_op)
 
 
@@ -456,7 +477,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     rank j, and concatenate the pieces received, in rank order, into ``output``."""
     world, pg = resolve("all_to_all_single", group)
     A.check_array(input, "input")
-    same_kind(output, input, "output")
+    same_kind(output, input, "output", "input")
     A.check_writable(output, "output")
     if pg is None:
         return None

@@ -27,6 +27,7 @@ __all__ = [
     "device_of",
     "flat",
     "stage_in",
+    "may_overlap",
     "stage_out",
     "empty",
     "narrow",
@@ -59,8 +60,10 @@ def check_array(x: object, argname: str) -> None:
     if isinstance(x, torch.Tensor):
         if x.is_sparse or x.layout != torch.strided:
             raise TypeError(f"{argname} must be a dense (strided) tensor, got layout {x.layout}")
-        if x.is_complex():
-            return
+        if x.is_quantized:
+            raise TypeError(f"{argname} is a quantized tensor (dtype {dtype_name(x)}); send its int_repr() instead")
+        if x.device.type == "meta":
+            raise TypeError(f"{argname} is on device 'meta' and holds no data (shape {tuple(x.shape)})")
     elif x.dtype == object:
         raise TypeError(f"{argname} has dtype object; only numeric and bool arrays can be sent")
 
@@ -73,7 +76,7 @@ def check_writable(x: Array, argname: str) -> None:
     call is made, so the error belongs to the calling rank, before anything is sent.
     """
     if isinstance(x, torch.Tensor):
-        if any(st == 0 and sz > 1 for st, sz in zip(x.stride(), x.shape)):
+        if x.numel() > 1 and any(st == 0 and sz > 1 for st, sz in zip(x.stride(), x.shape)):
             raise ValueError(
                 f"{argname} has elements that share memory (shape {tuple(x.shape)}, strides {x.stride()}, "
                 "as an expand()-ed tensor has); results cannot be written into it: pass a .clone()"
@@ -130,6 +133,27 @@ def stage_in(x: Array) -> Array:
     if isinstance(x, torch.Tensor):
         return x.detach().contiguous().view(-1)
     return np.ascontiguousarray(x).reshape(-1)
+
+
+def _byte_bounds(x: Array) -> tuple[int, int] | None:
+    """The first and one-past-last byte addresses ``x`` can touch (``None`` if it is empty)."""
+    if numel(x) == 0:
+        return None
+    if isinstance(x, torch.Tensor):
+        size = x.element_size()
+        ptr, strides = x.data_ptr(), [s * size for s in x.stride()]
+    else:
+        size = x.itemsize
+        ptr, strides = x.__array_interface__["data"][0], list(x.strides)
+    low = ptr + sum(st * (n - 1) for st, n in zip(strides, x.shape) if st < 0)
+    high = ptr + sum(st * (n - 1) for st, n in zip(strides, x.shape) if st > 0) + size
+    return low, high
+
+
+def may_overlap(a: Array, b: Array) -> bool:
+    """Whether the memory of ``a`` and ``b`` may overlap (a conservative test on byte ranges)."""
+    ba, bb = _byte_bounds(a), _byte_bounds(b)
+    return ba is not None and bb is not None and ba[0] < bb[1] and bb[0] < ba[1]
 
 
 def stage_out(x: Array) -> tuple[Array, Callable[[], None] | None]:
@@ -204,9 +228,18 @@ def uint8_from_bytes(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
 
 
+_TORCH_REDUCIBLE = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
+                    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool}
+
+
 def check_reduce_op(x: Array, op: ReduceOp, argname: str = "op") -> None:
-    """Raise ``TypeError`` if ``op`` cannot reduce ``x``'s dtype (AVG on integers, bitwise on floats)."""
+    """Raise ``TypeError`` if ``op`` cannot reduce ``x``'s dtype (AVG on integers, bitwise on floats,
+    any reduction on dtypes without arithmetic: torch's float8 and uint16-64, numpy strings and dates)."""
     name = dtype_name(x)
+    if isinstance(x, torch.Tensor) and x.dtype not in _TORCH_REDUCIBLE:
+        raise TypeError(f"{argname}={op!r} cannot reduce dtype {name}: torch has no CPU arithmetic for it")
+    if isinstance(x, np.ndarray) and x.dtype.kind not in "biufc":
+        raise TypeError(f"{argname}={op!r} cannot reduce numpy dtype {name}; only numbers and bools reduce")
     floating = name in _FLOATS or name.startswith("complex")
     if op is ReduceOp.AVG and not floating:
         raise TypeError(f"{argname}=ReduceOp.AVG needs a floating-point dtype, got {name}")

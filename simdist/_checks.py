@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any, Sequence
 
 from . import _arrays as A
+from ._callsite import _SKIP
 from ._group import GroupMember, ProcessGroup
 from ._world import World, require_world
 
@@ -20,12 +22,24 @@ def resolve(fn: str, group: Any) -> tuple[World, ProcessGroup | None]:
     if group is GroupMember.NON_GROUP_MEMBER:
         warnings.warn(
             f"running {fn} on global rank {world.rank} which does not belong to the given group",
-            stacklevel=3,
+            stacklevel=_user_stacklevel(),
         )
         return world, None
     if not isinstance(group, ProcessGroup):
-        raise TypeError(f"group must be a ProcessGroup from new_group() or None, got {type(group).__name__}")
+        raise TypeError(
+            f"group must be a ProcessGroup from new_group() or None, got {type(group).__name__} ({group!r:.60})"
+        )
+    if getattr(group, "_simdist_destroyed", False):
+        raise ValueError(f"group={group!r} was destroyed by destroy_process_group(); make a new one with new_group()")
     return world, group
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised by our caller point at the user's line."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and any(frame.f_code.co_filename.startswith(d) for d in _SKIP):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def check_int(value: Any, argname: str, minimum: int | None = None) -> int:
@@ -61,32 +75,35 @@ def root_of(world: World, group: ProcessGroup, rank: Any, group_rank: Any, argna
         return g
     if rank is None:
         if default is None:
-            raise ValueError(f"{argname} is required")
+            raise ValueError(f"{argname}=None; pass {argname} (a global rank) or group_{argname} (a rank of the group)")
         return default
     return to_group_rank(world, group, rank, argname)
 
 
-def same_kind(x: Any, ref: Any, argname: str) -> None:
+def same_kind(x: Any, ref: Any, argname: str, refname: str = "the input tensor") -> None:
     """``x`` is an array of ``ref``'s dtype."""
     A.check_array(x, argname)
     if A.dtype_name(x) != A.dtype_name(ref):
-        raise TypeError(f"{argname} has dtype {A.dtype_name(x)}, expected {A.dtype_name(ref)} like the input tensor")
+        raise TypeError(f"{argname} has dtype {A.dtype_name(x)}, expected {A.dtype_name(ref)} (the dtype of {refname})")
 
 
-def check_list(items: Any, length: int, argname: str, ref: Any | None = None, numel: int | None = None) -> list:
-    """A list of ``length`` arrays (of ``ref``'s dtype and ``numel`` elements when given)."""
+def check_list(items: Any, length: int, argname: str, ref: Any | None = None, numel: int | None = None,
+               writable: bool = False, refname: str = "the input tensor") -> list:
+    """A list of ``length`` arrays (of ``ref``'s dtype and ``numel`` elements when given; outputs if ``writable``)."""
     if not isinstance(items, (list, tuple)):
-        raise TypeError(f"{argname} must be a list of tensors, got {type(items).__name__}")
+        raise TypeError(f"{argname} must be a list of tensors, got {type(items).__name__} ({items!r:.60})")
     if len(items) != length:
         raise ValueError(f"{argname} has {len(items)} entries, expected {length} (the group size)")
     for i, x in enumerate(items):
         name = f"{argname}[{i}]"
         if ref is not None:
-            same_kind(x, ref, name)
+            same_kind(x, ref, name, refname)
         else:
             A.check_array(x, name)
         if numel is not None and A.numel(x) != numel:
             raise ValueError(f"{name} has shape {A.shape_of(x)} ({A.numel(x)} elements), expected {numel} elements")
+        if writable:
+            A.check_writable(x, name)
     return list(items)
 
 
@@ -98,6 +115,8 @@ def check_splits(splits: Sequence[int] | None, size: int, rows: int, argname: st
                 f"{argname} is None, so dim 0 ({rows}) must divide evenly among {size} ranks; pass split sizes"
             )
         return
+    if not isinstance(splits, (list, tuple, range)):
+        raise TypeError(f"{argname} must be a list of ints or None, got {type(splits).__name__} ({splits!r:.60})")
     if len(splits) != size:
         raise ValueError(f"{argname} has {len(splits)} entries, expected {size} (the group size)")
     for i, s in enumerate(splits):

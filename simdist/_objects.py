@@ -26,6 +26,14 @@ def _unpack(t: torch.Tensor, n: int) -> Any:
     return pickle.loads(t[:n].numpy().tobytes())
 
 
+def _check_objects(items: Any, argname: str, length: int | None = None, where: str = "") -> None:
+    """``items`` is a list (of ``length`` entries when given); errors name the argument and the value."""
+    if not isinstance(items, list):
+        raise TypeError(f"{argname} must be a list, got {type(items).__name__} ({items!r:.60})")
+    if length is not None and len(items) != length:
+        raise ValueError(f"{argname} has {len(items)} entries, expected {length} (the group size){where}")
+
+
 def _padded(t: torch.Tensor, n: int) -> torch.Tensor:
     out = torch.zeros(n, dtype=torch.uint8)
     out[: t.numel()] = t
@@ -35,8 +43,7 @@ def _padded(t: torch.Tensor, n: int) -> torch.Tensor:
 def broadcast_object_list(object_list: list, src: int | None = None, group: Any = None, device: Any = None,
                           group_src: int | None = None) -> None:
     """Replace ``object_list``'s entries on every rank with those of rank ``src`` (in place)."""
-    if not isinstance(object_list, list):
-        raise TypeError(f"object_list must be a list, got {type(object_list).__name__}")
+    _check_objects(object_list, "object_list")
     world, pg = resolve("broadcast_object_list", group)
     if pg is None:
         return
@@ -66,8 +73,7 @@ def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
     world, pg = resolve("all_gather_object", group)
     if pg is None:
         return
-    if not isinstance(object_list, list) or len(object_list) != pg.size:
-        raise ValueError(f"object_list must be a list of {pg.size} entries (the group size)")
+    _check_objects(object_list, "object_list", pg.size)
     mine = _pack(obj)
     sizes = _gather_sizes(mine, group, pg.size)
     width = max(sizes)
@@ -84,8 +90,8 @@ def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | N
     if pg is None:
         return
     root = root_of(world, pg, dst, group_dst, "dst")
-    if pg.rank == root and (not isinstance(object_gather_list, list) or len(object_gather_list) != pg.size):
-        raise ValueError(f"object_gather_list must be a list of {pg.size} entries on the destination rank")
+    if pg.rank == root:
+        _check_objects(object_gather_list, "object_gather_list", pg.size, " on the destination rank")
     mine = _pack(obj)
     sizes = _gather_sizes(mine, group, pg.size)
     width = max(sizes)
@@ -102,13 +108,13 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     world, pg = resolve("scatter_object_list", group)
     if pg is None:
         return
-    if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
-        raise ValueError("scatter_object_output_list must be a list with at least one entry")
+    _check_objects(scatter_object_output_list, "scatter_object_output_list")
+    if not scatter_object_output_list:
+        raise ValueError("scatter_object_output_list=[] is empty; it needs one entry to receive this rank's object")
     root = root_of(world, pg, src, group_src, "src")
     src_global = pg.ranks[root]
     if pg.rank == root:
-        if not isinstance(scatter_object_input_list, list) or len(scatter_object_input_list) != pg.size:
-            raise ValueError(f"scatter_object_input_list must be a list of {pg.size} entries on the source rank")
+        _check_objects(scatter_object_input_list, "scatter_object_input_list", pg.size, " on the source rank")
         packed = [_pack(o) for o in scatter_object_input_list]
         sizes = torch.tensor([p.numel() for p in packed], dtype=torch.int64)
     else:
