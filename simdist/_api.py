@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 from . import _arrays as A
 from ._callsite import user_call_site
+from ._entry import library_call
 from ._checks import check_int, check_list, check_splits, resolve, root_of, same_kind, to_group_rank
 from ._group import GroupMember, Options
 from ._reduce_op import ReduceOp, as_reduce_op
@@ -33,6 +34,7 @@ __all__ = [
 # --- set-up ------------------------------------------------------------------------------
 
 
+@library_call
 def init_process_group(
     backend: str | None = None,
     init_method: str | None = None,
@@ -78,12 +80,14 @@ def init_process_group(
     world.init(backend, init_method=init_method, timeout=timeout, world_size=world_size, rank=rank, store=store)
 
 
+@library_call
 def is_initialized() -> bool:
     """Whether the default process group of the calling rank has been initialized."""
     world = current_world()
     return world is not None and world.initialized
 
 
+@library_call
 def destroy_process_group(group: Any = None) -> None:
     """Destroy ``group``, or the default group and every group when ``group`` is ``None``."""
     world = require_world("destroy_process_group")
@@ -98,6 +102,7 @@ def destroy_process_group(group: Any = None) -> None:
         g._simdist_destroyed = True  # later calls on it raise a clear error (see _checks.resolve)
 
 
+@library_call
 def get_rank(group: Any = None) -> int:
     """This rank's rank in ``group`` (the default group if ``None``); -1 if it is not a member."""
     world = require_world("get_rank")
@@ -108,6 +113,7 @@ def get_rank(group: Any = None) -> int:
     return group.rank
 
 
+@library_call
 def get_world_size(group: Any = None) -> int:
     """The number of ranks in ``group`` (the default group if ``None``); -1 if this rank is not a member."""
     world = require_world("get_world_size")
@@ -118,6 +124,7 @@ def get_world_size(group: Any = None) -> int:
     return group.size
 
 
+@library_call
 def get_backend(group: Any = None) -> str:
     """The backend name given to ``init_process_group`` (``'sim'`` if none was given)."""
     world = require_world("get_backend")
@@ -126,6 +133,7 @@ def get_backend(group: Any = None) -> str:
     return world.backend or "sim"
 
 
+@library_call
 def new_group(
     ranks: Sequence[int] | None = None,
     timeout: Any = None,
@@ -162,12 +170,14 @@ def new_group(
     return world.new_group(members, backend=backend, timeout=timeout)
 
 
+@library_call
 def get_process_group_ranks(group: Any) -> list[int]:
     """The global ranks of ``group``."""
     world, pg = resolve("get_process_group_ranks", group)
     return list(pg.ranks) if pg is not None else []
 
 
+@library_call
 def get_global_rank(group: Any, group_rank: int) -> int:
     """The global rank of ``group_rank`` in ``group``."""
     _, pg = resolve("get_global_rank", group)
@@ -177,12 +187,14 @@ def get_global_rank(group: Any, group_rank: int) -> int:
     return pg.ranks[g]
 
 
+@library_call
 def get_group_rank(group: Any, global_rank: int) -> int:
     """The rank within ``group`` of ``global_rank``."""
     world, pg = resolve("get_group_rank", group)
     return to_group_rank(world, pg, global_rank, "global_rank")
 
 
+@library_call
 def compute(seconds: float) -> None:
     """Annotate ``seconds`` of computation: a simulated rank's virtual clock advances by it.
 
@@ -221,6 +233,7 @@ def _p2p(fn: str, tensor: Any, peer: Any, group: Any, tag: Any, group_peer: Any,
     return pg, (pg.send(tensor, target, opts) if kind == "send" else pg.recv(tensor, target, opts))
 
 
+@library_call
 def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> None:
     """Send ``tensor`` to global rank ``dst``; returns once the receiver has posted its receive.
 
@@ -231,6 +244,7 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, g
         work.wait()
 
 
+@library_call
 def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> int:
     """Receive into ``tensor`` from global rank ``src`` (any rank if ``None``); return the sender's global rank.
 
@@ -244,11 +258,13 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, g
     return work.source_rank()
 
 
+@library_call
 def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> Work | None:
     """Start sending ``tensor`` to ``dst``; return a Work (do not modify ``tensor`` before ``wait()``)."""
     return _p2p("isend", tensor, dst, group, tag, group_dst, "send")[1]
 
 
+@library_call
 def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> Work | None:
     """Start receiving into ``tensor`` from ``src`` (any rank if ``None``); return a Work."""
     return _p2p("irecv", tensor, src, group, tag, group_src, "recv")[1]
@@ -272,6 +288,7 @@ class P2POp:
             raise ValueError("P2POp: peer=None and group_peer=None; pass peer (a global rank) or group_peer")
 
 
+@library_call
 def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
     """Start every operation of the list; return their Works (wait on each)."""
     if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
@@ -306,6 +323,7 @@ def _opts(async_op: Any, algorithm: str | None, **kw: Any) -> Options:
     return Options(async_op=async_op, algorithm=algorithm, call_site=user_call_site(), **kw)
 
 
+@library_call
 def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
               group_src: int | None = None, *, algorithm: str | None = None) -> Work | None:
     """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank of the group (in place)."""
@@ -318,6 +336,7 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
     return _run(pg.broadcast(tensor, _opts(async_op, algorithm, root=root)), async_op)
 
 
+@library_call
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
                *, algorithm: str | None = None) -> Work | None:
     """Reduce ``tensor`` across the group with ``op``; every rank ends with the same result, in place."""
@@ -331,6 +350,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
     return _run(pg.all_reduce(tensor, _opts(async_op, algorithm, op=op)), async_op)
 
 
+@library_call
 def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
            group_dst: int | None = None, *, algorithm: str | None = None) -> Work | None:
     """Reduce ``tensor`` across the group with ``op`` into ``tensor`` on rank ``dst`` only.
@@ -348,6 +368,7 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: A
     return _run(pg.reduce(tensor, _opts(async_op, algorithm, op=op, root=root)), async_op)
 
 
+@library_call
 def all_gather(tensor_list: list, tensor: Any, group: Any = None, async_op: bool = False,
                *, algorithm: str | None = None) -> Work | None:
     """Fill ``tensor_list[i]`` with rank i's ``tensor`` on every rank of the group."""
@@ -359,6 +380,7 @@ def all_gather(tensor_list: list, tensor: Any, group: Any = None, async_op: bool
     return _run(pg.all_gather(tensor_list, tensor, _opts(async_op, algorithm)), async_op)
 
 
+@library_call
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False,
                            *, algorithm: str | None = None) -> Work | None:
     """Concatenate every rank's ``input_tensor`` (in rank order) into ``output_tensor`` on every rank."""
@@ -376,6 +398,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     return _run(pg.all_gather_into_tensor(output_tensor, input_tensor, _opts(async_op, algorithm)), async_op)
 
 
+@library_call
 def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None, group: Any = None,
            async_op: bool = False, group_dst: int | None = None, *, algorithm: str | None = None) -> Work | None:
     """Fill ``gather_list[i]`` on rank ``dst`` with rank i's ``tensor``; other ranks pass no list."""
@@ -398,6 +421,7 @@ def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None,
     return _run(pg.gather(tensor, gather_list if pg.rank == root else None, _opts(async_op, algorithm, root=root)), async_op)
 
 
+@library_call
 def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = None, group: Any = None,
             async_op: bool = False, group_src: int | None = None, *, algorithm: str | None = None) -> Work | None:
     """Copy ``scatter_list[i]`` of rank ``src`` into ``tensor`` on rank i; other ranks pass no list."""
@@ -421,6 +445,7 @@ def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = Non
     return _run(pg.scatter(tensor, scatter_list if pg.rank == root else None, _opts(async_op, algorithm, root=root)), async_op)
 
 
+@library_call
 def reduce_scatter(output: Any, input_list: list, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
                    *, algorithm: str | None = None) -> Work | None:
     """Reduce ``input_list[i]`` across the group with ``op`` into ``output`` on rank i."""
@@ -439,6 +464,7 @@ def reduce_scatter(output: Any, input_list: list, op: Any = ReduceOp.SUM, group:
     return _run(pg.reduce_scatter(output, input_list, _opts(async_op, algorithm, op=op)), async_op)
 
 
+@library_call
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
                           *, algorithm: str | None = None) -> Work | None:
     """Reduce ``input`` across the group and give rank i the i-th of ``size`` equal pieces, in ``output``."""
@@ -457,6 +483,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group
     return _run(pg.reduce_scatter_tensor(output, input, _opts(async_op, algorithm, op=op)), async_op)
 
 
+@library_call
 def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Any = None, async_op: bool = False,
                *, algorithm: str | None = None) -> Work | None:
     """Send ``input_tensor_list[j]`` to rank j; receive rank j's piece into ``output_tensor_list[j]``."""
@@ -470,6 +497,7 @@ def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Any = N
     return _run(pg.all_to_all(output_tensor_list, input_tensor_list, _opts(async_op, algorithm)), async_op)
 
 
+@library_call
 def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int] | None = None,
                       input_split_sizes: Sequence[int] | None = None, group: Any = None, async_op: bool = False,
                       *, algorithm: str | None = None) -> Work | None:
@@ -487,6 +515,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     return _run(pg.all_to_all_single(output, input, output_split_sizes, input_split_sizes, _opts(async_op, algorithm)), async_op)
 
 
+@library_call
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None,
             *, algorithm: str | None = None) -> Work | None:
     """Return once every rank of the group has entered ``barrier``."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:
+    from simdist.backends.sim import SimResult
 
 __all__ = ["spawn", "simulate", "enumerate_schedules"]
 
 
-def simulate(fn: Callable, nprocs: int, args: tuple = (), **options: Any):
+def simulate(fn: Callable, nprocs: int, args: tuple = (), **options: Any) -> "SimResult":
     """Run ``fn(rank, *args)`` on ``nprocs`` simulated ranks; return a ``SimResult``.
 
     ``SimResult.values`` holds each rank's return value, ``.trace`` the trace and
@@ -35,7 +38,9 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, backend: str = "sim",
     return launcher(fn, args=args, nprocs=nprocs, **options)
 
 
-def enumerate_schedules(fn: Callable, nprocs: int, args: tuple = (), *, max_runs: int = 1000, **options: Any):
+def enumerate_schedules(
+    fn: Callable, nprocs: int, args: tuple = (), *, max_runs: int = 1000, **options: Any
+) -> Iterator["SimResult"]:
     """Yield the ``SimResult`` of every distinct schedule of a small program (depth-first).
 
     Each run replays a prefix of choices and records how many options each choice

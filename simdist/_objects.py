@@ -13,6 +13,7 @@ import torch
 
 from . import _api
 from ._checks import resolve, root_of
+from ._entry import library_call
 
 __all__ = ["broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list"]
 
@@ -40,6 +41,7 @@ def _padded(t: torch.Tensor, n: int) -> torch.Tensor:
     return out
 
 
+@library_call
 def broadcast_object_list(object_list: list, src: int | None = None, group: Any = None, device: Any = None,
                           group_src: int | None = None) -> None:
     """Replace ``object_list``'s entries on every rank with those of rank ``src`` (in place)."""
@@ -68,6 +70,7 @@ def _gather_sizes(t: torch.Tensor, group: Any, size: int) -> list[int]:
     return [int(s.item()) for s in sizes]
 
 
+@library_call
 def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
     """Set ``object_list[i]`` to rank i's ``obj`` on every rank of the group."""
     world, pg = resolve("all_gather_object", group)
@@ -83,6 +86,7 @@ def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
         object_list[i] = _unpack(t, n)
 
 
+@library_call
 def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | None = None, group: Any = None,
                   group_dst: int | None = None) -> None:
     """On rank ``dst``, set ``object_gather_list[i]`` to rank i's ``obj``; other ranks pass ``None``."""
@@ -102,6 +106,7 @@ def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | N
             object_gather_list[i] = _unpack(t, n)
 
 
+@library_call
 def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: list | None = None,
                         src: int | None = None, group: Any = None, group_src: int | None = None) -> None:
     """Set ``scatter_object_output_list[0]`` on rank i to ``scatter_object_input_list[i]`` of rank ``src``."""

@@ -55,13 +55,17 @@ class SimResult:
 def _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout):
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int):
+        raise TypeError(f"nprocs={nprocs!r} must be an int (the number of ranks)")
+    if nprocs < 1:
         raise ValueError(f"nprocs={nprocs!r} must be a positive integer (the number of ranks)")
     if not isinstance(args, tuple):
         raise TypeError(f"args must be a tuple, got {type(args).__name__}")
     if detail not in DETAILS:
         raise ValueError(f"detail={detail!r} is not a level of detail; expected one of {DETAILS}")
-    if isinstance(eager_limit, bool) or not isinstance(eager_limit, int) or eager_limit < 0:
+    if isinstance(eager_limit, bool) or not isinstance(eager_limit, int):
+        raise TypeError(f"eager_limit={eager_limit!r} must be an int number of bytes")
+    if eager_limit < 0:
         raise ValueError(f"eager_limit={eager_limit!r} must be a non-negative number of bytes")
     if leaks not in ("warn", "error", "ignore"):
         raise ValueError(f"leaks={leaks!r} must be 'warn', 'error' or 'ignore'")

@@ -133,9 +133,10 @@ class ReplayStrategy(Strategy):
     name = "replay"
 
     def __init__(self, choices: Sequence[int]):
-        self.choices = [int(c) for c in choices]
-        if any(c < 0 for c in self.choices):
-            raise ValueError("a schedule's choices must be non-negative integers")
+        bad = [c for c in choices if isinstance(c, bool) or not isinstance(c, int) or c < 0]
+        if bad:
+            raise ValueError(f"schedule={list(choices)!r} has {bad[0]!r}; a schedule's choices are non-negative ints")
+        self.choices = list(choices)
         self.pos = 0
 
     def pick(self, n, options, current):
