@@ -142,7 +142,7 @@ class _RngState:
 def _seeded(rank: int) -> _RngState:
     random.seed(rank)
     np.random.seed(rank)
-    torch.manual_seed(rank)
+    torch.default_generator.manual_seed(rank)
     return _RngState().capture()
 
 

@@ -1,0 +1,88 @@
+"""Run every simdist benchmark and print the figures as markdown (for BENCHMARKS.md).
+
+    python benchmarks/run_all.py [--quick] [--json PATH] [--profile] [--profile-timer cpu|wall]
+
+Runs (a) ``bench_sim_allreduce``, (b) ``bench_sched_points`` and (c) ``bench_scale`` in
+this process, one after the other, then prints a summary of the targets. 40-60 s on a
+2-core machine (``--quick``: ~20 s; figures from a quick run are
+smoke figures, not results). ``--json PATH`` writes every raw figure to one file;
+``--profile`` adds cProfile tables (top 25 by tottime, all threads) of the slowest cases.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_scale
+import bench_sched_points
+import bench_sim_allreduce
+from _common import (
+    base_parser,
+    finish_info,
+    fmt_int,
+    fmt_ratio,
+    machine_info,
+    machine_markdown,
+    markdown_table,
+    verdict,
+    write_json,
+)
+
+
+def _summary(results: dict) -> str:
+    rows = []
+    a = [v for v in results["a"]["verdicts"] if "threads" not in v]
+    for mode in dict.fromkeys(v["mode"] for v in a):
+        cells = [v for v in a if v["mode"] == mode]
+        worst = max(cells, key=lambda v: v["ratio"] or 0.0)
+        ok = all(v["met"] for v in cells)
+        figures = ", ".join(f"{v['size']} {fmt_ratio(v['ratio'])}" for v in cells)
+        rows.append([f"(a) all_reduce world 4, {mode}: ours/torch <= 1.0x", figures,
+                     verdict(ok) + ("" if ok else f" (worst {worst['size']})")])
+    for v in results["b"]["verdicts"]:
+        rows.append([f"(b) {v['program']}: >= 50,000 points/s", f"{fmt_int(v['points_per_s'])} points/s",
+                     verdict(v["met"])])
+    for v in results["c"]["verdicts"]:
+        rows.append([f"(c) {v['case']}: < {v['target_s']:g} s", f"{v['seconds']:.2f} s", verdict(v["met"])])
+    for e in results["c"]["raw"].values():
+        if e["target_s"] is None and "ring" in e["label"]:
+            rows.append([f"(c) {e['label']}: report", f"{e['median_wall']:.2f} s", "reported"])
+    return markdown_table(["target", "measured (median)", "verdict"], rows)
+
+
+def main(argv=None) -> dict:
+    parser = base_parser(__doc__.splitlines()[0])
+    args = parser.parse_args(argv)
+    common = []
+    if args.quick:
+        common.append("--quick")
+    if args.reps:
+        common += ["--reps", str(args.reps)]
+    if args.profile:
+        common += ["--profile", "--profile-timer", args.profile_timer]
+    info = machine_info()
+    t0 = time.perf_counter()
+    results = {}
+    for key, mod in (("a", bench_sim_allreduce), ("b", bench_sched_points), ("c", bench_scale)):
+        print(f"<!-- running {mod.__name__} {' '.join(common)} -->", flush=True)
+        results[key] = mod.main(common)
+        print(flush=True)
+    elapsed = time.perf_counter() - t0
+    finish_info(info)
+    summary = _summary(results)
+    print("## Summary of targets\n")
+    print(summary)
+    print()
+    print(machine_markdown(info))
+    print(f"\nAll benchmarks took {elapsed:.0f} s of wall time.")
+    if args.json:
+        write_json(args.json, {"machine": info, "elapsed_s": elapsed, "summary": summary, "results": results})
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The wheel installs the layout of DESIGN.md: ``backends/`` as ``simdist.backends`` and
+``visualize/`` as ``simdist.visualize``, and no generic top-level ``backends`` or
+``visualize`` on a user's ``sys.path``.
+
+The test builds the wheel from a copy of the checkout, installs it with ``--no-deps`` into
+a fresh virtual environment that sees the system's site-packages (so torch and numpy need
+not be installed again), and imports from it with the working directory outside the
+repository, checking that every module comes from the wheel and not from the checkout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SKIP = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", ".venv", "__pycache__", ".hypothesis",
+                              ".pytest_cache", ".benchmarks", "*.whl")
+
+CHECK = r"""
+import importlib.util, json, sys
+import simdist, simdist.backends, simdist.backends.sim, simdist.visualize
+out = {
+    "simdist": simdist.__file__,
+    "simdist.backends": simdist.backends.__file__,
+    "simdist.backends.sim": simdist.backends.sim.__file__,
+    "simdist.visualize": simdist.visualize.__file__,
+    "top_backends": importlib.util.find_spec("backends") is not None,
+    "top_visualize": importlib.util.find_spec("visualize") is not None,
+}
+def main(rank, world_size):
+    simdist.init_process_group("gloo", rank=rank, world_size=world_size)
+    import torch
+    t = torch.tensor([rank + 1.0])
+    simdist.all_reduce(t)
+    simdist.destroy_process_group()
+    return t.item()
+out["values"] = simdist.spawn(main, args=(4,), nprocs=4, backend="sim")
+print(json.dumps(out))
+"""
+
+
+def _run(cmd: list, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_REQUIRE_VIRTUALENV")}
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _build_wheel(src: Path, out: Path) -> Path:
+    """Build with the installed setuptools (offline, fast); fall back to an isolated build."""
+    base = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-w", out]
+    try:
+        _run([*base, "--no-build-isolation", src], cwd=src.parent)
+    except AssertionError:
+        _run([*base, src], cwd=src.parent)
+    wheels = sorted(out.glob("simdist-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+@pytest.mark.timeout(300)
+def test_wheel_installs_the_package_layout(tmp_path: Path):
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=SKIP)
+    wheel = _build_wheel(src, tmp_path / "wheels")
+
+    # The wheel holds one top-level package and its metadata, nothing else.
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+    tops = sorted({n.split("/", 1)[0] for n in names})
+    assert len(tops) == 2 and tops[0] == "simdist" and tops[1].startswith("simdist-"), tops
+    assert tops[1].endswith(".dist-info"), tops
+    for required in ("simdist/__init__.py", "simdist/py.typed", "simdist/backends/__init__.py",
+                     "simdist/backends/sim/__init__.py", "simdist/visualize/__init__.py",
+                     "simdist/algorithms/__init__.py"):
+        assert required in names, f"{required} missing from {wheel.name}"
+
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--system-site-packages", venv], cwd=tmp_path)
+    py = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    _run([py, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check", wheel], cwd=tmp_path)
+
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    proc = _run([py, "-c", CHECK], cwd=work)
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    site = venv.resolve()
+    for mod in ("simdist", "simdist.backends", "simdist.backends.sim", "simdist.visualize"):
+        path = Path(found[mod]).resolve()
+        assert site in path.parents, f"{mod} imported from {path}, not from the wheel installed in {site}"
+    assert not found["top_backends"], "a top-level 'backends' module is importable"
+    assert not found["top_visualize"], "a top-level 'visualize' module is importable"
+    assert found["values"] == [10.0] * 4
