@@ -4,26 +4,35 @@ from __future__ import annotations
 
 import os
 import sys
+from types import CodeType
 
 __all__ = ["user_call_site", "skip_directory"]
 
 _SKIP: list[str] = []
+_LIBRARY: dict[CodeType, bool] = {}
 
 
 def skip_directory(path: str) -> None:
     """Treat files under ``path`` as library code, never as the user's call site."""
     path = os.path.dirname(os.path.abspath(path)) if path.endswith(".py") else os.path.abspath(path)
-    if path not in _SKIP:
+    if path + os.sep not in _SKIP:
         _SKIP.append(path + os.sep)
+        _LIBRARY.clear()
+
+
+def _is_library(code: CodeType) -> bool:
+    lib = _LIBRARY.get(code)
+    if lib is None:
+        lib = _LIBRARY[code] = code.co_filename.startswith(tuple(_SKIP))
+    return lib
 
 
 def user_call_site() -> str:
     """``'file:line'`` of the innermost frame outside simdist (and other skipped libraries)."""
     frame = sys._getframe(1)
     while frame is not None:
-        name = frame.f_code.co_filename
-        if not any(name.startswith(d) for d in _SKIP):
-            return f"{name}:{frame.f_lineno}"
+        if not _is_library(frame.f_code):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"
 

@@ -84,7 +84,7 @@ class Engine:
     def __init__(self, fn: Callable, args: tuple, size: int, *, strategy, topology, detail: str,
                  eager_limit: int, record_steps: bool, prefix_output: bool, cpu_time: bool,
                  cuda_as_cpu: bool, timeout: float | None, make_world: Callable,
-                 algorithms: dict[str, str] | None = None):
+                 algorithms: dict[str, str] | None = None, pin_cpu: bool = True):
         self.fn, self.args, self.size = fn, args, size
         self.strategy = strategy
         self.topology = topology
@@ -95,6 +95,7 @@ class Engine:
         self.cpu_time = cpu_time
         self.cuda_as_cpu = cuda_as_cpu
         self.algorithms = dict(algorithms or {})
+        self.pin_core = _isolation.pin_target() if pin_cpu else None
         self.timeout = timeout
         self.ranks = [RankState(r) for r in range(size)]
         for rs in self.ranks:
@@ -356,6 +357,9 @@ class Engine:
         p.t_done = t
         if p.on_done is not None:
             p.on_done()
+        if p.coll_id is None:  # a user's send or receive: its span on the rank's lane
+            self.trace.add(Event(p.owner, p.kind, p.kind, p.group, p.dst if p.kind == "send" else p.source,
+                                 p.tag, p.nbytes, p.t_post, t, call_site=p.call_site))
         self.complete(p, t)
 
     # --- collectives -------------------------------------------------------------------

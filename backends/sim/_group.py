@@ -79,8 +79,7 @@ class SimGroup(AlgorithmicGroup):
         p = Post(kind, src, dst, ("p", self.group_id), opts.tag or 0, buf, A.nbytes(buf), A.dtype_name(buf), me.clock, me.rank)
         p.group = self.group_id
         p.call_site = opts.call_site
-        p.label = kind
-        p.on_done = _span(engine, p, back)
+        p.on_done = back
         engine.post(p)
         work = SimWork(self, p, kind, [tensor], track=bool(opts.async_op))
         if opts.async_op:
@@ -104,21 +103,6 @@ class SimGroup(AlgorithmicGroup):
         if opts.async_op:
             engine.point(me)
         return work
-
-
-def _span(engine: Any, p: Post, back: Any):
-    """Completion of a user send/recv: write back a staged buffer, record the span."""
-    from simdist._trace import Event
-
-    def done() -> None:
-        if back is not None:
-            back()
-        engine.trace.add(Event(rank=p.owner, kind=p.kind, op=p.kind, group=p.group,
-                               peer=p.dst if p.kind == "send" else p.source, tag=p.tag, nbytes=p.nbytes,
-                               t_start=p.t_post, t_end=p.t_done,
-                               call_site=p.call_site))
-
-    return done
 
 
 _KNOWN = set(TORCH_NAMES) | {"socket", "torch-nccl", "torch-gloo"}
