@@ -92,7 +92,13 @@ def _split_into(flat: Any, arrays: Sequence[Any]) -> Callable[[], None]:
 
 
 class AlgorithmicGroup(ProcessGroup):
-    """A ProcessGroup whose collectives are ``simdist.algorithms`` over a Transport."""
+    """A ProcessGroup whose collectives are ``simdist.algorithms`` over a Transport.
+
+    ``network`` holds the ``alpha``/``beta`` that the automatic choice of algorithm
+    assumes (empty: the defaults of :func:`simdist.algorithms.choose`).
+    """
+
+    network: dict[str, float] = {}
 
     @abstractmethod
     def _run_collective(self, call: CollectiveCall, opts: Options) -> Work:
@@ -101,7 +107,7 @@ class AlgorithmicGroup(ProcessGroup):
     def _pick(self, op: str, opts: Options, nbytes: int, equal_counts: bool = True) -> str:
         name = opts.algorithm or self.default_algorithms.get(op)
         if name is None:
-            return algorithms.choose(op, nbytes, self.size, equal_counts=equal_counts)
+            return algorithms.choose(op, nbytes, self.size, equal_counts=equal_counts, **self.network)
         algorithms.get(op, name)
         return name
 

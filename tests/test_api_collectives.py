@@ -438,11 +438,10 @@ def test_every_algorithm(op: str, algorithm: str | None, world: int) -> None:
     for detail in DETAILS:
         res = check([replace(c, detail=detail) for c in batch], world, detail, seed=world)
         ran = {e.algorithm for e in res.trace.of_kind("collective") if e.op == TABLE.get(op, op)}
-        assert len(ran) == 1, ran
         if algorithm is not None:  # the named algorithm is the one that ran
             assert ran == {algorithm}
-        else:
-            assert ran <= set(ALGORITHMS[TABLE.get(op, op)])
+        else:  # the automatic choice may differ between even and uneven counts
+            assert ran and ran <= set(ALGORITHMS[TABLE.get(op, op)])
         if detail == "messages" and world > 1 and algorithm is not None:
             messages = [e for e in res.trace.of_kind("message") if e.algorithm == algorithm]
             assert messages, f"{op} by {algorithm} sent no message on {world} ranks"

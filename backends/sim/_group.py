@@ -62,6 +62,8 @@ class SimGroup(AlgorithmicGroup):
         self.engine = engine
         self.me = me
         self.default_algorithms = dict(engine.algorithms)
+        if engine.beta > 0:
+            self.network = {"alpha": engine.alpha, "beta": engine.beta}
         engine.group_state(group_id, self.ranks)
 
     def _p2p(self, kind: str, tensor: Any, peer: int | None, opts: Options) -> Work:

@@ -19,14 +19,15 @@ send and receive one message at a time; on one rank every cost is 0.
 
 from __future__ import annotations
 
+import functools
+
 from typing import Callable, NamedTuple
 
 from . import _allgather, _allreduce, _alltoall, _barrier, _broadcast, _reduce_scatter, _rooted
 from ._chunks import ceil_log2, floor_log2
 
-__all__ = ["ALGORITHMS", "FORMULAS", "get", "choose", "cost"]
+__all__ = ["ALGORITHMS", "FORMULAS", "DEFAULT_ALPHA", "DEFAULT_BETA", "get", "choose", "cost"]
 
-KiB = 1024
 
 ALGORITHMS: dict[str, dict[str, Callable]] = {
     "all_reduce": {
@@ -108,52 +109,33 @@ def _check(op: str, nbytes: int, size: int) -> None:
         raise ValueError(f"nbytes={nbytes!r} must be non-negative")
 
 
-def _pow2(p: int) -> bool:
-    return p & (p - 1) == 0
+DEFAULT_ALPHA = 2e-6
+"""Latency of one message (s) when the caller names no network: two 1 µs links through a switch."""
+
+DEFAULT_BETA = 1 / 12.5e9
+"""Seconds per byte when the caller names no network: 12.5 GB/s (100 Gb/s)."""
 
 
-def choose(op: str, nbytes: int, size: int, *, equal_counts: bool = True) -> str:
-    """A sensible algorithm for ``op`` on ``size`` ranks and ``nbytes`` (see the module doc).
+@functools.lru_cache(maxsize=4096)
+def choose(
+    op: str,
+    nbytes: int,
+    size: int,
+    *,
+    equal_counts: bool = True,
+    alpha: float = DEFAULT_ALPHA,
+    beta: float = DEFAULT_BETA,
+) -> str:
+    """The algorithm of ``op`` with the lowest alpha-beta cost for ``nbytes`` on ``size`` ranks.
 
-    The thresholds follow MPICH's defaults (Thakur et al. 2005):
-
-    - all_reduce: ``recursive_doubling`` up to 2 KiB; above, ``rabenseifner`` when ``p``
-      is a power of two or ``nbytes < (p - 1 - ⌊lg p⌋) · 8 KiB`` (where its two extra
-      whole-buffer folding steps cost less than the ring's extra latencies), else ``ring``.
-    - broadcast: ``binomial`` below 12 KiB or for fewer than 8 ranks, else ``scatter_allgather``.
-    - reduce, gather, scatter: ``binomial``.
-    - all_gather: ``recursive_doubling`` below 512 KiB when ``p`` is a power of two;
-      otherwise ``bruck`` below 80 KiB and ``ring`` above.
-    - reduce_scatter: ``recursive_halving`` below 512 KiB, else ``ring``.
-    - all_to_all: ``bruck`` for blocks (``nbytes / p``) up to 256 bytes on 8 or more ranks
-      (only with ``equal_counts``: Bruck needs equal counts), ``direct`` for blocks up
-      to 32 KiB, else ``pairwise``.
-    - barrier: ``dissemination``.
+    ``alpha`` and ``beta`` describe the network (the simulator passes its topology's);
+    ties go to the algorithm registered first. ``bruck`` is left out of ``all_to_all``
+    unless ``equal_counts``. For example, with the defaults at 4 ranks ``all_reduce``
+    picks ``recursive_doubling`` below about 100 KB and ``rabenseifner`` above.
     """
     _check(op, nbytes, size)
-    p, n = size, nbytes
-    if op == "all_reduce":
-        if n <= 2 * KiB:
-            return "recursive_doubling"
-        if _pow2(p) or n < (p - 1 - floor_log2(p)) * 8 * KiB:
-            return "rabenseifner"
-        return "ring"
-    if op == "broadcast":
-        return "binomial" if n < 12 * KiB or p < 8 else "scatter_allgather"
-    if op == "all_gather":
-        if _pow2(p) and n < 512 * KiB:
-            return "recursive_doubling"
-        return "bruck" if n < 80 * KiB else "ring"
-    if op == "reduce_scatter":
-        return "recursive_halving" if n < 512 * KiB else "ring"
-    if op == "all_to_all":
-        block = n / p
-        if equal_counts and block <= 256 and p >= 8:
-            return "bruck"
-        return "direct" if block <= 32 * KiB else "pairwise"
-    if op == "barrier":
-        return "dissemination"
-    return "binomial"  # reduce, gather, scatter
+    names = [n for n in _table(op) if not (op == "all_to_all" and n == "bruck" and not equal_counts)]
+    return min(names, key=lambda name: cost(op, name, nbytes, size, alpha, beta))
 
 
 FORMULAS: dict[str, dict[str, str]] = {
