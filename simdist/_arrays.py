@@ -58,7 +58,9 @@ def check_array(x: object, argname: str) -> None:
             f"{argname} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__} ({x!r:.60})"
         )
     if isinstance(x, torch.Tensor):
-        if x.is_sparse or x.layout != torch.strided:
+        if x.layout is torch.strided and not x.is_quantized and not x.is_meta:
+            return
+        if x.layout is not torch.strided:
             raise TypeError(f"{argname} must be a dense (strided) tensor, got layout {x.layout}")
         if x.is_quantized:
             raise TypeError(f"{argname} is a quantized tensor (dtype {dtype_name(x)}); send its int_repr() instead")
@@ -87,9 +89,14 @@ def check_writable(x: Array, argname: str) -> None:
 
 def dtype_name(x: Array) -> str:
     """The dtype as a plain name shared by torch and numpy: ``'float32'``, ``'bfloat16'``, ``'bool'``."""
-    if isinstance(x, torch.Tensor):
-        return str(x.dtype).removeprefix("torch.")
-    return str(x.dtype)
+    dtype = x.dtype
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+_DTYPE_NAMES: dict = {}
 
 
 def shape_of(x: Array) -> tuple[int, ...]:
@@ -128,6 +135,8 @@ def flat(x: Array) -> Array:
 
 def stage_in(x: Array) -> Array:
     """A flat buffer holding ``x``'s values: a view if ``x`` is contiguous, else a copy."""
+    if isinstance(x, torch.Tensor) and x.is_contiguous():
+        return x.detach().view(-1)
     if _is_contiguous(x):
         return flat(x)
     if isinstance(x, torch.Tensor):
@@ -163,6 +172,8 @@ def stage_out(x: Array) -> tuple[Array, Callable[[], None] | None]:
     non-contiguous ``x`` (a transposed or sliced tensor) the buffer is a contiguous
     copy, and the write-back copies it into ``x`` element by element.
     """
+    if isinstance(x, torch.Tensor) and x.is_contiguous():
+        return x.detach().view(-1), None
     if _is_contiguous(x):
         return flat(x), None
     buf = stage_in(x)

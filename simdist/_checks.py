@@ -43,6 +43,8 @@ def _user_stacklevel() -> int:
 
 
 def check_int(value: Any, argname: str, minimum: int | None = None) -> int:
+    if type(value) is int and (minimum is None or value >= minimum):
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         if hasattr(value, "__index__") and not isinstance(value, bool):
             value = value.__index__()
