@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
@@ -44,8 +45,11 @@ def enumerate_schedules(
     """Yield the ``SimResult`` of every distinct schedule of a small program (depth-first).
 
     Each run replays a prefix of choices and records how many options each choice
-    point had; the next run bumps the last choice that has an untried option. Stops
-    after ``max_runs`` runs. The first failing schedule raises its error (with its token).
+    point had; the next run bumps the last choice that has an untried option. There is
+    no partial-order reduction: the count grows fast with ranks and operations (two
+    senders racing to one any-source receive: 112 schedules at 3 ranks). After
+    ``max_runs`` runs it stops with a ``UserWarning`` saying the search is incomplete.
+    The first failing schedule raises its error (with its token).
     """
     from simdist.backends.sim import simulate as run
 
@@ -63,3 +67,7 @@ def enumerate_schedules(
         if i < 0:
             return
         prefix = choices[:i] + [choices[i] + 1]
+    warnings.warn(
+        f"enumerate_schedules stopped after max_runs={max_runs} runs; some schedules were not tried",
+        stacklevel=2,
+    )

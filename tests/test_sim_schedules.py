@@ -107,8 +107,9 @@ def test_enumerate_schedules_visits_every_schedule_once():
     assert all(c < n for r in results for c, n in zip(r.choices, r.option_counts))
 
 
-def test_enumerate_schedules_stops_at_max_runs():
-    assert len(list(simdist.enumerate_schedules(racy, 4, max_runs=50))) == 50
+def test_enumerate_schedules_stops_at_max_runs_with_a_warning():
+    with pytest.warns(UserWarning, match="max_runs=50"):
+        assert len(list(simdist.enumerate_schedules(racy, 4, max_runs=50))) == 50
 
 
 def test_enumerate_schedules_raises_the_failing_schedule():

@@ -482,6 +482,7 @@ class _Transport:
         p.group = run.group.group_id
         p.call_site = run.call.call_site
         p.coll_id = run.coll_id
+        p.seq = run.seq
         p.step = run.step
         p.chunk = chunk
         p.algorithm = run.call.algorithm

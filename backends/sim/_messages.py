@@ -32,7 +32,7 @@ class Post(Waitable):
     __slots__ = (
         "kind", "src", "dst", "ctx", "tag", "buf", "nbytes", "dtype", "t_post", "source",
         "data", "on_done", "label", "group", "call_site", "coll_id", "step", "chunk",
-        "algorithm", "owner",
+        "algorithm", "owner", "seq",
     )
 
     def __init__(self, kind: str, src: int | None, dst: int, ctx: tuple, tag: int, buf: Any,
@@ -58,6 +58,7 @@ class Post(Waitable):
         self.step: int | None = None
         self.chunk: int | None = None
         self.algorithm: str | None = None
+        self.seq: int | None = None
 
     def describe(self) -> str:
         if self.kind == "send":
@@ -65,8 +66,8 @@ class Post(Waitable):
         else:
             what = f"recv {self.owner}<-{'any' if self.src is None else self.src}"
         where = f" at {self.call_site}" if self.call_site else ""
-        coll = f" in {self.label} #{self.coll_id}" if self.coll_id is not None else ""
-        return f"{what} tag {self.tag} ({self.nbytes} bytes, {self.dtype}) on group {self.group}{coll}{where}"
+        coll = f" in {self.label} (collective {self.seq} of group {self.group})" if self.seq is not None else f" on group {self.group}"
+        return f"{what} tag {self.tag} ({self.nbytes} bytes, {self.dtype}){coll}{where}"
 
 
 class CollectiveRun(Waitable):
@@ -97,4 +98,4 @@ class CollectiveRun(Waitable):
 
     def describe(self) -> str:
         where = f" at {self.call.call_site}" if self.call.call_site else ""
-        return f"{self.call.op} #{self.coll_id} (collective {self.seq} on group {self.group.group_id}){where}"
+        return f"{self.call.op} (collective {self.seq} of group {self.group.group_id}){where}"
