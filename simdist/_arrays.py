@@ -23,6 +23,7 @@ __all__ = [
     "dtype_name",
     "shape_of",
     "nbytes",
+    "itemsize",
     "numel",
     "device_of",
     "flat",
@@ -105,6 +106,11 @@ def shape_of(x: Array) -> tuple[int, ...]:
 
 def numel(x: Array) -> int:
     return int(x.numel()) if isinstance(x, torch.Tensor) else int(x.size)
+
+
+def itemsize(x: Array) -> int:
+    """Bytes per element."""
+    return int(x.element_size()) if isinstance(x, torch.Tensor) else int(x.itemsize)
 
 
 def nbytes(x: Array) -> int:

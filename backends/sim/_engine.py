@@ -346,9 +346,13 @@ class Engine:
         ready = s.t_post if s.done else max(s.t_post, r.t_post)
         start, arrival = self.topology.transfer(s.src, s.dst, s.nbytes, ready)
         r.source = s.src
-        self.trace.add(Event(rank=s.src, kind="message", op=s.label, group=s.group, peer=s.dst, tag=s.tag,
-                             nbytes=s.nbytes, t_start=start, t_end=arrival, collective_id=s.coll_id,
-                             step=s.step, chunk=s.chunk, call_site=s.call_site, algorithm=s.algorithm))
+        run = s.run
+        if run is None:
+            self.trace.add(Event(s.src, "message", s.kind, s.group, s.dst, s.tag, s.nbytes, start, arrival,
+                                 None, None, None, s.call_site))
+        else:
+            self.trace.add(Event(s.src, "message", run.call.op, s.group, s.dst, s.tag, s.nbytes, start, arrival,
+                                 run.coll_id, s.step, s.chunk, s.call_site, run.call.algorithm))
         if not s.done:
             self._finish_post(s, arrival)
         self._finish_post(r, max(arrival, r.t_post))
@@ -357,7 +361,7 @@ class Engine:
         p.t_done = t
         if p.on_done is not None:
             p.on_done()
-        if p.coll_id is None:  # a user's send or receive: its span on the rank's lane
+        if p.run is None:  # a user's send or receive: its span on the rank's lane
             self.trace.add(Event(p.owner, p.kind, p.kind, p.group, p.dst if p.kind == "send" else p.source,
                                  p.tag, p.nbytes, p.t_post, t, call_site=p.call_site))
         self.complete(p, t)
@@ -465,27 +469,28 @@ class Engine:
 class _Transport:
     """The Transport a collective algorithm sees inside the simulator."""
 
-    __slots__ = ("engine", "run", "rank", "size")
+    __slots__ = ("engine", "run", "rank", "size", "ranks", "me", "gid", "site", "dtype", "itemsize")
 
     def __init__(self, engine: Engine, run: CollectiveRun):
         self.engine = engine
         self.run = run
         self.rank = run.group.rank
         self.size = run.group.size
+        self.ranks = run.group.ranks
+        self.me = run.rank
+        self.gid = run.group.group_id
+        self.site = run.call.call_site
+        self.dtype: str | None = None
+        self.itemsize = 0
 
     def _post(self, kind: str, buf: Any, peer: int, tag: int, chunk: int | None) -> Post:
-        run = self.run
-        me, other = run.rank, run.group.ranks[peer]
-        p = Post(kind, me if kind == "send" else other, other if kind == "send" else me, run.ctx, tag, buf,
-                 A.nbytes(buf), A.dtype_name(buf), run.t, me)
-        p.label = run.call.op
-        p.group = run.group.group_id
-        p.call_site = run.call.call_site
-        p.coll_id = run.coll_id
-        p.seq = run.seq
-        p.step = run.step
-        p.chunk = chunk
-        p.algorithm = run.call.algorithm
+        if self.dtype is None:
+            self.dtype = A.dtype_name(buf)
+            self.itemsize = A.itemsize(buf)
+        run, me, other = self.run, self.me, self.ranks[peer]
+        src, dst = (me, other) if kind == "send" else (other, me)
+        p = Post(kind, src, dst, run.ctx, tag, buf, A.numel(buf) * self.itemsize, self.dtype, run.t, me,
+                 self.gid, self.site, run, run.step, chunk)
         return self.engine.post(p)
 
     def isend(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Post:

@@ -78,9 +78,8 @@ class SimGroup(AlgorithmicGroup):
         else:
             buf, back = A.stage_out(tensor)
             src, dst = (None if peer is None else self.ranks[peer]), me.rank
-        p = Post(kind, src, dst, ("p", self.group_id), opts.tag or 0, buf, A.nbytes(buf), A.dtype_name(buf), me.clock, me.rank)
-        p.group = self.group_id
-        p.call_site = opts.call_site
+        p = Post(kind, src, dst, ("p", self.group_id), opts.tag or 0, buf, A.nbytes(buf), A.dtype_name(buf),
+                 me.clock, me.rank, self.group_id, opts.call_site)
         p.on_done = back
         engine.post(p)
         work = SimWork(self, p, kind, [tensor], track=bool(opts.async_op))

@@ -26,18 +26,21 @@ class Post(Waitable):
 
     ``src``/``dst`` are global ranks (``src`` is ``None`` for an any-source receive until
     it matches; ``source`` then holds the sender). ``ctx`` separates user point-to-point
-    traffic of a group from each collective's traffic.
+    traffic of a group from each collective's traffic. ``run`` is the collective run a
+    post belongs to (``None`` for a user's send or receive).
     """
 
     __slots__ = (
-        "kind", "src", "dst", "ctx", "tag", "buf", "nbytes", "dtype", "t_post", "source",
-        "data", "on_done", "label", "group", "call_site", "coll_id", "step", "chunk",
-        "algorithm", "owner", "seq",
+        "kind", "src", "dst", "ctx", "tag", "buf", "nbytes", "dtype", "t_post", "owner", "group",
+        "call_site", "run", "step", "chunk", "source", "data", "on_done",
     )
 
-    def __init__(self, kind: str, src: int | None, dst: int, ctx: tuple, tag: int, buf: Any,
-                 nbytes: int, dtype: str, t_post: float, owner: int):
-        super().__init__()
+    def __init__(self, kind: str, src: int | None, dst: int, ctx: tuple, tag: int, buf: Any, nbytes: int,
+                 dtype: str, t_post: float, owner: int, group: int, call_site: str | None,
+                 run: "CollectiveRun | None" = None, step: int | None = None, chunk: int | None = None):
+        self.done = False
+        self.t_done = 0.0
+        self.waiters = []
         self.kind = kind
         self.src = src
         self.dst = dst
@@ -48,17 +51,19 @@ class Post(Waitable):
         self.dtype = dtype
         self.t_post = t_post
         self.owner = owner
-        self.source: int | None = src
+        self.group = group
+        self.call_site = call_site
+        self.run = run
+        self.step = step
+        self.chunk = chunk
+        self.source = src
         self.data: Any = None
         self.on_done = None
-        self.label = kind
-        self.group = 0
-        self.call_site: str | None = None
-        self.coll_id: int | None = None
-        self.step: int | None = None
-        self.chunk: int | None = None
-        self.algorithm: str | None = None
-        self.seq: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The operation the message belongs to: ``'send'``/``'recv'`` or the collective's name."""
+        return self.kind if self.run is None else self.run.call.op
 
     def describe(self) -> str:
         if self.kind == "send":
@@ -66,7 +71,8 @@ class Post(Waitable):
         else:
             what = f"recv {self.owner}<-{'any' if self.src is None else self.src}"
         where = f" at {self.call_site}" if self.call_site else ""
-        coll = f" in {self.label} (collective {self.seq} of group {self.group})" if self.seq is not None else f" on group {self.group}"
+        run = self.run
+        coll = f" in {run.call.op} (collective {run.seq} of group {self.group})" if run else f" on group {self.group}"
         return f"{what} tag {self.tag} ({self.nbytes} bytes, {self.dtype}){coll}{where}"
 
 
