@@ -295,3 +295,20 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(payload, f, indent=2, sort_keys=True)
         f.write("\n")
+
+
+def publish(name: str, args: argparse.Namespace, info: dict[str, Any], reps: int, raw: Any, text: str,
+            verdicts: list, profile: Callable[[str, bool], str], **extra: Any) -> dict[str, Any]:
+    """Print a benchmark's tables and machine line, add its profile if asked, write its JSON if asked."""
+    print(text)
+    print(machine_markdown(info))
+    result = {"benchmark": name, "machine": info, "reps": reps, "raw": raw, "verdicts": verdicts, **extra,
+              "markdown": text}
+    if args.profile:
+        prof = profile(args.profile_timer, args.quick)
+        print("\n" + prof)
+        result["profile"] = prof
+    if args.json:
+        write_json(args.json, result)
+    return result
+

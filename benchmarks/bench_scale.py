@@ -33,14 +33,13 @@ from _common import (
     fmt_int,
     fmt_ms,
     machine_info,
-    machine_markdown,
     markdown_table,
     median,
     profile_call,
+    publish,
     run_sim,
     timed_cpu,
     verdict,
-    write_json,
 )
 
 import simdist
@@ -137,17 +136,7 @@ def main(argv=None) -> dict:
     raw = measure(reps, args.quick)
     finish_info(info)
     text, verdicts = report(raw, reps)
-    print(text)
-    print(machine_markdown(info))
-    result = {"benchmark": "scale", "machine": info, "reps": reps, "raw": raw, "verdicts": verdicts,
-              "markdown": text}
-    if args.profile:
-        prof = profile_worst(args.profile_timer, args.quick)
-        print("\n" + prof)
-        result["profile"] = prof
-    if args.json:
-        write_json(args.json, result)
-    return result
+    return publish("scale", args, info, reps, raw, text, verdicts, profile_worst)
 
 
 if __name__ == "__main__":

@@ -34,14 +34,13 @@ from _common import (
     fmt_int,
     fmt_ms,
     machine_info,
-    machine_markdown,
     markdown_table,
     median,
     profile_call,
+    publish,
     run_sim,
     timed_cpu,
     verdict,
-    write_json,
 )
 
 import simdist
@@ -174,17 +173,7 @@ def main(argv=None) -> dict:
     raw = measure(reps, args.quick)
     finish_info(info)
     text, verdicts = report(raw, reps)
-    print(text)
-    print(machine_markdown(info))
-    result = {"benchmark": "sched_points", "machine": info, "reps": reps, "raw": raw, "verdicts": verdicts,
-              "markdown": text}
-    if args.profile:
-        prof = profile_worst(args.profile_timer, args.quick)
-        print("\n" + prof)
-        result["profile"] = prof
-    if args.json:
-        write_json(args.json, result)
-    return result
+    return publish("sched_points", args, info, reps, raw, text, verdicts, profile_worst)
 
 
 if __name__ == "__main__":

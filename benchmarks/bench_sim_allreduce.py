@@ -50,15 +50,14 @@ from _common import (
     fmt_ms,
     fmt_ratio,
     machine_info,
-    machine_markdown,
     markdown_table,
     median,
     profile_call,
+    publish,
     run_sim,
     run_threaded,
     timed,
     verdict,
-    write_json,
 )
 
 import simdist
@@ -217,17 +216,7 @@ def main(argv=None) -> dict:
     default_raw = measure(dreps, args.quick, threads=DEFAULT_THREADS) if dreps > 0 else None
     finish_info(info)
     text, verdicts = report(raw, reps, default_raw, dreps)
-    print(text)
-    print(machine_markdown(info))
-    result = {"benchmark": "sim_allreduce", "machine": info, "reps": reps, "raw": raw, "verdicts": verdicts,
-              "raw_default_threads": default_raw, "default_threads": DEFAULT_THREADS, "markdown": text}
-    if args.profile:
-        prof = profile_worst(args.profile_timer, args.quick)
-        print("\n" + prof)
-        result["profile"] = prof
-    if args.json:
-        write_json(args.json, result)
-    return result
+    return publish("sim_allreduce", args, info, reps, raw, text, verdicts, profile_worst, raw_default_threads=default_raw, default_threads=DEFAULT_THREADS)
 
 
 if __name__ == "__main__":

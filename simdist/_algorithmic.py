@@ -121,8 +121,7 @@ class AlgorithmicGroup(ProcessGroup):
         sig.update(extra)
         return sig
 
-    def _call(self, op, opts, x, nbytes, make, oneshot, finish, outputs, snapshot, args, equal_counts=True,
-              **extra):
+    def _call(self, op, opts, x, nbytes, make, oneshot, finish, outputs, snapshot, args, equal_counts=True, **extra):
         algo = self._pick(op, opts, nbytes, equal_counts)
         if op == "all_to_all" and algo == "bruck":
             _check_bruck(args["send"], args["recv"])
@@ -151,20 +150,32 @@ class AlgorithmicGroup(ProcessGroup):
         base = ReduceOp.SUM if red is ReduceOp.AVG else red
         avg = (lambda: A.average_(buf, self.size)) if red is ReduceOp.AVG else None
         return self._call(
-            "all_reduce", opts, tensor, A.nbytes(buf),
+            "all_reduce",
+            opts,
+            tensor,
+            A.nbytes(buf),
             make=lambda fn, t: fn(t, buf, base),
             oneshot=lambda calls: algorithms.oneshot.all_reduce([c.args["buf"] for c in calls], base),
-            finish=_chain(avg, back), outputs=[tensor], snapshot=buf, args={"buf": buf},
+            finish=_chain(avg, back),
+            outputs=[tensor],
+            snapshot=buf,
+            args={"buf": buf},
         )
 
     def broadcast(self, tensor: Any, opts: Options) -> Work:
         buf, back = A.stage_out(tensor)
         root = opts.root
         return self._call(
-            "broadcast", opts, tensor, A.nbytes(buf),
+            "broadcast",
+            opts,
+            tensor,
+            A.nbytes(buf),
             make=lambda fn, t: fn(t, buf, root),
             oneshot=lambda calls: algorithms.oneshot.broadcast([c.args["buf"] for c in calls], root),
-            finish=_chain(back), outputs=[tensor], snapshot=buf, args={"buf": buf},
+            finish=_chain(back),
+            outputs=[tensor],
+            snapshot=buf,
+            args={"buf": buf},
         )
 
     def reduce(self, tensor: Any, opts: Options) -> Work:
@@ -177,10 +188,16 @@ class AlgorithmicGroup(ProcessGroup):
         if red is ReduceOp.AVG and self.rank == root:
             avg = lambda: A.average_(buf, self.size)  # noqa: E731
         return self._call(
-            "reduce", opts, tensor, A.nbytes(buf),
+            "reduce",
+            opts,
+            tensor,
+            A.nbytes(buf),
             make=lambda fn, t: fn(t, buf, base, root),
             oneshot=lambda calls: algorithms.oneshot.reduce([c.args["buf"] for c in calls], base, root),
-            finish=_chain(avg, back), outputs=[tensor], snapshot=buf, args={"buf": buf},
+            finish=_chain(avg, back),
+            outputs=[tensor],
+            snapshot=buf,
+            args={"buf": buf},
         )
 
     def all_gather(self, output_list: list, tensor: Any, opts: Options) -> Work:
@@ -195,12 +212,18 @@ class AlgorithmicGroup(ProcessGroup):
 
     def _gathered(self, op, opts, x, inp, out, finish, outputs):
         return self._call(
-            op, opts, x, A.nbytes(inp) * self.size,
+            op,
+            opts,
+            x,
+            A.nbytes(inp) * self.size,
             make=lambda fn, t: fn(t, inp, out),
             oneshot=lambda calls: algorithms.oneshot.all_gather(
                 [c.args["inp"] for c in calls], [c.args["out"] for c in calls]
             ),
-            finish=finish, outputs=outputs, snapshot=out, args={"inp": inp, "out": out},
+            finish=finish,
+            outputs=outputs,
+            snapshot=out,
+            args={"inp": inp, "out": out},
         )
 
     def gather(self, tensor: Any, gather_list: list | None, opts: Options) -> Work:
@@ -209,12 +232,17 @@ class AlgorithmicGroup(ProcessGroup):
         out = A.empty(inp, A.numel(inp) * self.size) if self.rank == root else None
         finish = _split_into(out, gather_list) if out is not None else _chain()
         return self._call(
-            "gather", opts, tensor, A.nbytes(inp) * self.size,
+            "gather",
+            opts,
+            tensor,
+            A.nbytes(inp) * self.size,
             make=lambda fn, t: fn(t, inp, out, root),
             oneshot=lambda calls: algorithms.oneshot.gather(
                 [c.args["inp"] for c in calls], calls[root].args["out"], root
             ),
-            finish=finish, outputs=list(gather_list or []), snapshot=out if out is not None else inp,
+            finish=finish,
+            outputs=list(gather_list or []),
+            snapshot=out if out is not None else inp,
             args={"inp": inp, "out": out},
         )
 
@@ -223,12 +251,18 @@ class AlgorithmicGroup(ProcessGroup):
         out, back = A.stage_out(tensor)
         inp = _concat(scatter_list) if self.rank == root else None
         return self._call(
-            "scatter", opts, tensor, A.nbytes(out) * self.size,
+            "scatter",
+            opts,
+            tensor,
+            A.nbytes(out) * self.size,
             make=lambda fn, t: fn(t, inp, out, root),
             oneshot=lambda calls: algorithms.oneshot.scatter(
                 calls[root].args["inp"], [c.args["out"] for c in calls], root
             ),
-            finish=_chain(back), outputs=[tensor], snapshot=out, args={"inp": inp, "out": out},
+            finish=_chain(back),
+            outputs=[tensor],
+            snapshot=out,
+            args={"inp": inp, "out": out},
         )
 
     def reduce_scatter(self, output: Any, input_list: list, opts: Options) -> Work:
@@ -246,13 +280,20 @@ class AlgorithmicGroup(ProcessGroup):
         base = ReduceOp.SUM if red is ReduceOp.AVG else red
         avg = (lambda: A.average_(out, self.size)) if red is ReduceOp.AVG else None
         return self._call(
-            "reduce_scatter", opts, output, A.nbytes(inp),
+            "reduce_scatter",
+            opts,
+            output,
+            A.nbytes(inp),
             make=lambda fn, t: fn(t, inp, out, counts, base),
             oneshot=lambda calls: algorithms.oneshot.reduce_scatter(
                 [c.args["inp"] for c in calls], [c.args["out"] for c in calls], counts, base
             ),
-            finish=_chain(avg, back), outputs=[output], snapshot=out, args={"inp": inp, "out": out},
-            counts=tuple(counts), **extra,
+            finish=_chain(avg, back),
+            outputs=[output],
+            snapshot=out,
+            args={"inp": inp, "out": out},
+            counts=tuple(counts),
+            **extra,
         )
 
     def all_to_all(self, output_list: list, input_list: list, opts: Options) -> Work:
@@ -262,8 +303,9 @@ class AlgorithmicGroup(ProcessGroup):
         recv = [A.numel(x) for x in output_list]
         # Only counts known to be equal on every rank may let the automatic choice pick Bruck:
         # a rank cannot see the other ranks' lists, so lists never count as equal.
-        return self._all_to_all(output_list[0], inp, out, send, recv, _split_into(out, output_list), output_list,
-                                opts, equal=False)
+        return self._all_to_all(
+            output_list[0], inp, out, send, recv, _split_into(out, output_list), output_list, opts, equal=False
+        )
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts) -> Work:
         inp = A.stage_in(input)
@@ -277,7 +319,10 @@ class AlgorithmicGroup(ProcessGroup):
 
     def _all_to_all(self, x, inp, out, send, recv, finish, outputs, opts, equal):
         return self._call(
-            "all_to_all", opts, x, A.nbytes(inp),
+            "all_to_all",
+            opts,
+            x,
+            A.nbytes(inp),
             make=lambda fn, t: fn(t, inp, out, send, recv),
             oneshot=lambda calls: algorithms.oneshot.all_to_all(
                 [c.args["inp"] for c in calls],
@@ -285,19 +330,29 @@ class AlgorithmicGroup(ProcessGroup):
                 [c.args["send"] for c in calls],
                 [c.args["recv"] for c in calls],
             ),
-            finish=finish, outputs=outputs, snapshot=out,
+            finish=finish,
+            outputs=outputs,
+            snapshot=out,
             args={"inp": inp, "out": out, "send": send, "recv": recv},
-            equal_counts=equal, shape=None,
+            equal_counts=equal,
+            shape=None,
         )
 
     def barrier(self, opts: Options) -> Work:
         scratch = np.zeros(1, dtype=np.uint8)
         return self._call(
-            "barrier", opts, scratch, 0,
+            "barrier",
+            opts,
+            scratch,
+            0,
             make=lambda fn, t: fn(t, scratch),
             oneshot=lambda calls: None,
-            finish=_chain(), outputs=[], snapshot=None, args={},
-            dtype=None, shape=None,
+            finish=_chain(),
+            outputs=[],
+            snapshot=None,
+            args={},
+            dtype=None,
+            shape=None,
         )
 
 

@@ -23,11 +23,35 @@ from ._work import Work
 from ._world import current_world, require_world
 
 __all__ = [
-    "init_process_group", "is_initialized", "destroy_process_group", "get_rank", "get_world_size",
-    "get_backend", "new_group", "get_process_group_ranks", "get_global_rank", "get_group_rank",
-    "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",
-    "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter",
-    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "compute",
+    "init_process_group",
+    "is_initialized",
+    "destroy_process_group",
+    "get_rank",
+    "get_world_size",
+    "get_backend",
+    "new_group",
+    "get_process_group_ranks",
+    "get_global_rank",
+    "get_group_rank",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "P2POp",
+    "batch_isend_irecv",
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "compute",
 ]
 
 
@@ -259,13 +283,17 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, g
 
 
 @library_call
-def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> Work | None:
+def isend(
+    tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
+) -> Work | None:
     """Start sending ``tensor`` to ``dst``; return a Work (do not modify ``tensor`` before ``wait()``)."""
     return _p2p("isend", tensor, dst, group, tag, group_dst, "send")[1]
 
 
 @library_call
-def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> Work | None:
+def irecv(
+    tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
+) -> Work | None:
     """Start receiving into ``tensor`` from ``src`` (any rank if ``None``); return a Work."""
     return _p2p("irecv", tensor, src, group, tag, group_src, "recv")[1]
 
@@ -298,7 +326,9 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
             raise TypeError(f"p2p_op_list[{i}] must be a P2POp, got {type(p).__name__} ({p!r:.60})")
     works = []
     for p in p2p_op_list:
-        peer_kw = {"dst": p.peer, "group_dst": p.group_peer} if p.op is isend else {"src": p.peer, "group_src": p.group_peer}
+        peer_kw = (
+            {"dst": p.peer, "group_dst": p.group_peer} if p.op is isend else {"src": p.peer, "group_src": p.group_peer}
+        )
         work = p.op(p.tensor, group=p.group, tag=p.tag, **peer_kw)
         if work is not None:
             works.append(work)
@@ -324,8 +354,15 @@ def _opts(async_op: Any, algorithm: str | None, **kw: Any) -> Options:
 
 
 @library_call
-def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
-              group_src: int | None = None, *, algorithm: str | None = None) -> Work | None:
+def broadcast(
+    tensor: Any,
+    src: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_src: int | None = None,
+    *,
+    algorithm: str | None = None,
+) -> Work | None:
     """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank of the group (in place)."""
     world, pg = resolve("broadcast", group)
     A.check_array(tensor, "tensor")
@@ -337,8 +374,9 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
 
 
 @library_call
-def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
-               *, algorithm: str | None = None) -> Work | None:
+def all_reduce(
+    tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, *, algorithm: str | None = None
+) -> Work | None:
     """Reduce ``tensor`` across the group with ``op``; every rank ends with the same result, in place."""
     world, pg = resolve("all_reduce", group)
     A.check_array(tensor, "tensor")
@@ -351,8 +389,16 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
 
 
 @library_call
-def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
-           group_dst: int | None = None, *, algorithm: str | None = None) -> Work | None:
+def reduce(
+    tensor: Any,
+    dst: int | None = None,
+    op: Any = ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+    *,
+    algorithm: str | None = None,
+) -> Work | None:
     """Reduce ``tensor`` across the group with ``op`` into ``tensor`` on rank ``dst`` only.
 
     Other ranks' tensors are left unchanged.
@@ -369,8 +415,9 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: A
 
 
 @library_call
-def all_gather(tensor_list: list, tensor: Any, group: Any = None, async_op: bool = False,
-               *, algorithm: str | None = None) -> Work | None:
+def all_gather(
+    tensor_list: list, tensor: Any, group: Any = None, async_op: bool = False, *, algorithm: str | None = None
+) -> Work | None:
     """Fill ``tensor_list[i]`` with rank i's ``tensor`` on every rank of the group."""
     world, pg = resolve("all_gather", group)
     A.check_array(tensor, "tensor")
@@ -381,8 +428,9 @@ def all_gather(tensor_list: list, tensor: Any, group: Any = None, async_op: bool
 
 
 @library_call
-def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False,
-                           *, algorithm: str | None = None) -> Work | None:
+def all_gather_into_tensor(
+    output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False, *, algorithm: str | None = None
+) -> Work | None:
     """Concatenate every rank's ``input_tensor`` (in rank order) into ``output_tensor`` on every rank."""
     world, pg = resolve("all_gather_into_tensor", group)
     A.check_array(input_tensor, "input_tensor")
@@ -399,8 +447,16 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
 
 
 @library_call
-def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None, group: Any = None,
-           async_op: bool = False, group_dst: int | None = None, *, algorithm: str | None = None) -> Work | None:
+def gather(
+    tensor: Any,
+    gather_list: list | None = None,
+    dst: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+    *,
+    algorithm: str | None = None,
+) -> Work | None:
     """Fill ``gather_list[i]`` on rank ``dst`` with rank i's ``tensor``; other ranks pass no list."""
     world, pg = resolve("gather", group)
     A.check_array(tensor, "tensor")
@@ -418,12 +474,22 @@ def gather(tensor: Any, gather_list: list | None = None, dst: int | None = None,
             f"gather_list must be None on rank {pg.ranks[pg.rank]}, which is not dst={pg.ranks[root]} "
             f"(got a list of {len(gather_list)})"
         )
-    return _run(pg.gather(tensor, gather_list if pg.rank == root else None, _opts(async_op, algorithm, root=root)), async_op)
+    return _run(
+        pg.gather(tensor, gather_list if pg.rank == root else None, _opts(async_op, algorithm, root=root)), async_op
+    )
 
 
 @library_call
-def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = None, group: Any = None,
-            async_op: bool = False, group_src: int | None = None, *, algorithm: str | None = None) -> Work | None:
+def scatter(
+    tensor: Any,
+    scatter_list: list | None = None,
+    src: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_src: int | None = None,
+    *,
+    algorithm: str | None = None,
+) -> Work | None:
     """Copy ``scatter_list[i]`` of rank ``src`` into ``tensor`` on rank i; other ranks pass no list."""
     world, pg = resolve("scatter", group)
     A.check_array(tensor, "tensor")
@@ -442,12 +508,21 @@ def scatter(tensor: Any, scatter_list: list | None = None, src: int | None = Non
             f"scatter_list must be None on rank {pg.ranks[pg.rank]}, which is not src={pg.ranks[root]} "
             f"(got a list of {len(scatter_list)})"
         )
-    return _run(pg.scatter(tensor, scatter_list if pg.rank == root else None, _opts(async_op, algorithm, root=root)), async_op)
+    return _run(
+        pg.scatter(tensor, scatter_list if pg.rank == root else None, _opts(async_op, algorithm, root=root)), async_op
+    )
 
 
 @library_call
-def reduce_scatter(output: Any, input_list: list, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
-                   *, algorithm: str | None = None) -> Work | None:
+def reduce_scatter(
+    output: Any,
+    input_list: list,
+    op: Any = ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    algorithm: str | None = None,
+) -> Work | None:
     """Reduce ``input_list[i]`` across the group with ``op`` into ``output`` on rank i."""
     world, pg = resolve("reduce_scatter", group)
     A.check_array(output, "output")
@@ -465,8 +540,15 @@ def reduce_scatter(output: Any, input_list: list, op: Any = ReduceOp.SUM, group:
 
 
 @library_call
-def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
-                          *, algorithm: str | None = None) -> Work | None:
+def reduce_scatter_tensor(
+    output: Any,
+    input: Any,
+    op: Any = ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    algorithm: str | None = None,
+) -> Work | None:
     """Reduce ``input`` across the group and give rank i the i-th of ``size`` equal pieces, in ``output``."""
     world, pg = resolve("reduce_scatter_tensor", group)
     A.check_array(output, "output")
@@ -478,29 +560,49 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group
         return None
     if A.numel(input) != pg.size * A.numel(output):
         raise ValueError(
-            f"input has {A.numel(input)} elements, expected {pg.size} x {A.numel(output)} (group size x output elements)"
+            f"input has {A.numel(input)} elements, expected {pg.size} x {A.numel(output)} "
+            "(group size x output elements)"
         )
     return _run(pg.reduce_scatter_tensor(output, input, _opts(async_op, algorithm, op=op)), async_op)
 
 
 @library_call
-def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Any = None, async_op: bool = False,
-               *, algorithm: str | None = None) -> Work | None:
+def all_to_all(
+    output_tensor_list: list,
+    input_tensor_list: list,
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    algorithm: str | None = None,
+) -> Work | None:
     """Send ``input_tensor_list[j]`` to rank j; receive rank j's piece into ``output_tensor_list[j]``."""
     world, pg = resolve("all_to_all", group)
     if pg is None:
         return None
     check_list(input_tensor_list, pg.size, "input_tensor_list")
-    check_list(output_tensor_list, pg.size, "output_tensor_list", input_tensor_list[0], writable=True,
-               refname="input_tensor_list[0]")
+    check_list(
+        output_tensor_list,
+        pg.size,
+        "output_tensor_list",
+        input_tensor_list[0],
+        writable=True,
+        refname="input_tensor_list[0]",
+    )
     check_list(input_tensor_list, pg.size, "input_tensor_list", input_tensor_list[0], refname="input_tensor_list[0]")
     return _run(pg.all_to_all(output_tensor_list, input_tensor_list, _opts(async_op, algorithm)), async_op)
 
 
 @library_call
-def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int] | None = None,
-                      input_split_sizes: Sequence[int] | None = None, group: Any = None, async_op: bool = False,
-                      *, algorithm: str | None = None) -> Work | None:
+def all_to_all_single(
+    output: Any,
+    input: Any,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    algorithm: str | None = None,
+) -> Work | None:
     """Split ``input`` along dim 0 by ``input_split_sizes`` (equal pieces if ``None``), send piece j to
     rank j, and concatenate the pieces received, in rank order, into ``output``."""
     world, pg = resolve("all_to_all_single", group)
@@ -509,18 +611,28 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     A.check_writable(output, "output")
     if pg is None:
         return None
-    for x, splits, name in ((input, input_split_sizes, "input_split_sizes"), (output, output_split_sizes, "output_split_sizes")):
+    for x, splits, name in (
+        (input, input_split_sizes, "input_split_sizes"),
+        (output, output_split_sizes, "output_split_sizes"),
+    ):
         rows = A.shape_of(x)[0] if A.shape_of(x) else 1
         check_splits(splits, pg.size, rows, name)
-    return _run(pg.all_to_all_single(output, input, output_split_sizes, input_split_sizes, _opts(async_op, algorithm)), async_op)
+    return _run(
+        pg.all_to_all_single(output, input, output_split_sizes, input_split_sizes, _opts(async_op, algorithm)), async_op
+    )
 
 
 @library_call
-def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None,
-            *, algorithm: str | None = None) -> Work | None:
+def barrier(
+    group: Any = None,
+    async_op: bool = False,
+    device_ids: Any = None,
+    timeout: Any = None,
+    *,
+    algorithm: str | None = None,
+) -> Work | None:
     """Return once every rank of the group has entered ``barrier``."""
     world, pg = resolve("barrier", group)
     if pg is None:
         return None
     return _run(pg.barrier(_opts(async_op, algorithm)), async_op)
-

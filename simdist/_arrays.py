@@ -55,9 +55,7 @@ def is_array(x: object) -> bool:
 def check_array(x: object, argname: str) -> None:
     """Raise ``TypeError`` naming ``argname`` unless ``x`` is a supported array."""
     if not is_array(x):
-        raise TypeError(
-            f"{argname} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__} ({x!r:.60})"
-        )
+        raise TypeError(f"{argname} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__} ({x!r:.60})")
     if isinstance(x, torch.Tensor):
         if x.layout is torch.strided and not x.is_quantized and not x.is_meta:
             return
@@ -190,7 +188,10 @@ def stage_out(x: Array) -> tuple[Array, Callable[[], None] | None]:
 
 
 def empty(like: Array, n: int) -> Array:
-    """A new zero-filled flat buffer of ``n`` elements of ``like``'s kind, dtype and device (zeros keep traces deterministic)."""
+    """A new flat buffer of ``n`` zeros of ``like``'s kind, dtype and device.
+
+    Zeros, not uninitialized memory: step snapshots in traces stay deterministic.
+    """
     if isinstance(like, torch.Tensor):
         return torch.zeros(n, dtype=like.dtype, device=like.device)
     return np.zeros(n, dtype=like.dtype)
@@ -245,8 +246,20 @@ def uint8_from_bytes(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
 
 
-_TORCH_REDUCIBLE = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
-                    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool}
+_TORCH_REDUCIBLE = {
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+}
 
 
 def check_reduce_op(x: Array, op: ReduceOp, argname: str = "op") -> None:

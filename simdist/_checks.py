@@ -66,7 +66,9 @@ def to_group_rank(world: World, group: ProcessGroup, rank: Any, argname: str) ->
     return g
 
 
-def root_of(world: World, group: ProcessGroup, rank: Any, group_rank: Any, argname: str, default: int | None = 0) -> int:
+def root_of(
+    world: World, group: ProcessGroup, rank: Any, group_rank: Any, argname: str, default: int | None = 0
+) -> int:
     """The group rank named by a global ``src``/``dst`` or by ``group_src``/``group_dst``."""
     if rank is not None and group_rank is not None:
         raise ValueError(f"pass either {argname}={rank!r} or group_{argname}={group_rank!r}, not both")
@@ -89,8 +91,15 @@ def same_kind(x: Any, ref: Any, argname: str, refname: str = "the input tensor")
         raise TypeError(f"{argname} has dtype {A.dtype_name(x)}, expected {A.dtype_name(ref)} (the dtype of {refname})")
 
 
-def check_list(items: Any, length: int, argname: str, ref: Any | None = None, numel: int | None = None,
-               writable: bool = False, refname: str = "the input tensor") -> list:
+def check_list(
+    items: Any,
+    length: int,
+    argname: str,
+    ref: Any | None = None,
+    numel: int | None = None,
+    writable: bool = False,
+    refname: str = "the input tensor",
+) -> list:
     """A list of ``length`` arrays (of ``ref``'s dtype and ``numel`` elements when given; outputs if ``writable``)."""
     if not isinstance(items, (list, tuple)):
         raise TypeError(f"{argname} must be a list of tensors, got {type(items).__name__} ({items!r:.60})")

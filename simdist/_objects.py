@@ -42,8 +42,9 @@ def _padded(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 @library_call
-def broadcast_object_list(object_list: list, src: int | None = None, group: Any = None, device: Any = None,
-                          group_src: int | None = None) -> None:
+def broadcast_object_list(
+    object_list: list, src: int | None = None, group: Any = None, device: Any = None, group_src: int | None = None
+) -> None:
     """Replace ``object_list``'s entries on every rank with those of rank ``src`` (in place)."""
     _check_objects(object_list, "object_list")
     world, pg = resolve("broadcast_object_list", group)
@@ -87,8 +88,13 @@ def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
 
 
 @library_call
-def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | None = None, group: Any = None,
-                  group_dst: int | None = None) -> None:
+def gather_object(
+    obj: Any,
+    object_gather_list: list | None = None,
+    dst: int | None = None,
+    group: Any = None,
+    group_dst: int | None = None,
+) -> None:
     """On rank ``dst``, set ``object_gather_list[i]`` to rank i's ``obj``; other ranks pass ``None``."""
     world, pg = resolve("gather_object", group)
     if pg is None:
@@ -107,8 +113,13 @@ def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | N
 
 
 @library_call
-def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: list | None = None,
-                        src: int | None = None, group: Any = None, group_src: int | None = None) -> None:
+def scatter_object_list(
+    scatter_object_output_list: list,
+    scatter_object_input_list: list | None = None,
+    src: int | None = None,
+    group: Any = None,
+    group_src: int | None = None,
+) -> None:
     """Set ``scatter_object_output_list[0]`` on rank i to ``scatter_object_input_list[i]`` of rank ``src``."""
     world, pg = resolve("scatter_object_list", group)
     if pg is None:
@@ -130,5 +141,3 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     out = torch.empty(width, dtype=torch.uint8)
     _api.scatter(out, parts, src=src_global, group=group)
     scatter_object_output_list[0] = _unpack(out, int(sizes[pg.rank].item()))
-
-

@@ -55,9 +55,7 @@ def backend_spec(name: str) -> BackendSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(
-            f"backend={name!r} is not a known backend; expected one of {backend_names()}"
-        ) from None
+        raise ValueError(f"backend={name!r} is not a known backend; expected one of {backend_names()}") from None
 
 
 def backend_names() -> list[str]:

@@ -148,7 +148,9 @@ def switch(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BAND
         g.add_edges_from(((r, "switch") for r in range(n)), alpha=alpha, bandwidth=bandwidth)
         return g
 
-    return Topology("switch", n, build, route=lambda a, b: [a, "switch", b], link_params=lambda u, v: (alpha, bandwidth))
+    return Topology(
+        "switch", n, build, route=lambda a, b: [a, "switch", b], link_params=lambda u, v: (alpha, bandwidth)
+    )
 
 
 def ring(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH) -> Topology:
@@ -229,6 +231,8 @@ def as_topology(spec: Any, size: int) -> Topology:
         raise TypeError(f"topology must be None, a name, a networkx.Graph or a Topology, got {type(spec).__name__}")
     missing = [r for r in range(size) if r not in topo.graph]
     if missing:
-        raise ValueError(f"topology {topo.name!r} has no node for ranks {missing[:8]}; ranks are the integer nodes 0..{size - 1}")
+        raise ValueError(
+            f"topology {topo.name!r} has no node for ranks {missing[:8]}; ranks are the integer nodes 0..{size - 1}"
+        )
     topo.size = size
     return topo

@@ -65,8 +65,11 @@ class Trace:
     def to_json(self) -> str:
         """The trace as simdist's own JSON (round-trips through :meth:`from_json`)."""
         rows = [[getattr(e, f) for f in _FIELDS] for e in self.events]
-        return json.dumps({"format": "simdist-trace-1", "fields": _FIELDS, "meta": self.meta, "events": rows},
-                          sort_keys=True, separators=(",", ":"))
+        return json.dumps(
+            {"format": "simdist-trace-1", "fields": _FIELDS, "meta": self.meta, "events": rows},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
 
     @classmethod
     def from_json(cls, text: str) -> "Trace":
@@ -92,12 +95,57 @@ class Trace:
             args = {k: v for k, v in asdict(e).items() if v is not None and k not in ("t_start", "t_end")}
             if e.kind == "message":
                 name = f"{e.op} {e.rank}->{e.peer}"
-                out.append({"ph": "X", "name": name, "cat": "message", "pid": 0, "tid": e.rank, "ts": ts, "dur": dur, "args": args})
+                out.append(
+                    {
+                        "ph": "X",
+                        "name": name,
+                        "cat": "message",
+                        "pid": 0,
+                        "tid": e.rank,
+                        "ts": ts,
+                        "dur": dur,
+                        "args": args,
+                    }
+                )
                 out.append({"ph": "s", "name": name, "cat": "message", "id": i, "pid": 0, "tid": e.rank, "ts": ts})
-                out.append({"ph": "f", "bp": "e", "name": name, "cat": "message", "id": i, "pid": 0, "tid": e.peer, "ts": ts + dur})
+                out.append(
+                    {
+                        "ph": "f",
+                        "bp": "e",
+                        "name": name,
+                        "cat": "message",
+                        "id": i,
+                        "pid": 0,
+                        "tid": e.peer,
+                        "ts": ts + dur,
+                    }
+                )
             elif e.kind == "step":
-                out.append({"ph": "i", "s": "t", "name": f"{e.op} step {e.step}", "cat": "step", "pid": 0, "tid": e.rank, "ts": ts, "args": args})
+                out.append(
+                    {
+                        "ph": "i",
+                        "s": "t",
+                        "name": f"{e.op} step {e.step}",
+                        "cat": "step",
+                        "pid": 0,
+                        "tid": e.rank,
+                        "ts": ts,
+                        "args": args,
+                    }
+                )
             else:
-                out.append({"ph": "X", "name": e.op, "cat": e.kind, "pid": 0, "tid": e.rank, "ts": ts, "dur": dur, "args": args})
-        return json.dumps({"traceEvents": out, "displayTimeUnit": "ns", "otherData": self.meta},
-                          sort_keys=True, separators=(",", ":"))
+                out.append(
+                    {
+                        "ph": "X",
+                        "name": e.op,
+                        "cat": e.kind,
+                        "pid": 0,
+                        "tid": e.rank,
+                        "ts": ts,
+                        "dur": dur,
+                        "args": args,
+                    }
+                )
+        return json.dumps(
+            {"traceEvents": out, "displayTimeUnit": "ns", "otherData": self.meta}, sort_keys=True, separators=(",", ":")
+        )

@@ -37,7 +37,9 @@ class World(ABC):
         return self.default_group is not None
 
     @abstractmethod
-    def init(self, backend: str, *, init_method: str | None, timeout: Any, world_size: int, rank: int, store: Any) -> None:
+    def init(
+        self, backend: str, *, init_method: str | None, timeout: Any, world_size: int, rank: int, store: Any
+    ) -> None:
         """Create the default group (``init_process_group``)."""
 
     @abstractmethod
@@ -62,9 +64,7 @@ def require_world(fn: str) -> World:
     """The current world, initialized; ``NotInitializedError`` naming ``fn`` otherwise."""
     world = current_world()
     if world is None or not world.initialized:
-        raise NotInitializedError(
-            f"{fn}() needs the default process group: call simdist.init_process_group() first"
-        )
+        raise NotInitializedError(f"{fn}() needs the default process group: call simdist.init_process_group() first")
     return world
 
 

@@ -13,6 +13,15 @@ from simdist.backends.sim import SimResult as SimResult
 from simdist.backends.sim import Strategy as Strategy
 
 __all__ = [
-    "compute", "enumerate_schedules", "simulate", "TOPOLOGIES", "Topology", "SimResult",
-    "Strategy", "RandomStrategy", "RoundRobinStrategy", "PCTStrategy", "ReplayStrategy",
+    "compute",
+    "enumerate_schedules",
+    "simulate",
+    "TOPOLOGIES",
+    "Topology",
+    "SimResult",
+    "Strategy",
+    "RandomStrategy",
+    "RoundRobinStrategy",
+    "PCTStrategy",
+    "ReplayStrategy",
 ]

@@ -16,6 +16,14 @@ from ._strategies import RoundRobinStrategy as RoundRobinStrategy  # noqa: E402
 from ._strategies import Strategy as Strategy  # noqa: E402
 
 __all__ = [
-    "SimGroup", "SimWorld", "SimResult", "simulate", "DETAILS",
-    "Strategy", "RandomStrategy", "RoundRobinStrategy", "PCTStrategy", "ReplayStrategy",
+    "SimGroup",
+    "SimWorld",
+    "SimResult",
+    "simulate",
+    "DETAILS",
+    "Strategy",
+    "RandomStrategy",
+    "RoundRobinStrategy",
+    "PCTStrategy",
+    "ReplayStrategy",
 ]

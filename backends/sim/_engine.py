@@ -35,8 +35,22 @@ class Abort(BaseException):
 class RankState:
     """The engine's record of one rank thread."""
 
-    __slots__ = ("rank", "lock", "thread", "started", "done", "pending", "clock", "rng", "world",
-                 "value", "blocked", "cpu_mark", "released", "cuda_mode")
+    __slots__ = (
+        "rank",
+        "lock",
+        "thread",
+        "started",
+        "done",
+        "pending",
+        "clock",
+        "rng",
+        "world",
+        "value",
+        "blocked",
+        "cpu_mark",
+        "released",
+        "cuda_mode",
+    )
 
     def __init__(self, rank: int):
         self.rank = rank
@@ -81,10 +95,25 @@ class _Instance:
 class Engine:
     """One simulated run of ``fn(rank, *args)`` on ``size`` rank threads."""
 
-    def __init__(self, fn: Callable, args: tuple, size: int, *, strategy, topology, detail: str,
-                 eager_limit: int, record_steps: bool, prefix_output: bool, cpu_time: bool,
-                 cuda_as_cpu: bool, timeout: float | None, make_world: Callable,
-                 algorithms: dict[str, str] | None = None, pin_cpu: bool = True):
+    def __init__(
+        self,
+        fn: Callable,
+        args: tuple,
+        size: int,
+        *,
+        strategy,
+        topology,
+        detail: str,
+        eager_limit: int,
+        record_steps: bool,
+        prefix_output: bool,
+        cpu_time: bool,
+        cuda_as_cpu: bool,
+        timeout: float | None,
+        make_world: Callable,
+        algorithms: dict[str, str] | None = None,
+        pin_cpu: bool = True,
+    ):
         self.fn, self.args, self.size = fn, args, size
         self.strategy = strategy
         self.topology = topology
@@ -213,7 +242,9 @@ class Engine:
             nxt.lock.release()
         else:
             nxt.started = True
-            nxt.thread = threading.Thread(target=self._thread_main, args=(nxt,), name=f"simdist-rank-{nxt.rank}", daemon=True)
+            nxt.thread = threading.Thread(
+                target=self._thread_main, args=(nxt,), name=f"simdist-rank-{nxt.rank}", daemon=True
+            )
             nxt.thread.start()
 
     # --- scheduling ------------------------------------------------------------------
@@ -338,21 +369,54 @@ class Engine:
 
     def _match(self, s: Post, r: Post) -> None:
         if s.nbytes != r.nbytes or s.dtype != r.dtype:
-            self.fail(DistError(
-                f"message size mismatch: {s.describe()} matched {r.describe()}; a send and its receive "
-                "must have the same dtype and number of elements"
-            ))
+            self.fail(
+                DistError(
+                    f"message size mismatch: {s.describe()} matched {r.describe()}; a send and its receive "
+                    "must have the same dtype and number of elements"
+                )
+            )
         A.copy_(r.buf, s.data if s.data is not None else s.buf)
         ready = s.t_post if s.done else max(s.t_post, r.t_post)
         start, arrival = self.topology.transfer(s.src, s.dst, s.nbytes, ready)
         r.source = s.src
         run = s.run
         if run is None:
-            self.trace.add(Event(s.src, "message", s.kind, s.group, s.dst, s.tag, s.nbytes, start, arrival,
-                                 None, None, None, s.call_site))
+            self.trace.add(
+                Event(
+                    s.src,
+                    "message",
+                    s.kind,
+                    s.group,
+                    s.dst,
+                    s.tag,
+                    s.nbytes,
+                    start,
+                    arrival,
+                    None,
+                    None,
+                    None,
+                    s.call_site,
+                )
+            )
         else:
-            self.trace.add(Event(s.src, "message", run.call.op, s.group, s.dst, s.tag, s.nbytes, start, arrival,
-                                 run.coll_id, s.step, s.chunk, s.call_site, run.call.algorithm))
+            self.trace.add(
+                Event(
+                    s.src,
+                    "message",
+                    run.call.op,
+                    s.group,
+                    s.dst,
+                    s.tag,
+                    s.nbytes,
+                    start,
+                    arrival,
+                    run.coll_id,
+                    s.step,
+                    s.chunk,
+                    s.call_site,
+                    run.call.algorithm,
+                )
+            )
         if not s.done:
             self._finish_post(s, arrival)
         self._finish_post(r, max(arrival, r.t_post))
@@ -362,8 +426,20 @@ class Engine:
         if p.on_done is not None:
             p.on_done()
         if p.run is None:  # a user's send or receive: its span on the rank's lane
-            self.trace.add(Event(p.owner, p.kind, p.kind, p.group, p.dst if p.kind == "send" else p.source,
-                                 p.tag, p.nbytes, p.t_post, t, call_site=p.call_site))
+            self.trace.add(
+                Event(
+                    p.owner,
+                    p.kind,
+                    p.kind,
+                    p.group,
+                    p.dst if p.kind == "send" else p.source,
+                    p.tag,
+                    p.nbytes,
+                    p.t_post,
+                    t,
+                    call_site=p.call_site,
+                )
+            )
         self.complete(p, t)
 
     # --- collectives -------------------------------------------------------------------
@@ -404,13 +480,19 @@ class Engine:
         a, b = first.signature, call.signature
         diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
         if diff:
-            fields = ", ".join(f"{k}: {va!r} on rank {first_rank} vs {vb!r} on rank {rank}" for k, (va, vb) in diff.items())
-            self.fail(CollectiveMismatchError(
-                f"collective mismatch on group {group.group_id} (collective {inst.seq} of the group): "
-                f"rank {first_rank} called {a.get('op')} at {first.call_site}, rank {rank} called "
-                f"{b.get('op')} at {call.call_site}; differing fields: {fields}",
-                ranks=(first_rank, rank), call_sites=(first.call_site, call.call_site), fields=diff,
-            ))
+            fields = ", ".join(
+                f"{k}: {va!r} on rank {first_rank} vs {vb!r} on rank {rank}" for k, (va, vb) in diff.items()
+            )
+            self.fail(
+                CollectiveMismatchError(
+                    f"collective mismatch on group {group.group_id} (collective {inst.seq} of the group): "
+                    f"rank {first_rank} called {a.get('op')} at {first.call_site}, rank {rank} called "
+                    f"{b.get('op')} at {call.call_site}; differing fields: {fields}",
+                    ranks=(first_rank, rank),
+                    call_sites=(first.call_site, call.call_site),
+                    fields=diff,
+                )
+            )
 
     def _complete_at_once(self, inst: _Instance, instant: bool) -> None:
         runs = [inst.runs[i] for i in range(len(inst.runs))]
@@ -420,7 +502,9 @@ class Engine:
         except (ValueError, TypeError) as exc:
             self.fail(CollectiveMismatchError(f"{call.op} #{inst.coll_id}: {exc}"))
         start = max(r.t0 for r in runs)
-        cost = 0.0 if instant else algorithms.cost(call.op, call.algorithm, call.nbytes, len(runs), self.alpha, self.beta)
+        cost = (
+            0.0 if instant else algorithms.cost(call.op, call.algorithm, call.nbytes, len(runs), self.alpha, self.beta)
+        )
         for r in runs:
             self._end_run(r, start + cost)
 
@@ -430,9 +514,20 @@ class Engine:
                 if h.t_done > run.t:
                     run.t = h.t_done
             if self.record_steps and run.call.snapshot is not None:
-                self.trace.add(Event(rank=run.rank, kind="step", op=run.call.op, group=run.group.group_id,
-                                     t_start=run.t, t_end=run.t, collective_id=run.coll_id, step=run.step,
-                                     algorithm=run.call.algorithm, snapshot=A.snapshot(run.call.snapshot)))
+                self.trace.add(
+                    Event(
+                        rank=run.rank,
+                        kind="step",
+                        op=run.call.op,
+                        group=run.group.group_id,
+                        t_start=run.t,
+                        t_end=run.t,
+                        collective_id=run.coll_id,
+                        step=run.step,
+                        algorithm=run.call.algorithm,
+                        snapshot=A.snapshot(run.call.snapshot),
+                    )
+                )
             run.step += 1
         while True:
             try:
@@ -460,9 +555,20 @@ class Engine:
         call = run.call
         call.finish()
         if call.op != "new_group":
-            self.trace.add(Event(rank=run.rank, kind="collective", op=call.op, group=run.group.group_id,
-                                 nbytes=call.nbytes, t_start=run.t0, t_end=t, collective_id=run.coll_id,
-                                 call_site=call.call_site, algorithm=call.algorithm))
+            self.trace.add(
+                Event(
+                    rank=run.rank,
+                    kind="collective",
+                    op=call.op,
+                    group=run.group.group_id,
+                    nbytes=call.nbytes,
+                    t_start=run.t0,
+                    t_end=t,
+                    collective_id=run.coll_id,
+                    call_site=call.call_site,
+                    algorithm=call.algorithm,
+                )
+            )
         self.complete(run, t)
 
 
@@ -489,8 +595,23 @@ class _Transport:
             self.itemsize = A.itemsize(buf)
         run, me, other = self.run, self.me, self.ranks[peer]
         src, dst = (me, other) if kind == "send" else (other, me)
-        p = Post(kind, src, dst, run.ctx, tag, buf, A.numel(buf) * self.itemsize, self.dtype, run.t, me,
-                 self.gid, self.site, run, run.step, chunk)
+        p = Post(
+            kind,
+            src,
+            dst,
+            run.ctx,
+            tag,
+            buf,
+            A.numel(buf) * self.itemsize,
+            self.dtype,
+            run.t,
+            me,
+            self.gid,
+            self.site,
+            run,
+            run.step,
+            chunk,
+        )
         return self.engine.post(p)
 
     def isend(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Post:

@@ -26,7 +26,10 @@ class SimWork(Work):
         self.outs = outputs
         self.key = id(self) if track else None
         if track:
-            group.engine.unwaited[self.key] = (group.me.rank, f"{what} at {getattr(item, 'call_site', None) or _site(item)}")
+            group.engine.unwaited[self.key] = (
+                group.me.rank,
+                f"{what} at {getattr(item, 'call_site', None) or _site(item)}",
+            )
 
     def wait(self, timeout: float | None = None) -> bool:
         engine, me = self.group.engine, self.group.me
@@ -78,8 +81,20 @@ class SimGroup(AlgorithmicGroup):
         else:
             buf, back = A.stage_out(tensor)
             src, dst = (None if peer is None else self.ranks[peer]), me.rank
-        p = Post(kind, src, dst, ("p", self.group_id), opts.tag or 0, buf, A.nbytes(buf), A.dtype_name(buf),
-                 me.clock, me.rank, self.group_id, opts.call_site)
+        p = Post(
+            kind,
+            src,
+            dst,
+            ("p", self.group_id),
+            opts.tag or 0,
+            buf,
+            A.nbytes(buf),
+            A.dtype_name(buf),
+            me.clock,
+            me.rank,
+            self.group_id,
+            opts.call_site,
+        )
         p.on_done = back
         engine.post(p)
         work = SimWork(self, p, kind, [tensor], track=bool(opts.async_op))
@@ -123,8 +138,7 @@ class SimWorld(World):
     def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
         if backend is not None and backend not in _KNOWN and backend not in backend_names():
             raise ValueError(
-                f"backend={backend!r} is not a known backend; expected one of "
-                f"{sorted(_KNOWN | set(backend_names()))}"
+                f"backend={backend!r} is not a known backend; expected one of {sorted(_KNOWN | set(backend_names()))}"
             )
         if world_size not in (None, -1) and world_size != self.size:
             raise ValueError(f"world_size={world_size!r} but this simulation runs {self.size} ranks")
@@ -148,9 +162,17 @@ class SimWorld(World):
         """Wait until every rank of the world reaches the same call (checked like a collective)."""
         from simdist._callsite import user_call_site
 
-        call = CollectiveCall(op=op, algorithm="none", signature=signature, start=None,
-                              oneshot=lambda calls: None, nbytes=0, finish=lambda: None, outputs=[],
-                              call_site=user_call_site())
+        call = CollectiveCall(
+            op=op,
+            algorithm="none",
+            signature=signature,
+            start=None,
+            oneshot=lambda calls: None,
+            nbytes=0,
+            finish=lambda: None,
+            outputs=[],
+            call_site=user_call_site(),
+        )
         run = self.engine.start_collective(self.me, self.default_group, call, instant=True)
         self.engine.wait(self.me, [run], op)
 
@@ -159,8 +181,16 @@ class SimWorld(World):
         from simdist._trace import Event
 
         me = self.me
-        self.engine.trace.add(Event(rank=me.rank, kind="compute", op="compute", t_start=me.clock,
-                                    t_end=me.clock + seconds, call_site=call_site))
+        self.engine.trace.add(
+            Event(
+                rank=me.rank,
+                kind="compute",
+                op="compute",
+                t_start=me.clock,
+                t_end=me.clock + seconds,
+                call_site=call_site,
+            )
+        )
         me.clock += seconds
 
     def destroy(self, group) -> None:
@@ -173,4 +203,3 @@ class SimWorld(World):
         elif group in self.groups:
             self.groups.remove(group)
             group.destroy()
-

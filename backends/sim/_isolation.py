@@ -80,8 +80,12 @@ def _python_raw() -> _RawState | None:
     """The Mersenne Twister of ``random`` (``int index; uint32 state[624]`` after the object header)."""
     if platform.python_implementation() != "CPython":
         return None
-    return _verified(_RawState(id(random._inst) + 2 * ctypes.sizeof(ctypes.c_void_p), 4 + 624 * 4),
-                     random.getstate, random.setstate, lambda: random.getrandbits(64))
+    return _verified(
+        _RawState(id(random._inst) + 2 * ctypes.sizeof(ctypes.c_void_p), 4 + 624 * 4),
+        random.getstate,
+        random.setstate,
+        lambda: random.getrandbits(64),
+    )
 
 
 def _numpy_raw() -> _RawState | None:
@@ -89,8 +93,12 @@ def _numpy_raw() -> _RawState | None:
     bitgen = getattr(np.random.mtrand._rand, "_bit_generator", None)
     if type(bitgen).__name__ != "MT19937":
         return None
-    return _verified(_RawState(bitgen.ctypes.state_address, 624 * 4 + 4),
-                     np.random.get_state, np.random.set_state, lambda: int(np.random.randint(0, 2**62)))
+    return _verified(
+        _RawState(bitgen.ctypes.state_address, 624 * 4 + 4),
+        np.random.get_state,
+        np.random.set_state,
+        lambda: int(np.random.randint(0, 2**62)),
+    )
 
 
 def _verified(raw: _RawState, get, put, draw) -> _RawState | None:

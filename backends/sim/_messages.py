@@ -31,13 +31,44 @@ class Post(Waitable):
     """
 
     __slots__ = (
-        "kind", "src", "dst", "ctx", "tag", "buf", "nbytes", "dtype", "t_post", "owner", "group",
-        "call_site", "run", "step", "chunk", "source", "data", "on_done",
+        "kind",
+        "src",
+        "dst",
+        "ctx",
+        "tag",
+        "buf",
+        "nbytes",
+        "dtype",
+        "t_post",
+        "owner",
+        "group",
+        "call_site",
+        "run",
+        "step",
+        "chunk",
+        "source",
+        "data",
+        "on_done",
     )
 
-    def __init__(self, kind: str, src: int | None, dst: int, ctx: tuple, tag: int, buf: Any, nbytes: int,
-                 dtype: str, t_post: float, owner: int, group: int, call_site: str | None,
-                 run: "CollectiveRun | None" = None, step: int | None = None, chunk: int | None = None):
+    def __init__(
+        self,
+        kind: str,
+        src: int | None,
+        dst: int,
+        ctx: tuple,
+        tag: int,
+        buf: Any,
+        nbytes: int,
+        dtype: str,
+        t_post: float,
+        owner: int,
+        group: int,
+        call_site: str | None,
+        run: "CollectiveRun | None" = None,
+        step: int | None = None,
+        chunk: int | None = None,
+    ):
         self.done = False
         self.t_done = 0.0
         self.waiters = []
@@ -84,8 +115,7 @@ class CollectiveRun(Waitable):
     while the caller computes.
     """
 
-    __slots__ = ("call", "group", "rank", "gen", "seq", "coll_id", "t", "t0", "step", "waiting",
-                 "pending", "ctx")
+    __slots__ = ("call", "group", "rank", "gen", "seq", "coll_id", "t", "t0", "step", "waiting", "pending", "ctx")
 
     def __init__(self, call: Any, group: Any, rank: int, seq: int, coll_id: int, t: float):
         super().__init__()

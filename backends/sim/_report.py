@@ -30,8 +30,7 @@ def _blocked_entry(engine: Any, rs: Any) -> tuple[dict, list[int]]:
             else:
                 waits.append(peer)
         elif isinstance(it, CollectiveRun):
-            entry.update(op=it.call.op, group=it.group.group_id, call_site=it.call.call_site,
-                         collective=it.seq)
+            entry.update(op=it.call.op, group=it.group.group_id, call_site=it.call.call_site, collective=it.seq)
             gs = engine.groups.get(it.group.group_id)
             inst = gs.instances.get(it.seq) if gs else None
             if inst is not None:

@@ -126,11 +126,15 @@ def simulate(
         from simdist import algorithms as registry
 
         if not isinstance(algorithms, dict):
-            raise TypeError(f"algorithms must be a dict of collective name -> algorithm name, got {type(algorithms).__name__}")
+            raise TypeError(
+                f"algorithms must be a dict of collective name -> algorithm name, got {type(algorithms).__name__}"
+            )
         for op, name in algorithms.items():
             registry.get(op, name)
     engine = Engine(
-        fn, args, nprocs,
+        fn,
+        args,
+        nprocs,
         strategy=make_strategy(strategy, seed, schedule),
         topology=as_topology(topology, nprocs),
         detail=detail,

@@ -221,9 +221,7 @@ def make_strategy(strategy: object = None, seed: int | None = None, schedule: ob
         return RoundRobinStrategy()
     if strategy == "pct":
         return PCTStrategy(seed)
-    raise ValueError(
-        f"strategy={strategy!r} is not a strategy; expected 'random', 'round_robin', 'pct' or a Strategy"
-    )
+    raise ValueError(f"strategy={strategy!r} is not a strategy; expected 'random', 'round_robin', 'pct' or a Strategy")
 
 
 def parse_token(token: str) -> Strategy:
