@@ -339,7 +339,7 @@ class AlgorithmicGroup(ProcessGroup):
         )
 
     def barrier(self, opts: Options) -> Work:
-        scratch = np.zeros(1, dtype=np.uint8)
+        scratch = _BARRIER_SCRATCH
         return self._call(
             "barrier",
             opts,
@@ -363,6 +363,10 @@ def _check_bruck(send: Sequence[int], recv: Sequence[int]) -> None:
             f"algorithm='bruck' needs equal counts for every rank; got send counts {list(send)!r:.80} and "
             f"receive counts {list(recv)!r:.80} (use 'pairwise' or 'direct' for uneven counts)"
         )
+
+
+_BARRIER_SCRATCH = np.zeros(1, dtype=np.uint8)
+"""What barrier messages are cut from (they carry zero bytes of it, so it is never written)."""
 
 
 def _split_counts(x: Any, splits: Sequence[int] | None, size: int) -> list[int]:
