@@ -25,6 +25,7 @@ from ._api import get_rank as get_rank
 from ._api import get_world_size as get_world_size
 from ._api import init_process_group as init_process_group
 from ._api import irecv as irecv
+from ._api import is_available as is_available
 from ._api import is_initialized as is_initialized
 from ._api import isend as isend
 from ._api import new_group as new_group
@@ -44,6 +45,7 @@ from ._errors import ProtocolError as ProtocolError
 from ._errors import RankError as RankError
 from ._group import GroupMember as GroupMember
 from ._group import ProcessGroup as ProcessGroup
+from ._group import group as group
 from ._launch import enumerate_schedules as enumerate_schedules
 from ._launch import simulate as simulate
 from ._launch import spawn as spawn
@@ -83,6 +85,7 @@ __all__ = [
     "get_world_size",
     "init_process_group",
     "irecv",
+    "is_available",
     "is_initialized",
     "isend",
     "new_group",
@@ -106,6 +109,7 @@ __all__ = [
     "RankError",
     "GroupMember",
     "ProcessGroup",
+    "group",
     "ReduceOp",
     "Work",
     "Event",

@@ -24,6 +24,7 @@ from ._world import current_world, require_world
 
 __all__ = [
     "init_process_group",
+    "is_available",
     "is_initialized",
     "destroy_process_group",
     "get_rank",
@@ -105,6 +106,11 @@ def init_process_group(
 
 
 @library_call
+def is_available() -> bool:
+    """Always ``True``: simdist's collectives are available on every platform (as torch's check)."""
+    return True
+
+
 def is_initialized() -> bool:
     """Whether the default process group of the calling rank has been initialized."""
     world = current_world()

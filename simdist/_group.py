@@ -9,7 +9,7 @@ from typing import Any, Sequence
 from ._reduce_op import ReduceOp
 from ._work import Work
 
-__all__ = ["ProcessGroup", "Options", "GroupMember"]
+__all__ = ["ProcessGroup", "Options", "GroupMember", "group"]
 
 
 @dataclass(frozen=True)
@@ -138,3 +138,10 @@ class GroupMember:
 
     WORLD: Any = None
     NON_GROUP_MEMBER: Any = object()
+
+
+class group:  # noqa: N801 - torch's name
+    """``simdist.group.WORLD``: the default group, as ``torch.distributed.group.WORLD``."""
+
+    WORLD: Any = None
+

@@ -23,11 +23,25 @@ def simulate(fn: Callable, nprocs: int, args: tuple = (), **options: Any) -> "Si
     return run(fn, nprocs, args, **options)
 
 
-def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, backend: str = "sim", **options: Any) -> list:
+def spawn(
+    fn: Callable,
+    args: tuple = (),
+    nprocs: int = 1,
+    join: bool = True,
+    daemon: bool = False,
+    start_method: str = "spawn",
+    *,
+    backend: str = "sim",
+    **options: Any,
+) -> list:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks, as ``torch.multiprocessing.spawn``; return their values.
 
     ``backend="sim"`` runs the ranks on the simulator (``options`` go to :func:`simulate`).
+    ``join``, ``daemon`` and ``start_method`` are torch's; simulated ranks are threads that
+    always run to completion inside ``spawn``, so ``join=False`` is refused.
     """
+    if not join:
+        raise ValueError("join=False is not supported: spawn returns once every rank has finished")
     if backend == "sim":
         return simulate(fn, nprocs, args, **options).values
     from ._registry import backend_spec
@@ -36,7 +50,7 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, backend: str = "sim",
     launcher = getattr(spec.load(), "spawn", None)
     if launcher is None:
         raise ValueError(f"backend={backend!r} cannot launch ranks; use backend='sim'")
-    return launcher(fn, args=args, nprocs=nprocs, **options)
+    return launcher(fn, args=args, nprocs=nprocs, daemon=daemon, start_method=start_method, **options)
 
 
 def enumerate_schedules(
