@@ -47,5 +47,6 @@ def test_is_available_and_group_world():
 
 
 def test_init_outside_a_simulation_says_how_to_launch():
-    with pytest.raises(RuntimeError, match=r"simdist.spawn\(fn, args=\(world_size,\), nprocs=world_size, backend='sim'\)"):
+    how = r"simdist.spawn\(fn, args=\(world_size,\), nprocs=world_size, backend='sim'\)"
+    with pytest.raises(RuntimeError, match=how):
         dist.init_process_group("gloo", rank=0, world_size=1)
