@@ -10,6 +10,7 @@ __all__ = ["user_call_site", "skip_directory"]
 
 _SKIP: list[str] = []
 _LIBRARY: dict[CodeType, bool] = {}
+_SITES: dict[tuple[CodeType, int], str] = {}
 
 
 def skip_directory(path: str) -> None:
@@ -31,8 +32,13 @@ def user_call_site() -> str:
     """``'file:line'`` of the innermost frame outside simdist (and other skipped libraries)."""
     frame = sys._getframe(1)
     while frame is not None:
-        if not _is_library(frame.f_code):
-            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        code = frame.f_code
+        if not _is_library(code):
+            key = (code, frame.f_lasti)
+            site = _SITES.get(key)
+            if site is None:
+                site = _SITES[key] = f"{code.co_filename}:{frame.f_lineno}"
+            return site
         frame = frame.f_back
     return "<unknown>"
 

@@ -65,7 +65,9 @@ class Topology:
         self._route_fn = route
         self._link_fn = link_params
         self._paths: dict[tuple[int, int], tuple[tuple[Link, ...], float, float]] = {}
-        self._free: dict[Link, float] = {}
+        self._routes: dict[tuple[int, int], tuple[tuple[int, ...], float, float]] = {}
+        self._link_ids: dict[Link, int] = {}
+        self._free: list[float] = []
 
     @property
     def graph(self) -> nx.Graph:
@@ -105,7 +107,20 @@ class Topology:
 
     def reset(self) -> None:
         """Forget the links' busy times (a new run starts on an idle network)."""
-        self._free.clear()
+        self._free = [0.0] * len(self._free)
+
+    def _route(self, a: int, b: int) -> tuple[tuple[int, ...], float, float]:
+        """The route from ``a`` to ``b`` with each directed link as an index into the busy times."""
+        links, alpha, bandwidth = self.path(a, b)
+        ids = []
+        for link in links:
+            i = self._link_ids.get(link)
+            if i is None:
+                i = self._link_ids[link] = len(self._free)
+                self._free.append(0.0)
+            ids.append(i)
+        route = self._routes[(a, b)] = (tuple(ids), alpha, bandwidth)
+        return route
 
     def transfer(self, a: int, b: int, nbytes: int, ready: float) -> tuple[float, float]:
         """Send ``nbytes`` from ``a`` to ``b`` once ready at ``ready``: returns ``(start, arrival)``.
@@ -114,16 +129,16 @@ class Topology:
         """
         if a == b:
             return ready, ready
-        links, alpha, bandwidth = self.path(a, b)
+        route = self._routes.get((a, b)) or self._route(a, b)
+        links, alpha, bandwidth = route
         free = self._free
         start = ready
-        for link in links:
-            t = free.get(link, 0.0)
-            if t > start:
-                start = t
+        for i in links:
+            if free[i] > start:
+                start = free[i]
         busy = start + nbytes / bandwidth
-        for link in links:
-            free[link] = busy
+        for i in links:
+            free[i] = busy
         return start, busy + alpha
 
 
