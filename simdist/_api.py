@@ -452,6 +452,24 @@ def all_gather_into_tensor(
     return _run(pg.all_gather_into_tensor(output_tensor, input_tensor, _opts(async_op, algorithm)), async_op)
 
 
+def _root_list(pg, root: int, items: Any, argname: str, rootname: str, tensor: Any, writable: bool) -> list | None:
+    """``items`` checked on the root rank (one tensor like ``tensor`` per rank); ``None`` on the others."""
+    if pg.rank == root:
+        if items is None:
+            role = "destination" if rootname == "dst" else "source"
+            raise ValueError(
+                f"{argname}=None on the {role} rank {rootname}={pg.ranks[root]}; pass a list of {pg.size} tensors"
+            )
+        check_list(items, pg.size, argname, tensor, A.numel(tensor), writable=writable, refname="tensor")
+        return items
+    if items:
+        raise ValueError(
+            f"{argname} must be None on rank {pg.ranks[pg.rank]}, which is not {rootname}={pg.ranks[root]} "
+            f"(got a list of {len(items)})"
+        )
+    return None
+
+
 @library_call
 def gather(
     tensor: Any,
@@ -469,20 +487,8 @@ def gather(
     if pg is None:
         return None
     root = root_of(world, pg, dst, group_dst, "dst")
-    if pg.rank == root:
-        if gather_list is None:
-            raise ValueError(
-                f"gather_list=None on the destination rank dst={pg.ranks[root]}; pass a list of {pg.size} tensors"
-            )
-        check_list(gather_list, pg.size, "gather_list", tensor, A.numel(tensor), writable=True, refname="tensor")
-    elif gather_list:
-        raise ValueError(
-            f"gather_list must be None on rank {pg.ranks[pg.rank]}, which is not dst={pg.ranks[root]} "
-            f"(got a list of {len(gather_list)})"
-        )
-    return _run(
-        pg.gather(tensor, gather_list if pg.rank == root else None, _opts(async_op, algorithm, root=root)), async_op
-    )
+    gather_list = _root_list(pg, root, gather_list, "gather_list", "dst", tensor, writable=True)
+    return _run(pg.gather(tensor, gather_list, _opts(async_op, algorithm, root=root)), async_op)
 
 
 @library_call
@@ -503,20 +509,8 @@ def scatter(
     if pg is None:
         return None
     root = root_of(world, pg, src, group_src, "src")
-    if pg.rank == root:
-        if scatter_list is None:
-            raise ValueError(
-                f"scatter_list=None on the source rank src={pg.ranks[root]}; pass a list of {pg.size} tensors"
-            )
-        check_list(scatter_list, pg.size, "scatter_list", tensor, A.numel(tensor), refname="tensor")
-    elif scatter_list:
-        raise ValueError(
-            f"scatter_list must be None on rank {pg.ranks[pg.rank]}, which is not src={pg.ranks[root]} "
-            f"(got a list of {len(scatter_list)})"
-        )
-    return _run(
-        pg.scatter(tensor, scatter_list if pg.rank == root else None, _opts(async_op, algorithm, root=root)), async_op
-    )
+    scatter_list = _root_list(pg, root, scatter_list, "scatter_list", "src", tensor, writable=False)
+    return _run(pg.scatter(tensor, scatter_list, _opts(async_op, algorithm, root=root)), async_op)
 
 
 @library_call
