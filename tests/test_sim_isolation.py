@@ -183,7 +183,8 @@ def test_timeout_of_a_rank_stuck_outside_simdist():
         dist.barrier()
 
     try:
-        with pytest.raises(simdist.DistTimeoutError, match="timeout=0.5"):
+        with pytest.raises(simdist.DistTimeoutError, match="timeout=0.5") as info:
             simdist.simulate(program, 2, timeout=0.5)
+        assert info.value.schedule and info.value.schedule in str(info.value)
     finally:
         stop.set()

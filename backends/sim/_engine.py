@@ -142,6 +142,7 @@ class Engine:
         self.groups: dict[int, _GroupState] = {}
         self.coll_counter = 0
         self.unwaited: dict[int, tuple[int, str]] = {}
+        self.works_made = 0
         self.error: BaseException | None = None
         self.aborting = False
         self.main_lock = threading.Lock()
@@ -163,7 +164,7 @@ class Engine:
                     f"the simulation did not finish within timeout={self.timeout} s of real time; "
                     f"rank {self.current.rank if self.current else '?'} was running (a loop that never "
                     "reaches a simdist call, or a call that blocks outside simdist)"
-                )
+                )._with_schedule(self.token())
             for rs in self.ranks:
                 if rs.thread is not None:
                     rs.thread.join()

@@ -24,12 +24,13 @@ class SimWork(Work):
         self.item = item
         self.what = what
         self.outs = outputs
-        self.key = id(self) if track else None
+        self.key = None
         if track:
-            group.engine.unwaited[self.key] = (
-                group.me.rank,
-                f"{what} at {getattr(item, 'call_site', None) or _site(item)}",
-            )
+            engine = group.engine
+            engine.works_made += 1
+            self.key = engine.works_made
+            site = getattr(item, "call_site", None) or _site(item)
+            engine.unwaited[self.key] = (group.me.rank, f"{what} at {site}")
 
     def wait(self, timeout: float | None = None) -> bool:
         engine, me = self.group.engine, self.group.me
