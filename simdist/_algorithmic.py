@@ -202,7 +202,7 @@ class AlgorithmicGroup(ProcessGroup):
 
     def all_gather(self, output_list: list, tensor: Any, opts: Options) -> Work:
         inp = A.stage_in(tensor)
-        out = A.empty(inp, A.numel(inp) * self.size)
+        out = A.zeros(inp, A.numel(inp) * self.size)
         return self._gathered("all_gather", opts, tensor, inp, out, _split_into(out, output_list), output_list)
 
     def all_gather_into_tensor(self, output: Any, input: Any, opts: Options) -> Work:
@@ -229,7 +229,7 @@ class AlgorithmicGroup(ProcessGroup):
     def gather(self, tensor: Any, gather_list: list | None, opts: Options) -> Work:
         root = opts.root
         inp = A.stage_in(tensor)
-        out = A.empty(inp, A.numel(inp) * self.size) if self.rank == root else None
+        out = A.zeros(inp, A.numel(inp) * self.size) if self.rank == root else None
         finish = _split_into(out, gather_list) if out is not None else _chain()
         return self._call(
             "gather",
@@ -298,7 +298,7 @@ class AlgorithmicGroup(ProcessGroup):
 
     def all_to_all(self, output_list: list, input_list: list, opts: Options) -> Work:
         inp = _concat(input_list)
-        out = A.empty(inp, sum(A.numel(x) for x in output_list))
+        out = A.zeros(inp, sum(A.numel(x) for x in output_list))
         send = [A.numel(x) for x in input_list]
         recv = [A.numel(x) for x in output_list]
         # Only counts known to be equal on every rank may let the automatic choice pick Bruck:

@@ -31,6 +31,7 @@ __all__ = [
     "may_overlap",
     "stage_out",
     "empty",
+    "zeros",
     "narrow",
     "copy_",
     "snapshot",
@@ -188,9 +189,16 @@ def stage_out(x: Array) -> tuple[Array, Callable[[], None] | None]:
 
 
 def empty(like: Array, n: int) -> Array:
+    """A new flat buffer of ``n`` uninitialized elements of ``like``'s kind, dtype and device."""
+    if isinstance(like, torch.Tensor):
+        return torch.empty(n, dtype=like.dtype, device=like.device)
+    return np.empty(n, dtype=like.dtype)
+
+
+def zeros(like: Array, n: int) -> Array:
     """A new flat buffer of ``n`` zeros of ``like``'s kind, dtype and device.
 
-    Zeros, not uninitialized memory: step snapshots in traces stay deterministic.
+    For buffers whose values a trace may snapshot before they are filled.
     """
     if isinstance(like, torch.Tensor):
         return torch.zeros(n, dtype=like.dtype, device=like.device)
