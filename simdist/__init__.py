@@ -35,12 +35,14 @@ from ._api import reduce_scatter as reduce_scatter
 from ._api import reduce_scatter_tensor as reduce_scatter_tensor
 from ._api import scatter as scatter
 from ._api import send as send
+from ._errors import AuthenticationError as AuthenticationError
 from ._errors import CollectiveMismatchError as CollectiveMismatchError
 from ._errors import DeadlockError as DeadlockError
 from ._errors import DistError as DistError
 from ._errors import DistTimeoutError as DistTimeoutError
 from ._errors import LeakWarning as LeakWarning
 from ._errors import NotInitializedError as NotInitializedError
+from ._errors import PeerLostError as PeerLostError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import RankError as RankError
 from ._group import GroupMember as GroupMember
@@ -99,12 +101,14 @@ __all__ = [
     "broadcast_object_list",
     "gather_object",
     "scatter_object_list",
+    "AuthenticationError",
     "CollectiveMismatchError",
     "DeadlockError",
     "DistError",
     "DistTimeoutError",
     "LeakWarning",
     "NotInitializedError",
+    "PeerLostError",
     "ProtocolError",
     "RankError",
     "GroupMember",

@@ -10,6 +10,8 @@ __all__ = [
     "DistTimeoutError",
     "ProtocolError",
     "NotInitializedError",
+    "AuthenticationError",
+    "PeerLostError",
     "LeakWarning",
 ]
 
@@ -90,6 +92,18 @@ class DistTimeoutError(DistError, TimeoutError):
 
 class ProtocolError(DistError):
     """Bytes that do not follow the wire protocol were received."""
+
+
+class AuthenticationError(DistError):
+    """A connection failed the shared-secret challenge (a wrong or missing ``SIMDIST_SECRET``)."""
+
+
+class PeerLostError(DistError):
+    """A peer closed its connection or died; ``rank`` names it when known."""
+
+    def __init__(self, message: str, *, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
 
 
 class NotInitializedError(DistError):
