@@ -9,6 +9,8 @@ name ranks within ``group``.
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -18,7 +20,7 @@ from ._entry import library_call
 from ._checks import check_int, check_list, check_splits, resolve, root_of, same_kind, to_group_rank
 from ._group import GroupMember, Options
 from ._reduce_op import ReduceOp, as_reduce_op
-from ._registry import TORCH_NAMES, backend_spec
+from ._registry import BACKEND_ENV, TORCH_NAMES, backend_spec
 from ._work import Work
 from ._world import current_world, require_world
 
@@ -95,14 +97,23 @@ def init_process_group(
     if world is not None and world.initialized:
         raise ValueError("trying to initialize the default process group twice (call destroy_process_group first)")
     if world is None:
-        if backend is not None and backend not in TORCH_NAMES:
-            backend_spec(backend)
-        raise RuntimeError(
-            f"init_process_group(backend={backend!r}) was called outside a simulation, and no process "
-            "backend serves it here; run the function on simulated ranks with "
-            "simdist.spawn(fn, args=(world_size,), nprocs=world_size, backend='sim') or simdist.simulate(fn, nprocs)"
-        )
+        world = _process_world(backend)
     world.init(backend, init_method=init_method, timeout=timeout, world_size=world_size, rank=rank, store=store)
+
+
+def _process_world(backend: str | None) -> Any:
+    """A new world for this process: the launcher's backend (``SIMDIST_BACKEND``), else the one named."""
+    name = os.environ.get(BACKEND_ENV) or backend
+    if name is not None and name not in TORCH_NAMES:
+        world_type = backend_spec(name).load()
+        if getattr(world_type, "process_world", False):
+            return world_type()
+    raise RuntimeError(
+        f"init_process_group(backend={backend!r}) was called outside a simulation, and no process "
+        "backend serves that name here; run the function on simulated ranks with "
+        "simdist.spawn(fn, args=(world_size,), nprocs=world_size, backend='sim') or simdist.simulate(fn, nprocs), "
+        "or on real processes with backend='socket'"
+    )
 
 
 @library_call

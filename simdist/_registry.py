@@ -9,6 +9,9 @@ from typing import Callable
 
 __all__ = ["BackendSpec", "register_backend", "backend_spec", "backend_names", "TORCH_NAMES"]
 
+BACKEND_ENV = "SIMDIST_BACKEND"
+"""Set by simdist's launchers: ``init_process_group`` binds to this backend whatever name the code gives."""
+
 TORCH_NAMES = ("gloo", "nccl", "mpi", "ucc", "cpu:gloo,cuda:nccl")
 """Backend names of torch.distributed. Inside a simulation they all bind to the simulator."""
 
@@ -63,3 +66,4 @@ def backend_names() -> list[str]:
 
 
 register_backend(BackendSpec("sim", "simdist.backends.sim:SimWorld", (), "the deterministic in-process simulator"))
+register_backend(BackendSpec("socket", "simdist.backends.socket:SocketWorld", (), "real processes over TCP"))

@@ -7,3 +7,11 @@ Pieces so far: the rendezvous store with HMAC-authenticated connections (``_stor
 from simdist._callsite import skip_directory
 
 skip_directory(__file__)
+
+from ._spawn import spawn as spawn  # noqa: E402
+from ._world import SocketWorld as SocketWorld  # noqa: E402
+
+SocketWorld.spawn = staticmethod(spawn)
+
+__all__ = ["SocketWorld", "spawn"]
+

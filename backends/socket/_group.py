@@ -1,0 +1,128 @@
+"""The socket backend's ProcessGroup: ``simdist.algorithms`` over real connections."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+from simdist import _arrays as A
+from simdist import algorithms
+from simdist._algorithmic import AlgorithmicGroup, CollectiveCall
+from simdist._group import Options
+from simdist._work import Work
+
+__all__ = ["SocketGroup", "SocketWork"]
+
+_P2P = 0
+
+
+def _ctx(group_id: int, seq: int) -> int:
+    """The context of collective ``seq`` of a group (``seq`` 0 is the group's point-to-point traffic)."""
+    return (group_id << 40) | seq
+
+
+class SocketWork(Work):
+    """A work that completes by ``finish(timeout)`` (run once) and reports progress by ``done()``."""
+
+    def __init__(self, finish: Callable[[float | None], None], done: Callable[[], bool], outputs: list,
+                 source: Any = None):
+        self._finish = finish
+        self._done = done
+        self._finished = False
+        self._error: BaseException | None = None
+        self.outs = outputs
+        self.source = source
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._finished:
+            try:
+                self._finish(timeout)
+            except BaseException as exc:
+                self._error = exc
+                raise
+            finally:
+                self._finished = True
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._finished or self._done()
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def source_rank(self) -> int:
+        self.wait()
+        if self.source is None:
+            return super().source_rank()
+        return self.source() if callable(self.source) else self.source
+
+    def _outputs(self) -> list:
+        return self.outs
+
+
+def _completed(outputs: list) -> SocketWork:
+    return SocketWork(lambda timeout: None, lambda: True, outputs)
+
+
+class SocketGroup(AlgorithmicGroup):
+    """One process's handle on a group of processes connected by a ``PeerNetwork``."""
+
+    backend = "socket"
+
+    def __init__(self, network: Any, rank: int, ranks: Sequence[int], group_id: int, timeout: float):
+        super().__init__(rank, ranks, group_id)
+        self.network = network
+        self.timeout = timeout
+        self.seq = 0
+        self.lock = threading.Lock()
+        self.worker: ThreadPoolExecutor | None = None
+
+    def _next_ctx(self) -> int:
+        with self.lock:
+            self.seq += 1
+            return _ctx(self.group_id, self.seq)
+
+    def _run_collective(self, call: CollectiveCall, opts: Options) -> Work:
+        transport = self.network.transport(self.ranks, self.rank, self._next_ctx())
+
+        def run() -> None:
+            algorithms.run_blocking(call.start(transport), transport)
+            call.finish()
+
+        if not opts.async_op:
+            run()
+            return _completed(call.outputs)
+        if self.worker is None:
+            self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"simdist-group-{self.group_id}")
+        future = self.worker.submit(run)
+        return SocketWork(future.result, future.done, call.outputs)
+
+    def send(self, tensor: Any, dst: int, opts: Options) -> Work:
+        buf = A.stage_in(tensor)
+        handle = self.network.isend(buf, self.ranks[dst], _ctx(self.group_id, _P2P), opts.tag or 0)
+        return self._p2p_work(handle, [tensor], None, opts)
+
+    def recv(self, tensor: Any, src: int | None, opts: Options) -> Work:
+        buf, back = A.stage_out(tensor)
+        peer = None if src is None else self.ranks[src]
+        handle = self.network.irecv(buf, peer, _ctx(self.group_id, _P2P), opts.tag or 0)
+        source = (lambda: handle.source) if peer is None else peer
+        return self._p2p_work(handle, [tensor], back, opts, source)
+
+    def _p2p_work(self, handle: Any, outputs: list, back: Any, opts: Options, source: Any = None) -> Work:
+        network = self.network
+
+        def finish(timeout: float | None) -> None:
+            network.wait([handle], self.timeout if timeout is None else timeout)
+            if back is not None:
+                back()
+
+        return SocketWork(finish, lambda: bool(getattr(handle, "done", False)), outputs, source)
+
+    def destroy(self) -> None:
+        if self.worker is not None:
+            self.worker.shutdown(wait=True)
+            self.worker = None

@@ -1,0 +1,113 @@
+"""``simdist.spawn(..., backend="socket")``: one process per rank on this machine."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import socket
+import traceback
+from multiprocessing.connection import wait
+from typing import Any, Callable
+
+from simdist._errors import RankError
+from simdist._registry import BACKEND_ENV
+
+__all__ = ["spawn", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(fn: Callable, args: tuple, rank: int, world_size: int, env: dict, conn: Any) -> None:
+    os.environ.update(env)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+    try:
+        value = fn(rank, *args)
+        conn.send(("ok", value))
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
+        try:
+            pickle.dumps(exc)
+            conn.send(("error", exc, traceback.format_exc()))
+        except Exception:  # noqa: BLE001 - an exception that cannot be pickled travels as text
+            conn.send(("error", RuntimeError(f"{type(exc).__name__}: {exc}"), traceback.format_exc()))
+        raise SystemExit(1) from None
+    finally:
+        from simdist._world import current_world
+
+        world = current_world()
+        if world is not None and world.initialized:
+            world.destroy(None)
+
+
+def _stop(procs: list) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(2)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, daemon: bool = False, start_method: str = "spawn",
+          timeout: float | None = None, **options: Any) -> list:
+    """Run ``fn(rank, *args)`` in ``nprocs`` processes joined by the socket backend; return their values.
+
+    Each process sees MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE and a fresh
+    SIMDIST_SECRET, as under torchrun, so ``init_process_group()`` needs no arguments. The
+    first rank to fail stops the others and raises ``RankError`` with its exception as
+    ``__cause__``; no process outlives the call.
+    """
+    if options:
+        raise TypeError(f"spawn(backend='socket') got unexpected keyword arguments {sorted(options)}")
+    from ._auth import new_secret
+
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(nprocs),
+        "LOCAL_WORLD_SIZE": str(nprocs),
+        "SIMDIST_SECRET": new_secret(),
+        BACKEND_ENV: "socket",
+    }
+    if timeout is not None:
+        env["SIMDIST_TIMEOUT"] = str(timeout)
+    ctx = mp.get_context(start_method)
+    pipes = [ctx.Pipe(duplex=False) for _ in range(nprocs)]
+    procs = [
+        ctx.Process(
+            target=_child, args=(fn, args, r, nprocs, env, pipes[r][1]), daemon=daemon, name=f"simdist-rank-{r}"
+        )
+        for r in range(nprocs)
+    ]
+    for p in procs:
+        p.start()
+    for _, w in pipes:
+        w.close()
+    values: dict[int, Any] = {}
+    readers = {pipes[r][0]: r for r in range(nprocs)}
+    try:
+        while len(values) < nprocs:
+            for conn in wait(list(readers)):
+                r = readers.pop(conn)
+                try:
+                    status, *payload = conn.recv()
+                except EOFError:  # the process ended without sending anything: it died
+                    procs[r].join(5)
+                    code = procs[r].exitcode
+                    raise RankError(r, ChildProcessError(f"rank {r} died (exit code {code}) without a result"))
+                if status == "error":
+                    exc, text = payload
+                    if hasattr(exc, "add_note"):  # Python >= 3.11
+                        exc.add_note(f"traceback in rank {r}:\n{text}")
+                    raise RankError(r, exc)
+                values[r] = payload[0]
+    finally:
+        _stop(procs)
+    return [values[r] for r in range(nprocs)]

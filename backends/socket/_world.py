@@ -1,0 +1,174 @@
+"""The process world of the socket backend: rendezvous, the store, the peer network, groups."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import socket
+import time
+import warnings
+from typing import Any, Sequence
+from urllib.parse import urlparse
+
+from simdist._group import GroupMember
+from simdist._world import World, set_process_world
+
+from ._group import SocketGroup
+
+__all__ = ["SocketWorld", "DEFAULT_TIMEOUT", "rendezvous"]
+
+DEFAULT_TIMEOUT = 300.0
+"""Seconds an operation may wait for its peers before ``DistTimeoutError`` (``timeout=`` changes it)."""
+
+_LOOPBACK_SECRET = b"simdist-loopback-default-secret"
+
+
+def _seconds(timeout: Any) -> float:
+    if timeout is None:
+        return float(os.environ.get("SIMDIST_TIMEOUT", DEFAULT_TIMEOUT))
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    if isinstance(timeout, (int, float)) and timeout > 0:
+        return float(timeout)
+    raise ValueError(f"timeout={timeout!r} must be a positive number of seconds or a datetime.timedelta")
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        raise ValueError(f"init_method='env://' needs the environment variable {name} (as torchrun sets it)")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def rendezvous(init_method: str | None, rank: int, world_size: int) -> tuple[str, int, int, int]:
+    """``(host, port, rank, world_size)`` from ``env://`` (the default) or ``tcp://host:port``."""
+    url = init_method or "env://"
+    if url.startswith("env://"):
+        host = os.environ.get("MASTER_ADDR")
+        if not host:
+            raise ValueError("init_method='env://' needs the environment variable MASTER_ADDR (as torchrun sets it)")
+        port = _env_int("MASTER_PORT")
+    elif url.startswith("tcp://"):
+        parsed = urlparse(url)
+        if not parsed.hostname or parsed.port is None:
+            raise ValueError(f"init_method={init_method!r} must look like 'tcp://host:port'")
+        host, port = parsed.hostname, parsed.port
+    else:
+        raise ValueError(f"init_method={init_method!r} is not supported; expected 'env://' or 'tcp://host:port'")
+    if rank == -1:
+        rank = _env_int("RANK")
+    if world_size == -1:
+        world_size = _env_int("WORLD_SIZE")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} and world_size={world_size} do not fit: expected 0 <= rank < world_size")
+    return host, port, rank, world_size
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def shared_secret(host: str) -> bytes:
+    """``SIMDIST_SECRET``; on loopback without one, a fixed default (with a warning)."""
+    from ._auth import secret_from_env
+
+    secret = secret_from_env()
+    if secret:
+        return secret
+    if is_loopback(host):
+        warnings.warn(
+            "SIMDIST_SECRET is not set: connections on loopback are authenticated with simdist's default "
+            "secret; set SIMDIST_SECRET (simdist run and spawn set one) to keep other local users out",
+            stacklevel=4,
+        )
+        return _LOOPBACK_SECRET
+    raise ValueError(
+        f"MASTER_ADDR {host!r} is not a loopback address, so connections must be authenticated: set "
+        "SIMDIST_SECRET to the same value on every host (simdist run generates one for a single node)"
+    )
+
+
+def _address_towards(host: str, port: int) -> str:
+    """This machine's address on the route to ``host`` (what peers on other hosts can reach)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, port))
+        return probe.getsockname()[0]
+
+
+def _wait_count(store: Any, key: str, n: int, timeout: float) -> None:
+    """Wait until counter ``key`` of the store reaches ``n`` (every rank has added its 1)."""
+    deadline = time.monotonic() + timeout
+    while store.add(key, 0) < n:
+        if time.monotonic() > deadline:
+            from simdist._errors import DistTimeoutError
+
+            raise DistTimeoutError(f"{n - store.add(key, 0)} rank(s) did not call destroy_process_group "
+                                   f"within timeout={timeout} s")
+        time.sleep(0.01)
+
+
+class SocketWorld(World):
+    """This process's place among the ranks of a socket job."""
+
+    process_world = True
+
+    def __init__(self) -> None:
+        self.server: Any = None
+        self.store: Any = None
+        self.network: Any = None
+        self.groups: list[SocketGroup] = []
+        self.group_count = 0
+        self.timeout = DEFAULT_TIMEOUT
+
+    def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
+        from ._peers import PeerNetwork
+        from ._store import StoreClient, StoreServer
+
+        host, port, rank, world_size = rendezvous(init_method, rank, world_size)
+        secret = shared_secret(host)
+        self.timeout = _seconds(timeout)
+        loopback = is_loopback(host)
+        if rank == 0:
+            self.server = StoreServer("127.0.0.1" if loopback else "0.0.0.0", port, secret)
+        self.store = StoreClient(host, port, secret, timeout=self.timeout)
+        listen = "127.0.0.1" if loopback else _address_towards(host, port)
+        self.network = PeerNetwork(rank, world_size, self.store, secret, host=listen, timeout=self.timeout)
+        self.rank, self.size, self.backend = rank, world_size, backend or "socket"
+        self.default_group = SocketGroup(self.network, rank, range(world_size), 0, self.timeout)
+        self.groups = [self.default_group]
+        set_process_world(self)
+
+    def new_group(self, ranks: Sequence[int], *, backend, timeout) -> Any:
+        self.group_count += 1
+        if self.rank not in ranks:
+            return GroupMember.NON_GROUP_MEMBER
+        group = SocketGroup(self.network, list(ranks).index(self.rank), ranks, self.group_count, self.timeout)
+        self.groups.append(group)
+        return group
+
+    def destroy(self, group) -> None:
+        if group is not None and group is not self.default_group:
+            if group in self.groups:
+                self.groups.remove(group)
+                group.destroy()
+            return
+        for g in self.groups:
+            g.destroy()
+        self.groups, self.default_group, self.backend = [], None, None
+        self.network.close()
+        # Rank 0 serves the store: it stops only once every rank has said goodbye.
+        self.store.add("simdist/destroyed", 1)
+        if self.server is not None:
+            _wait_count(self.store, "simdist/destroyed", self.size, self.timeout)
+            self.server.close()
+        self.store.close()
+        set_process_world(None)
