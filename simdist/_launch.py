@@ -29,7 +29,7 @@ def spawn(
     nprocs: int = 1,
     join: bool = True,
     daemon: bool = False,
-    start_method: str = "spawn",
+    start_method: str | None = None,
     *,
     backend: str = "sim",
     **options: Any,
@@ -38,7 +38,8 @@ def spawn(
 
     ``backend="sim"`` runs the ranks on the simulator (``options`` go to :func:`simulate`).
     ``join``, ``daemon`` and ``start_method`` are torch's; simulated ranks are threads that
-    always run to completion inside ``spawn``, so ``join=False`` is refused.
+    always run to completion inside ``spawn``, so ``join=False`` is refused. For process
+    backends ``start_method=None`` picks ``forkserver`` where it exists, else ``spawn``.
     """
     if not join:
         raise ValueError("join=False is not supported: spawn returns once every rank has finished")

@@ -72,9 +72,9 @@ class SocketGroup(AlgorithmicGroup):
 
     backend = "socket"
 
-    def __init__(self, network: Any, rank: int, ranks: Sequence[int], group_id: int, timeout: float):
+    def __init__(self, peers: Any, rank: int, ranks: Sequence[int], group_id: int, timeout: float):
         super().__init__(rank, ranks, group_id)
-        self.network = network
+        self.peers = peers
         self.timeout = timeout
         self.seq = 0
         self.lock = threading.Lock()
@@ -86,7 +86,7 @@ class SocketGroup(AlgorithmicGroup):
             return _ctx(self.group_id, self.seq)
 
     def _run_collective(self, call: CollectiveCall, opts: Options) -> Work:
-        transport = self.network.transport(self.ranks, self.rank, self._next_ctx())
+        transport = self.peers.transport(self.ranks, self.rank, self._next_ctx())
 
         def run() -> None:
             algorithms.run_blocking(call.start(transport), transport)
@@ -102,21 +102,21 @@ class SocketGroup(AlgorithmicGroup):
 
     def send(self, tensor: Any, dst: int, opts: Options) -> Work:
         buf = A.stage_in(tensor)
-        handle = self.network.isend(buf, self.ranks[dst], _ctx(self.group_id, _P2P), opts.tag or 0)
+        handle = self.peers.isend(buf, self.ranks[dst], _ctx(self.group_id, _P2P), opts.tag or 0)
         return self._p2p_work(handle, [tensor], None, opts)
 
     def recv(self, tensor: Any, src: int | None, opts: Options) -> Work:
         buf, back = A.stage_out(tensor)
         peer = None if src is None else self.ranks[src]
-        handle = self.network.irecv(buf, peer, _ctx(self.group_id, _P2P), opts.tag or 0)
+        handle = self.peers.irecv(buf, peer, _ctx(self.group_id, _P2P), opts.tag or 0)
         source = (lambda: handle.source) if peer is None else peer
         return self._p2p_work(handle, [tensor], back, opts, source)
 
     def _p2p_work(self, handle: Any, outputs: list, back: Any, opts: Options, source: Any = None) -> Work:
-        network = self.network
+        peers = self.peers
 
         def finish(timeout: float | None) -> None:
-            network.wait([handle], self.timeout if timeout is None else timeout)
+            peers.wait([handle], self.timeout if timeout is None else timeout)
             if back is not None:
                 back()
 

@@ -1,0 +1,184 @@
+"""The wire format of the messages between peers: a fixed 32-byte header, then raw bytes.
+
+Every frame starts with this header (network byte order, no padding)::
+
+    offset size  field
+         0    2  magic    b"SD"
+         2    1  version  1
+         3    1  kind     DATA (1) or CLOSE (2, an orderly goodbye; nbytes 0)
+         4    8  ctx      u64: the communication context (one per collective call,
+                          one per group for point-to-point traffic)
+        12    8  tag      i64, never negative
+        20    8  nbytes   u64: payload bytes that follow, at most MAX_FRAME_BYTES
+        28    4  src      u32: the sender's global rank
+
+The payload follows as raw bytes: no pickle, no length prefix of its own. It is read
+straight into the receive buffer (:func:`recv_exact_into`) and written without being
+copied next to the header (:func:`send_frame`). :func:`decode_header` is the only
+parser; it raises :class:`~simdist.ProtocolError` and nothing else on bad input, and
+allocates nothing whatever the claimed length.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import NamedTuple
+
+from simdist._errors import DistTimeoutError, PeerLostError, ProtocolError
+
+__all__ = [
+    "CLOSE",
+    "DATA",
+    "HEADER_SIZE",
+    "MAGIC",
+    "MAX_FRAME_BYTES",
+    "VERSION",
+    "Header",
+    "decode_header",
+    "encode_header",
+    "recv_exact_into",
+    "send_frame",
+]
+
+MAGIC = b"SD"
+VERSION = 1
+DATA = 1
+CLOSE = 2
+KINDS = {DATA: "DATA", CLOSE: "CLOSE"}
+MAX_FRAME_BYTES = 1 << 40
+"""The largest payload a header may announce (1 TiB); anything above is a protocol error."""
+
+_HEADER = struct.Struct("!2sBBQqQI")
+HEADER_SIZE = _HEADER.size  # 32
+_U64 = (1 << 64) - 1
+_I64 = (1 << 63) - 1
+_U32 = (1 << 32) - 1
+
+
+class Header(NamedTuple):
+    """One decoded frame header (``magic`` and ``version`` are checked, not kept)."""
+
+    kind: int
+    ctx: int
+    tag: int
+    nbytes: int
+    src: int
+
+
+def _check_int(name: str, value: object, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not 0 <= value <= high:
+        raise ValueError(f"{name}={value} is outside 0..{high}")
+    return value
+
+
+def encode_header(kind: int, ctx: int, tag: int, nbytes: int, src: int) -> bytes:
+    """The 32 header bytes of a frame.
+
+    Raises:
+        ValueError, TypeError: an argument the receiver would reject (unknown kind, a
+            negative or too large field, a CLOSE frame with a payload).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown frame kind {kind!r}; expected one of {sorted(KINDS)}")
+    _check_int("nbytes", nbytes, MAX_FRAME_BYTES)
+    if kind == CLOSE and nbytes:
+        raise ValueError(f"a CLOSE frame carries no payload, got nbytes={nbytes}")
+    return _HEADER.pack(
+        MAGIC, VERSION, kind, _check_int("ctx", ctx, _U64), _check_int("tag", tag, _I64), nbytes,
+        _check_int("src", src, _U32),
+    )
+
+
+def decode_header(data: bytes | bytearray | memoryview) -> Header:
+    """The header in ``data`` (exactly :data:`HEADER_SIZE` bytes).
+
+    Raises:
+        ProtocolError: wrong length, bad magic, unknown version or kind, a negative tag,
+            ``nbytes`` above :data:`MAX_FRAME_BYTES`, or a CLOSE frame with a payload.
+            Nothing else, whatever the bytes.
+    """
+    if len(data) != HEADER_SIZE:
+        raise ProtocolError(f"a frame header is {HEADER_SIZE} bytes, got {len(data)}")
+    magic, version, kind, ctx, tag, nbytes, src = _HEADER.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad frame magic {bytes(magic)!r} (expected {MAGIC!r}): not a simdist peer")
+    if version != VERSION:
+        raise ProtocolError(f"frame version {version} is not supported (this is version {VERSION})")
+    if kind not in KINDS:
+        raise ProtocolError(f"unknown frame kind {kind}")
+    if tag < 0:
+        raise ProtocolError(f"negative tag {tag} in a frame header")
+    if nbytes > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame announces {nbytes} bytes, over the limit of {MAX_FRAME_BYTES}")
+    if kind == CLOSE and nbytes:
+        raise ProtocolError(f"a CLOSE frame announces a payload of {nbytes} bytes")
+    return Header(kind, ctx, tag, nbytes, src)
+
+
+def _peer_name(peer: int | None) -> str:
+    return "the peer" if peer is None else f"rank {peer}"
+
+
+def recv_exact_into(sock: socket.socket, view: memoryview, *, peer: int | None = None) -> None:
+    """Fill ``view`` (a writable byte view) with exactly ``len(view)`` bytes from ``sock``.
+
+    Args:
+        peer: the global rank on the other end, named in errors when given.
+
+    Raises:
+        PeerLostError: the connection ended (EOF or reset) before ``view`` was full.
+        DistTimeoutError: the socket's timeout expired first.
+    """
+    n = len(view)
+    got = 0
+    while got < n:
+        try:
+            k = sock.recv_into(view[got:])
+        except TimeoutError:  # socket.timeout
+            raise DistTimeoutError(
+                f"timed out receiving from {_peer_name(peer)} after {got} of {n} bytes"
+            ) from None
+        except OSError as exc:
+            raise PeerLostError(
+                f"connection to {_peer_name(peer)} broke after {got} of {n} bytes: {exc}", rank=peer
+            ) from exc
+        if k == 0:
+            raise PeerLostError(
+                f"{_peer_name(peer)} closed the connection after {got} of {n} bytes", rank=peer
+            )
+        got += k
+
+
+def send_frame(sock: socket.socket, header: bytes, payload: memoryview | bytes = b"", *,
+               peer: int | None = None) -> None:
+    """Write ``header`` then ``payload`` to ``sock`` without joining them (no copy of the payload).
+
+    Each ``sendmsg`` call waits at most the socket's timeout, so a large payload may take
+    longer in all; only a peer that takes nothing for that long times out.
+
+    Raises:
+        PeerLostError: the connection is broken (the peer closed it or died).
+        DistTimeoutError: the socket's timeout expired with no progress.
+    """
+    parts = [memoryview(header)]
+    if len(payload):
+        parts.append(memoryview(payload))
+    scatter = hasattr(sock, "sendmsg")  # not on Windows
+    try:
+        while parts:
+            n = sock.sendmsg(parts) if scatter else sock.send(parts[0])
+            while n:  # drop the n bytes written from the front
+                if n >= len(parts[0]):
+                    n -= len(parts.pop(0))
+                else:
+                    parts[0], n = parts[0][n:], 0
+    except TimeoutError:
+        raise DistTimeoutError(
+            f"timed out sending {len(payload)} bytes to {_peer_name(peer)}: it took nothing for "
+            f"{sock.gettimeout()} s"
+        ) from None
+    except OSError as exc:
+        raise PeerLostError(f"connection to {_peer_name(peer)} broke while sending: {exc}", rank=peer) from exc

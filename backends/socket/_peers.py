@@ -1,0 +1,799 @@
+"""Pairwise connections between the ranks of a socket job: framed, full duplex, tagged.
+
+A :class:`PeerNetwork` listens on ``host:0`` and publishes its address in the store
+under ``peer/{rank}``. The first send to a peer connects to the peer's address,
+authenticates (:mod:`._auth`) and says hello with its rank; from then on that
+connection carries this rank's frames to the peer, written by one sender thread per
+peer. Each accepted connection gets a receiver thread that reads the peer's frames.
+So every pair of ranks talks over two connections, one per direction, and an
+algorithm can send and receive at once.
+
+Matching: messages from one peer with one ``(ctx, tag)`` match receives in the order
+both were posted. A receive posted before its frame arrives is filled straight from
+the socket (no copy); a frame that arrives first is kept as an *unexpected* message
+and copied when the receive is posted.
+
+Goodbye: :meth:`PeerNetwork.close` writes a CLOSE frame on every connection, after
+the sends already queued. A peer whose connection ends without one (it died) is lost:
+every pending and later operation with it fails with
+:class:`~simdist.PeerLostError` naming its rank.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import select
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from queue import SimpleQueue
+from typing import Any
+
+from simdist import _arrays as A
+from simdist._errors import DistError, DistTimeoutError, PeerLostError, ProtocolError
+
+from ._frames import (
+    CLOSE,
+    DATA,
+    HEADER_SIZE,
+    decode_header,
+    encode_header,
+    recv_exact_into,
+    send_frame,
+)
+
+__all__ = ["Handle", "PeerNetwork", "PeerTransport"]
+
+_HELLO = struct.Struct("!4sII")  # magic, rank, world size: the first bytes after the handshake
+_HELLO_MAGIC = b"SDPH"
+_LINGER = 5.0  # seconds close() waits for a peer to take the last frames
+_MAX_TAG = (1 << 63) - 1
+_MAX_CTX = (1 << 64) - 1
+_CHUNK = 4 << 20  # bytes per piece of an unexpected payload
+_PROBE_INTERVAL = 0.25  # seconds between checks of idle connections while a wait blocks
+_STOP = object()
+
+
+class _Goodbye(Exception):
+    """The peer said goodbye on the connection this rank sends on."""
+
+
+def _byte_view(buf: Any, argname: str = "buf") -> memoryview:
+    """A 1-D byte view of flat buffer ``buf``, sharing its memory."""
+    A.check_array(buf, argname)
+    if A.device_of(buf) != "cpu":
+        raise ValueError(f"{argname} is on {A.device_of(buf)}; the socket transport sends CPU buffers only")
+    try:
+        flat = A.flat(buf)
+    except ValueError:
+        raise ValueError(f"{argname} must be contiguous (shape {A.shape_of(buf)})") from None
+    return memoryview(A._bytes(flat)).cast("B")
+
+
+def _as_int(value: Any, low: int, high: int, name: str) -> int:
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an int, got {type(value).__name__}") from None
+    if not low <= number <= high:
+        raise ValueError(f"{name} {number} is outside {low}..{high}")
+    return number
+
+
+def _make_error(cls: type, message: str, rank: int | None) -> DistError:
+    return cls(message, rank=rank) if issubclass(cls, PeerLostError) else cls(message)
+
+
+class Handle:
+    """One posted send or receive. ``done`` turns true when it completed or failed."""
+
+    __slots__ = ("ctx", "done", "error", "kind", "nbytes", "peer", "seq", "source", "state", "tag", "view")
+
+    def __init__(self, kind: str, peer: int | None, ctx: int, tag: int, view: memoryview):
+        self.kind = kind
+        self.peer = peer
+        self.ctx = ctx
+        self.tag = tag
+        self.nbytes = len(view)
+        self.view: memoryview | None = view
+        self.seq = 0
+        self.state = "posted"
+        self.done = False
+        self.error: BaseException | None = None
+        self.source = peer  # for a receive from any source: the rank it matched
+
+    def describe(self) -> str:
+        where = f"to rank {self.peer}" if self.kind == "send" else (
+            "from any source" if self.peer is None else f"from rank {self.peer}")
+        return f"{self.kind} {where} (ctx {self.ctx}, tag {self.tag}, {self.nbytes} bytes, {self.state})"
+
+    def __repr__(self) -> str:
+        return f"<Handle {self.describe()}{' done' if self.done else ''}>"
+
+
+class _Message:
+    """A frame that arrived before its receive was posted.
+
+    Its payload is kept in chunks allocated as the bytes come, so memory follows what
+    was received, never what a header claims.
+    """
+
+    __slots__ = ("arrived", "chunks", "nbytes", "op", "seq", "src")
+
+    def __init__(self, src: int, nbytes: int, seq: int):
+        self.src, self.nbytes, self.seq = src, nbytes, seq
+        self.chunks: list[bytearray] = []
+        self.arrived = False
+        self.op: Handle | None = None  # the receive that matched it while it was arriving
+
+
+class _Peer:
+    """What this rank knows about one other rank."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.posted: dict[tuple[int, int], deque[Handle]] = {}
+        self.unexpected: dict[tuple[int, int], deque[_Message]] = {}
+        self.recv_failure: tuple[type, str] | None = None  # set once frames from the peer can no longer come
+        self.send_failure: tuple[type, str] | None = None  # set once frames to the peer can no longer go
+        self.lost: str | None = None  # why, once the peer is gone without a goodbye
+        self.queue: SimpleQueue | None = None  # the sender thread's work, once started
+        self.sender: threading.Thread | None = None
+        self.outbound: socket.socket | None = None
+        self.inbound: socket.socket | None = None
+
+
+class PeerNetwork:
+    """This rank's connections to the other ranks of a job.
+
+    Args:
+        rank, world_size: this process's global rank and the number of ranks.
+        store: the rendezvous store: anything with ``set(key, bytes)`` and a ``get(key)``
+            that waits until the key exists.
+        secret: the shared secret every connection must prove (:mod:`._auth`).
+        host: the address to listen on and publish (loopback unless told otherwise).
+        timeout: the default timeout of :meth:`wait`, and of connecting and handshakes.
+
+    Example (two processes; ``store`` reachable by both)::
+
+        net = PeerNetwork(rank, 2, store, secret)
+        buf = torch.arange(4.0) if rank == 0 else torch.zeros(4)
+        h = net.isend(buf, 1, ctx=0, tag=7) if rank == 0 else net.irecv(buf, 0, ctx=0, tag=7)
+        net.wait([h])     # rank 1: buf is now [0., 1., 2., 3.]
+        net.close()
+    """
+
+    def __init__(self, rank: int, world_size: int, store: Any, secret: bytes, *, host: str = "127.0.0.1",
+                 timeout: float = 300.0):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = float(timeout)
+        self._store = store
+        self._secret = secret
+        self._cond = threading.Condition(threading.Lock())
+        self._peers = [_Peer(p) for p in range(world_size)]
+        self._any_posted: dict[tuple[int, int], deque[Handle]] = {}
+        self._post_seq = itertools.count(1)
+        self._arrival_seq = itertools.count(1)
+        self._closed = False
+        self._threads: list[threading.Thread] = []
+        self._accepted: set[socket.socket] = set()
+        self._rejected: deque[str] = deque(maxlen=8)
+        try:
+            self._listener = socket.create_server((host, 0), backlog=128)
+        except OSError as exc:
+            raise DistError(f"rank {rank} cannot listen on {host}: {exc.strerror or exc}") from exc
+        self.address = f"{host}:{self._listener.getsockname()[1]}"
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._start(self._accept_loop, f"simdist-peers-accept:{rank}")
+        try:
+            store.set(f"peer/{rank}", self.address.encode())
+        except BaseException:
+            self.close()
+            raise
+
+    def __repr__(self) -> str:
+        return f"PeerNetwork(rank={self.rank}, world_size={self.world_size}, address={self.address!r})"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- posting -------------------------------------------------------------------
+
+    def _check(self, peer: Any, ctx: Any, tag: Any, what: str) -> tuple[int | None, int, int]:
+        """``(peer, ctx, tag)`` as ints, or ``ValueError`` naming the bad one."""
+        if peer is not None:
+            peer = _as_int(peer, 0, self.world_size - 1, f"{what}: peer")
+            if peer == self.rank:
+                raise ValueError(f"{what}: rank {self.rank} cannot {what} to or from itself")
+        return peer, _as_int(ctx, 0, _MAX_CTX, f"{what}: ctx"), _as_int(tag, 0, _MAX_TAG, f"{what}: tag")
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise DistError(f"{what} on rank {self.rank}: the peer network is closed")
+
+    def isend(self, buf: Any, peer: int, ctx: int, tag: int) -> Handle:
+        """Post a send of flat CPU buffer ``buf`` to global rank ``peer``; ``buf`` must not
+        change until the handle completes (its bytes are written to the connection).
+
+        Raises:
+            ValueError: a bad peer, ctx or tag, or a buffer that is not contiguous.
+            DistError: the network is closed.
+        """
+        peer, ctx, tag = self._check(peer, ctx, tag, "isend")
+        op = Handle("send", peer, ctx, tag, _byte_view(buf))
+        with self._cond:
+            self._check_open("isend")
+            p = self._peers[peer]
+            if p.send_failure is not None:
+                self._fail(op, p.send_failure, peer)
+                return op
+            if p.queue is None:
+                p.queue = SimpleQueue()
+                p.sender = self._start(lambda: self._send_loop(p), f"simdist-peers-send:{self.rank}->{peer}")
+            op.state = "queued"
+            p.queue.put(op)
+        return op
+
+    def irecv(self, buf: Any, peer: int | None, ctx: int, tag: int) -> Handle:
+        """Post a receive from global rank ``peer`` (``None``: any source) into flat CPU buffer
+        ``buf``, which must be exactly the size of the message (else :meth:`wait` raises
+        :class:`~simdist.ProtocolError`). ``handle.source`` tells the sender once matched.
+
+        Raises:
+            ValueError: a bad peer, ctx or tag, or a buffer that is read-only or not contiguous.
+            DistError: the network is closed.
+        """
+        peer, ctx, tag = self._check(peer, ctx, tag, "irecv")
+        view = _byte_view(buf)
+        if view.readonly:
+            raise ValueError("irecv: buf is read-only; results cannot be written into it")
+        op = Handle("recv", peer, ctx, tag, view)
+        key = (ctx, tag)
+        with self._cond:
+            self._check_open("irecv")
+            op.seq = next(self._post_seq)
+            msg = self._take_unexpected(peer, key)
+            if msg is None:
+                if peer is None:
+                    self._any_posted.setdefault(key, deque()).append(op)
+                elif self._peers[peer].recv_failure is not None:
+                    self._fail(op, self._peers[peer].recv_failure, peer)
+                else:
+                    self._peers[peer].posted.setdefault(key, deque()).append(op)
+                return op
+            op.source = msg.src
+            if not msg.arrived:
+                op.state = "receiving"
+                msg.op = op
+                return op
+        self._deliver(msg, op)
+        return op
+
+    def _take_unexpected(self, peer: int | None, key: tuple[int, int]) -> _Message | None:
+        """Pop the oldest unexpected message for ``key`` from ``peer`` (any peer: the first to arrive)."""
+        candidates = self._peers if peer is None else [self._peers[peer]]
+        best = None
+        for p in candidates:
+            queue = p.unexpected.get(key)
+            if queue and (best is None or queue[0].seq < best[1][0].seq):
+                best = (p, queue)
+        return _pop(best[0].unexpected, key) if best else None
+
+    def _match_posted(self, p: _Peer, key: tuple[int, int]) -> Handle | None:
+        """Pop the earliest-posted receive that a frame from ``p`` with ``key`` matches."""
+        mine, anyq = p.posted.get(key), self._any_posted.get(key)
+        if mine and (not anyq or mine[0].seq < anyq[0].seq):
+            op = _pop(p.posted, key)
+        elif anyq:
+            op = _pop(self._any_posted, key)
+            op.source = p.rank
+        else:
+            return None
+        op.state = "receiving"
+        return op
+
+    # -- completion ------------------------------------------------------------------
+
+    def _complete(self, op: Handle) -> None:
+        with self._cond:
+            op.view = None
+            op.state = "done"
+            op.done = True
+            self._cond.notify_all()
+
+    def _fail(self, op: Handle, failure: tuple[type, str], rank: int | None) -> None:
+        """Fail ``op`` (the lock is held) with a fresh error of ``failure = (class, reason)``."""
+        if op.done:
+            return
+        cls, reason = failure
+        op.error = _make_error(cls, f"rank {self.rank}: {op.describe()} failed: {reason}", rank)
+        op.view = None
+        op.state = "failed"
+        op.done = True
+        self._cond.notify_all()
+
+    def _deliver(self, msg: _Message, op: Handle) -> None:
+        """Copy an unexpected message into the receive it matched."""
+        if msg.nbytes != op.nbytes:
+            with self._cond:
+                self._fail(op, (ProtocolError, self._mismatch(msg.nbytes, op, msg.src)), msg.src)
+            return
+        _copy_chunks(msg.chunks, op.view)
+        msg.chunks = []
+        self._complete(op)
+
+    def _mismatch(self, nbytes: int, op: Handle, src: int) -> str:
+        return (f"rank {src} sent {nbytes} bytes (ctx {op.ctx}, tag {op.tag}) but the posted buffer "
+                f"holds {op.nbytes} bytes")
+
+    def wait(self, handles: Iterable[Handle], timeout: float | None = None, *,
+             group: Sequence[int] | None = None) -> None:
+        """Block until every handle has completed.
+
+        Args:
+            timeout: seconds; ``None``: the network's timeout.
+            group: the global ranks of a collective call. If one of them is lost (died)
+                meanwhile, the call cannot complete and this raises at once.
+
+        Raises:
+            PeerLostError: a peer of one of the handles (or of ``group``) closed its
+                connection or died; ``rank`` names it.
+            ProtocolError: a message's size differs from its receive buffer's.
+            DistTimeoutError: ``timeout`` seconds passed first; the message names what is
+                still pending. The operations stay posted.
+        """
+        handles = list(handles)
+        limit = self.timeout if timeout is None else timeout
+        now = time.monotonic()
+        deadline, probe_at = now + limit, now + _PROBE_INTERVAL
+        with self._cond:
+            while True:
+                failed = next((op for op in handles if op.error is not None), None)
+                if failed is not None:
+                    break
+                pending = [op for op in handles if not op.done]
+                if not pending:
+                    return
+                gone = next((q for q in group or () if self._peers[q].lost), None)
+                if gone is not None:
+                    raise PeerLostError(
+                        f"rank {self.rank}: rank {gone} of group {tuple(group)} was lost "
+                        f"({self._peers[gone].lost}); the collective cannot complete. Pending:\n"
+                        + "\n".join(f"  {op.describe()}" for op in pending[:8]), rank=gone)
+                now = time.monotonic()
+                if now >= deadline:
+                    raise DistTimeoutError(self._timeout_message(pending, limit))
+                if now >= probe_at:
+                    self._probe({*(group or ()), *(op.peer for op in pending)} - {None, self.rank})
+                    probe_at = now + _PROBE_INTERVAL
+                self._cond.wait(min(deadline, probe_at) - now)
+        raise failed.error.with_traceback(None)
+
+    def _probe(self, ranks: Iterable[int]) -> None:
+        """Find peers that died while this rank was not sending to them (the lock is held).
+
+        A connection this rank sends on carries nothing back but a goodbye, so an end
+        of stream (or a reset) there with nothing before it means the peer is gone.
+        """
+        for q in ranks:
+            p = self._peers[q]
+            sock = p.outbound
+            if sock is None or p.send_failure is not None:
+                continue
+            try:
+                with sock.dup() as probe:  # a non-blocking twin; the sender thread keeps its timeout
+                    probe.settimeout(0)
+                    if probe.recv(1, socket.MSG_PEEK):
+                        continue  # a goodbye is waiting: the sender thread reads it
+                reason = f"rank {q} closed its connection without a goodbye (it exited or died)"
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError as exc:
+                reason = f"rank {q}'s connection broke: {exc}"
+            self._lose(p, (PeerLostError, reason), receiving=False)
+
+    def _lose(self, p: _Peer, failure: tuple[type, str], *, receiving: bool) -> None:
+        """Peer ``p`` is gone without a goodbye: fail what involves it (the lock is held).
+
+        Receives fail here only when no connection from ``p`` exists, or ``receiving``
+        says that connection has ended: frames ``p`` wrote before dying may still be
+        in flight on it.
+        """
+        if p.lost is None:
+            p.lost = failure[1]
+        if p.send_failure is None:
+            p.send_failure = failure
+        if receiving or p.inbound is None:
+            self._fail_receives(p, failure)
+        self._cond.notify_all()
+
+    def _timeout_message(self, pending: list[Handle], limit: float) -> str:
+        lines = [f"rank {self.rank}: {len(pending)} operation(s) still pending after {limit:g} s:"]
+        lines += [f"  {op.describe()}" for op in pending[:8]]
+        if len(pending) > 8:
+            lines.append(f"  ... and {len(pending) - 8} more")
+        if self._rejected:
+            lines.append("incoming connections rejected: " + "; ".join(self._rejected))
+        return "\n".join(lines)
+
+    # -- sending ----------------------------------------------------------------------
+
+    def _send_loop(self, p: _Peer) -> None:
+        sock: socket.socket | None = None
+        poller = select.poll()
+        while True:
+            op = p.queue.get()
+            if op is _STOP:
+                break
+            with self._cond:
+                if p.send_failure is not None:
+                    self._fail(op, p.send_failure, p.rank)
+                    continue
+                op.state = "connecting" if sock is None else "sending"
+            try:
+                if sock is None:
+                    sock = self._connect(p.rank)
+                    poller.register(sock, select.POLLIN)
+                    with self._cond:
+                        p.outbound = sock
+                        op.state = "sending"
+                if poller.poll(0):
+                    self._check_goodbye(sock, p.rank)
+                send_frame(sock, encode_header(DATA, op.ctx, op.tag, op.nbytes, self.rank), op.view, peer=p.rank)
+            except Exception as exc:  # noqa: BLE001 - every failure becomes the peer's send failure
+                if isinstance(exc, DistError):
+                    failure = (type(exc), str(exc))
+                elif isinstance(exc, (_Goodbye, OSError)):
+                    failure = (PeerLostError, str(exc))
+                else:
+                    failure = (DistError, f"{type(exc).__name__}: {exc}")
+                with self._cond:
+                    if isinstance(exc, PeerLostError):
+                        self._lose(p, failure, receiving=False)
+                    elif p.send_failure is None:
+                        p.send_failure = failure
+                    self._fail(op, p.send_failure, p.rank)
+                    p.outbound = None
+                if sock is not None:
+                    sock.close()
+                    sock = None
+                continue
+            self._complete(op)
+        if sock is not None:
+            self._goodbye(sock, p)
+
+    def _connect(self, peer: int) -> socket.socket:
+        from ._auth import client_handshake
+
+        raw = self._store.get(f"peer/{peer}")
+        address = bytes(raw).decode("ascii", "replace")
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ProtocolError(f"the store holds a malformed address {address!r} for rank {peer}")
+        try:
+            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=self.timeout)
+        except OSError as exc:
+            raise PeerLostError(f"cannot connect to rank {peer} at {address}: {exc}", rank=peer) from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client_handshake(sock, self._secret, self.timeout)
+            sock.settimeout(self.timeout)
+            sock.sendall(_HELLO.pack(_HELLO_MAGIC, self.rank, self.world_size))
+        except OSError as exc:
+            sock.close()
+            raise PeerLostError(f"connection to rank {peer} at {address} broke: {exc}", rank=peer) from exc
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _check_goodbye(self, sock: socket.socket, peer: int) -> None:
+        """The peer wrote on our sending connection: that is its goodbye, or it is gone."""
+        try:
+            data = sock.recv(HEADER_SIZE, socket.MSG_PEEK)
+        except OSError as exc:
+            raise PeerLostError(f"rank {peer}'s connection broke: {exc}", rank=peer) from exc
+        if not data:
+            raise PeerLostError(f"rank {peer} closed its connection without a goodbye (it exited or died)",
+                                rank=peer)
+        head = bytearray(HEADER_SIZE)
+        recv_exact_into(sock, memoryview(head), peer=peer)
+        if decode_header(head).kind == CLOSE:
+            raise _Goodbye(f"rank {peer} has closed its peer network")
+        raise ProtocolError(f"rank {peer} sent a DATA frame on the connection this rank sends on")
+
+    def _goodbye(self, sock: socket.socket, p: _Peer) -> None:
+        """CLOSE, end of stream, then wait (briefly) until the peer has read everything."""
+        with self._cond:
+            p.outbound = None
+        try:
+            if p.send_failure is None:
+                sock.settimeout(min(self.timeout, _LINGER))
+                send_frame(sock, encode_header(CLOSE, 0, 0, 0, self.rank), peer=p.rank)
+                sock.shutdown(socket.SHUT_WR)
+                while sock.recv(4096):
+                    pass
+        except (DistError, OSError):
+            pass
+        finally:
+            sock.close()
+
+    # -- receiving --------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._listener, selectors.EVENT_READ)
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            while True:
+                events = sel.select()
+                if self._closed or any(key.fileobj is self._wake_r for key, _ in events):
+                    return
+                try:
+                    conn, addr = self._listener.accept()
+                except OSError:
+                    continue
+                with self._cond:
+                    if self._closed:
+                        conn.close()
+                        return
+                    self._accepted.add(conn)
+                    self._start(lambda c=conn, a=addr: self._serve(c, a), f"simdist-peers-recv:{self.rank}")
+
+    def _serve(self, conn: socket.socket, addr: Any) -> None:
+        """Authenticate one incoming connection, learn its rank, then read its frames."""
+        from ._auth import server_handshake
+
+        try:
+            try:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                server_handshake(conn, self._secret, self.timeout)
+                conn.settimeout(self.timeout)
+                hello = bytearray(_HELLO.size)
+                recv_exact_into(conn, memoryview(hello))
+                magic, rank, world = _HELLO.unpack(hello)
+                if magic != _HELLO_MAGIC:
+                    raise ProtocolError(f"bad hello {bytes(hello)!r}")
+                if world != self.world_size or not 0 <= rank < world or rank == self.rank:
+                    raise ProtocolError(f"hello from rank {rank} of {world}; this is rank {self.rank} of "
+                                        f"{self.world_size}")
+                with self._cond:
+                    p = self._peers[rank]
+                    if p.inbound is not None:
+                        raise ProtocolError(f"a second connection claims to be rank {rank}")
+                    p.inbound = conn
+            except (DistError, OSError) as exc:
+                if not self._closed:
+                    with self._cond:
+                        self._rejected.append(f"{addr}: {type(exc).__name__}: {exc}")
+                return
+            conn.settimeout(None)
+            self._receive_loop(p, conn)
+        finally:
+            with self._cond:
+                self._accepted.discard(conn)
+            conn.close()
+
+    def _receive_loop(self, p: _Peer, conn: socket.socket) -> None:
+        head = bytearray(HEADER_SIZE)
+        view = memoryview(head)
+        current: Handle | _Message | None = None
+        try:
+            while True:
+                recv_exact_into(conn, view, peer=p.rank)
+                h = decode_header(head)
+                if h.src != p.rank:
+                    raise ProtocolError(f"a frame from rank {p.rank} claims to come from rank {h.src}")
+                if h.kind == CLOSE:
+                    with self._cond:
+                        reason = f"rank {p.rank} closed its peer network (an orderly goodbye)"
+                        self._fail_receives(p, (PeerLostError, reason + " before this receive matched"))
+                    try:
+                        conn.settimeout(min(self.timeout, _LINGER))
+                        while conn.recv(4096):
+                            pass
+                    except OSError:
+                        pass
+                    return
+                with self._cond:
+                    op = self._match_posted(p, (h.ctx, h.tag))
+                    if op is None:
+                        current = _Message(p.rank, h.nbytes, next(self._arrival_seq))
+                        p.unexpected.setdefault((h.ctx, h.tag), deque()).append(current)
+                    else:
+                        current = op
+                if op is not None and op.nbytes != h.nbytes:
+                    _discard(conn, h.nbytes, p.rank)
+                    with self._cond:
+                        self._fail(op, (ProtocolError, self._mismatch(h.nbytes, op, p.rank)), p.rank)
+                elif op is not None:
+                    recv_exact_into(conn, op.view, peer=p.rank)
+                    self._complete(op)
+                else:
+                    self._receive_unexpected(conn, current, p.rank)
+                current = None
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the peer's receive failure
+            if self._closed:
+                failure = (DistError, "the peer network was closed")
+            elif isinstance(exc, PeerLostError):
+                where = "" if current is None else (
+                    f", in the middle of a {h.nbytes}-byte message (ctx {h.ctx}, tag {h.tag})")
+                reason = f"rank {p.rank}'s connection ended without a goodbye{where}"
+                failure = (PeerLostError, f"{reason} (the process exited or died): {exc}")
+            elif isinstance(exc, DistError):
+                failure = (type(exc), str(exc))
+            else:
+                failure = (DistError, f"{type(exc).__name__}: {exc}")
+            with self._cond:
+                if isinstance(current, Handle):
+                    self._fail(current, failure, p.rank)
+                elif isinstance(current, _Message):
+                    if current.op is not None:
+                        self._fail(current.op, failure, p.rank)
+                    else:
+                        queue = p.unexpected[(h.ctx, h.tag)]
+                        queue.remove(current)
+                        if not queue:
+                            del p.unexpected[(h.ctx, h.tag)]
+                if self._closed:
+                    self._fail_receives(p, failure)
+                else:
+                    self._lose(p, failure, receiving=True)
+
+    def _receive_unexpected(self, conn: socket.socket, msg: _Message, src: int) -> None:
+        """Read an unexpected payload in chunks; once a receive matches it, read the rest straight in."""
+        got = 0
+        while got < msg.nbytes:
+            op = msg.op  # set under the lock by irecv; seen here at the next chunk at the latest
+            if op is not None and op.nbytes == msg.nbytes:
+                recv_exact_into(conn, op.view[got:], peer=src)
+                _copy_chunks(msg.chunks, op.view)
+                msg.chunks = []
+                with self._cond:
+                    msg.arrived = True
+                self._complete(op)
+                return
+            chunk = bytearray(min(msg.nbytes - got, _CHUNK))
+            recv_exact_into(conn, memoryview(chunk), peer=src)
+            msg.chunks.append(chunk)
+            got += len(chunk)
+        with self._cond:
+            msg.arrived = True
+            op = msg.op
+        if op is not None:
+            self._deliver(msg, op)
+
+    def _fail_receives(self, p: _Peer, failure: tuple[type, str]) -> None:
+        """No more frames will come from ``p``: fail its posted receives, and later ones (the lock is held)."""
+        if p.recv_failure is None:
+            p.recv_failure = failure
+        for queue in p.posted.values():
+            for op in queue:
+                self._fail(op, failure, p.rank)
+        p.posted.clear()
+
+    # -- transports and closing -----------------------------------------------------
+
+    def transport(self, group_ranks: Sequence[int], group_rank: int, ctx: int) -> PeerTransport:
+        """A :class:`~simdist.algorithms.Transport` for one collective call of a group.
+
+        Args:
+            group_ranks: the global rank of each group rank.
+            group_rank: this process's rank in the group.
+            ctx: the context that keeps this call's messages apart from every other's.
+        """
+        return PeerTransport(self, group_ranks, group_rank, ctx)
+
+    def _start(self, target: Any, name: str) -> threading.Thread:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        return thread
+
+    def close(self) -> None:
+        """Say goodbye to every peer and stop the threads; idempotent.
+
+        Sends already posted are written first. Receives still pending fail with
+        :class:`~simdist.DistError`.
+        """
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            failure = (DistError, "the peer network was closed")
+            for queue in itertools.chain(self._any_posted.values(), *(p.posted.values() for p in self._peers)):
+                for op in queue:
+                    self._fail(op, failure, op.peer)
+                queue.clear()
+            for p in self._peers:
+                if p.queue is not None:
+                    p.queue.put(_STOP)
+        self._wake_w.send(b"x")
+        deadline = time.monotonic() + min(self.timeout, _LINGER) + 1.0
+        for p in self._peers:
+            if p.sender is not None:
+                p.sender.join(max(0.0, deadline - time.monotonic()))
+        with self._cond:
+            inbound = [p.inbound for p in self._peers if p.inbound is not None]
+            others = list(self._accepted)
+            stuck = [p.outbound for p in self._peers if p.outbound is not None and p.sender.is_alive()]
+        for sock in inbound:  # the goodbye in the other direction, so the peer stops sending
+            try:
+                sock.settimeout(0.5)
+                sock.sendall(encode_header(CLOSE, 0, 0, 0, self.rank))
+            except OSError:
+                pass
+        for sock in [*inbound, *others, *stuck]:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for t in self._threads:
+            t.join(max(0.1, deadline - time.monotonic()))
+        self._listener.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+
+def _pop(table: dict[tuple[int, int], deque], key: tuple[int, int]) -> Any:
+    """Pop the head of ``table[key]``, dropping the queue once empty (every call has its own ctx)."""
+    queue = table[key]
+    item = queue.popleft()
+    if not queue:
+        del table[key]
+    return item
+
+
+def _copy_chunks(chunks: list[bytearray], view: memoryview) -> None:
+    offset = 0
+    for chunk in chunks:
+        view[offset : offset + len(chunk)] = chunk
+        offset += len(chunk)
+
+
+def _discard(conn: socket.socket, nbytes: int, peer: int) -> None:
+    """Read and drop ``nbytes`` payload bytes (a frame no buffer can take)."""
+    scratch = memoryview(bytearray(min(nbytes, 1 << 20)))
+    while nbytes:
+        n = min(nbytes, len(scratch))
+        recv_exact_into(conn, scratch[:n], peer=peer)
+        nbytes -= n
+
+
+class PeerTransport:
+    """The :class:`~simdist.algorithms.Transport` of one collective call: group ranks, one ctx."""
+
+    __slots__ = ("_ctx", "_net", "_ranks", "rank", "size")
+
+    def __init__(self, network: PeerNetwork, group_ranks: Sequence[int], group_rank: int, ctx: int):
+        self._net = network
+        self._ranks = tuple(group_ranks)
+        self._ctx = ctx
+        self.rank = group_rank
+        self.size = len(self._ranks)
+        if not 0 <= group_rank < self.size or self._ranks[group_rank] != network.rank:
+            raise ValueError(f"group rank {group_rank} of {self._ranks} is not global rank {network.rank}")
+
+    def _global(self, peer: int) -> int:
+        return self._ranks[_as_int(peer, 0, self.size - 1, "peer (a group rank)")]
+
+    def isend(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Handle:
+        return self._net.isend(buf, self._global(peer), self._ctx, tag)
+
+    def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Handle:
+        return self._net.irecv(buf, self._global(peer), self._ctx, tag)
+
+    def wait(self, handles: Iterable[Handle]) -> None:
+        self._net.wait(handles, group=self._ranks)

@@ -1,0 +1,151 @@
+"""The socket backend end to end: real processes, the same programs as on the simulator."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import simdist
+import simdist as dist
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def seed_all_reduce(rank, world_size):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    tensor = torch.tensor([rank + 1], dtype=torch.float32)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    dist.destroy_process_group()
+    return tensor.item()
+
+
+def seed_scatter_gather(rank, world_size):
+    dist.init_process_group("gloo")
+    mine = torch.zeros(1)
+    scatter_list = [torch.tensor([i + 1.0]) for i in range(world_size)] if rank == 0 else None
+    dist.scatter(tensor=mine, scatter_list=scatter_list, src=0)
+    gather_list = [torch.zeros(1) for _ in range(world_size)] if rank == 0 else None
+    dist.gather(tensor=mine * 10, gather_list=gather_list, dst=0)
+    dist.destroy_process_group()
+    return mine.item(), [t.item() for t in gather_list] if gather_list else None
+
+
+def every_collective(rank, world_size):
+    """Each collective once on integer data; returns results comparable across backends."""
+    dist.init_process_group("gloo")
+    out = {}
+    t = torch.arange(6, dtype=torch.int64) + 10 * rank
+    a = t.clone()
+    dist.all_reduce(a)
+    out["all_reduce"] = a.tolist()
+    b = t.clone()
+    dist.broadcast(b, src=world_size - 1)
+    out["broadcast"] = b.tolist()
+    c = t.clone()
+    dist.reduce(c, dst=0, op=dist.ReduceOp.MAX)
+    out["reduce"] = c.tolist() if rank == 0 else None
+    g = [torch.zeros(6, dtype=torch.int64) for _ in range(world_size)]
+    dist.all_gather(g, t)
+    out["all_gather"] = [x.tolist() for x in g]
+    rs = torch.zeros(2, dtype=torch.int64)
+    dist.reduce_scatter_tensor(rs, torch.arange(2 * world_size, dtype=torch.int64) * (rank + 1))
+    out["reduce_scatter"] = rs.tolist()
+    a2a = torch.zeros(world_size, dtype=torch.int64)
+    dist.all_to_all_single(a2a, torch.arange(world_size, dtype=torch.int64) + 100 * rank)
+    out["all_to_all"] = a2a.tolist()
+    objs = [None] * world_size
+    dist.all_gather_object(objs, {"rank": rank})
+    out["objects"] = objs
+    work = dist.all_reduce(torch.ones(3), async_op=True)
+    work.wait()
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+def ring_p2p(rank, world_size):
+    dist.init_process_group("gloo")
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    got = np.zeros(4, dtype=np.float32)
+    works = [dist.isend(np.full(4, rank, dtype=np.float32), dst=right), dist.irecv(got, src=left)]
+    for w in works:
+        w.wait()
+    dist.destroy_process_group()
+    return got.tolist()
+
+
+def raises_on_rank_1(rank, world_size):
+    dist.init_process_group("gloo")
+    if rank == 1:
+        raise KeyError("rank 1 cannot find its data")
+    dist.barrier()
+
+
+def killed_mid_collective(rank, world_size):
+    dist.init_process_group("gloo")
+    dist.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(1 << 16))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_seed_all_reduce_on_processes(world):
+    assert simdist.spawn(seed_all_reduce, args=(world,), nprocs=world, backend="socket") == [
+        float(sum(range(1, world + 1)))
+    ] * world
+
+
+def test_seed_scatter_and_gather():
+    res = simdist.spawn(seed_scatter_gather, args=(3,), nprocs=3, backend="socket")
+    assert [r[0] for r in res] == [1.0, 2.0, 3.0]
+    assert res[0][1] == [10.0, 20.0, 30.0]
+
+
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_results_match_the_simulator(world):
+    real = simdist.spawn(every_collective, args=(world,), nprocs=world, backend="socket")
+    simulated = simdist.spawn(every_collective, args=(world,), nprocs=world, backend="sim")
+    assert real == simulated
+
+
+def test_point_to_point_ring_with_numpy():
+    assert simdist.spawn(ring_p2p, args=(3,), nprocs=3, backend="socket") == [[2.0] * 4, [0.0] * 4, [1.0] * 4]
+
+
+def test_exception_in_a_rank_is_a_rank_error():
+    with pytest.raises(simdist.RankError) as info:
+        simdist.spawn(raises_on_rank_1, args=(3,), nprocs=3, backend="socket", timeout=20)
+    assert info.value.rank == 1
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+def _children() -> set[int]:
+    me = os.getpid()
+    out = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                        out.add(int(pid))
+            except OSError:
+                pass
+    return out
+
+
+def test_killed_rank_fails_the_job_without_hanging_or_orphans():
+    before = _children()
+    start = time.monotonic()
+    with pytest.raises(simdist.RankError) as info:
+        simdist.spawn(killed_mid_collective, args=(3,), nprocs=3, backend="socket", timeout=10)
+    assert time.monotonic() - start < 10 + 15
+    assert info.value.rank in (0, 1, 2)
+    time.sleep(0.5)
+    assert _children() - before == set()
