@@ -154,3 +154,23 @@ def test_killed_rank_fails_the_job_without_hanging_or_orphans():
     assert info.value.rank in (0, 1, 2)
     time.sleep(0.5)
     assert _children() - before == set()
+
+
+def skips_an_all_reduce(rank, world_size):
+    dist.init_process_group("gloo")
+    dist.barrier()
+    if rank == 2:
+        time.sleep(8)  # never enters the all_reduce
+        return None
+    dist.all_reduce(torch.ones(4))
+
+
+def test_timeout_reports_which_rank_never_entered_the_collective():
+    with pytest.raises(simdist.RankError) as info:
+        simdist.spawn(skips_an_all_reduce, args=(3,), nprocs=3, backend="socket", timeout=2)
+    err = info.value.__cause__
+    assert isinstance(err, simdist.DistTimeoutError)
+    text = str(err)
+    assert "timed out in #2 (all_reduce) on group 0" in text
+    assert "rank 2 completed #1 (barrier) and never entered #2 (all_reduce) on group 0" in text
+    assert "its last call site is" in text and "test_socket_backend.py" in text

@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 from simdist import _arrays as A
 from simdist import algorithms
 from simdist._algorithmic import AlgorithmicGroup, CollectiveCall
+from simdist._errors import DistTimeoutError
 from simdist._group import Options
 from simdist._work import Work
 
@@ -72,25 +73,40 @@ class SocketGroup(AlgorithmicGroup):
 
     backend = "socket"
 
-    def __init__(self, peers: Any, rank: int, ranks: Sequence[int], group_id: int, timeout: float):
+    def __init__(self, peers: Any, rank: int, ranks: Sequence[int], group_id: int, timeout: float,
+                 recorder: Any = None):
         super().__init__(rank, ranks, group_id)
         self.peers = peers
+        self.recorder = recorder
         self.timeout = timeout
         self.seq = 0
         self.lock = threading.Lock()
         self.worker: ThreadPoolExecutor | None = None
 
-    def _next_ctx(self) -> int:
+    def _next_seq(self) -> int:
         with self.lock:
             self.seq += 1
-            return _ctx(self.group_id, self.seq)
+            return self.seq
 
     def _run_collective(self, call: CollectiveCall, opts: Options) -> Work:
-        transport = self.peers.transport(self.ranks, self.rank, self._next_ctx())
+        seq = self._next_seq()
+        transport = self.peers.transport(self.ranks, self.rank, _ctx(self.group_id, seq))
+        recorder = self.recorder
+        entry = None
+        if recorder is not None:
+            entry = recorder.start(self.group_id, seq, call.op, call.signature.get("shape"), call.call_site)
 
         def run() -> None:
-            algorithms.run_blocking(call.start(transport), transport)
+            try:
+                algorithms.run_blocking(call.start(transport), transport)
+            except DistTimeoutError as exc:
+                if recorder is None:
+                    raise
+                report = recorder.report(self.group_id, self.ranks, seq, call.op)
+                raise DistTimeoutError(f"{report}\n({exc})") from exc
             call.finish()
+            if entry is not None:
+                recorder.complete(entry)
 
         if not opts.async_op:
             run()

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 from simdist._group import GroupMember
 from simdist._world import World, set_process_world
 
+from ._flight import FlightRecorder
 from ._group import SocketGroup
 
 __all__ = ["SocketWorld", "DEFAULT_TIMEOUT", "rendezvous"]
@@ -143,7 +144,8 @@ class SocketWorld(World):
         listen = "127.0.0.1" if loopback else _address_towards(host, port)
         self.network = PeerNetwork(rank, world_size, self.store, secret, host=listen, timeout=self.timeout)
         self.rank, self.size, self.backend = rank, world_size, backend or "socket"
-        self.default_group = SocketGroup(self.network, rank, range(world_size), 0, self.timeout)
+        self.recorder = FlightRecorder(self.store, rank)
+        self.default_group = SocketGroup(self.network, rank, range(world_size), 0, self.timeout, self.recorder)
         self.groups = [self.default_group]
         set_process_world(self)
 
@@ -151,7 +153,9 @@ class SocketWorld(World):
         self.group_count += 1
         if self.rank not in ranks:
             return GroupMember.NON_GROUP_MEMBER
-        group = SocketGroup(self.network, list(ranks).index(self.rank), ranks, self.group_count, self.timeout)
+        group = SocketGroup(
+            self.network, list(ranks).index(self.rank), ranks, self.group_count, self.timeout, self.recorder
+        )
         self.groups.append(group)
         return group
 
@@ -164,6 +168,7 @@ class SocketWorld(World):
         for g in self.groups:
             g.destroy()
         self.groups, self.default_group, self.backend = [], None, None
+        self.recorder.close()
         self.network.close()
         # Rank 0 serves the store: it stops only once every rank has said goodbye.
         self.store.add("simdist/destroyed", 1)
