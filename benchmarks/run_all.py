@@ -2,9 +2,10 @@
 
     python benchmarks/run_all.py [--quick] [--json PATH] [--profile] [--profile-timer cpu|wall]
 
-Runs (a) ``bench_sim_allreduce``, (b) ``bench_sched_points`` and (c) ``bench_scale`` in
+Runs (a) ``bench_sim_allreduce``, (b) ``bench_sched_points``, (c) ``bench_scale`` and
+(d) ``bench_socket`` (socket backend vs gloo, real processes; ``--no-socket`` skips it) in
 this process, one after the other, then prints a summary of the targets. 40-60 s on a
-2-core machine (``--quick``: ~20 s; figures from a quick run are
+2-core machine for (a)-(c), 1-3 min more for (d) (``--quick``: ~20 s; figures from a quick run are
 smoke figures, not results). ``--json PATH`` writes every raw figure to one file;
 ``--profile`` adds cProfile tables (top 25 by tottime, all threads) of the slowest cases.
 """
@@ -20,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scale
 import bench_sched_points
 import bench_sim_allreduce
+import bench_socket
 from _common import (
     base_parser,
     finish_info,
@@ -51,11 +53,19 @@ def _summary(results: dict) -> str:
     for e in results["c"]["raw"].values():
         if e["target_s"] is None and "ring" in e["label"]:
             rows.append([f"(c) {e['label']}: report", f"{e['median_wall']:.2f} s", "reported"])
+    if "d" in results:
+        d = results["d"]["verdicts"]
+        for key in dict.fromkeys((v["world"], v["op"]) for v in d):
+            cells = [v for v in d if (v["world"], v["op"]) == key]
+            ok = all(v["met"] for v in cells)
+            figures = ", ".join(f"{v['size']} {fmt_ratio(v['ratio'])}" for v in cells)
+            rows.append([f"(d) socket {key[1]} world {key[0]}, >= 1 MiB: busbw >= 1.0x gloo", figures, verdict(ok)])
     return markdown_table(["target", "measured (median)", "verdict"], rows)
 
 
 def main(argv=None) -> dict:
     parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--no-socket", action="store_true", help="skip (d) bench_socket (real processes, ~2 min)")
     args = parser.parse_args(argv)
     common = []
     if args.quick:
@@ -67,7 +77,10 @@ def main(argv=None) -> dict:
     info = machine_info()
     t0 = time.perf_counter()
     results = {}
-    for key, mod in (("a", bench_sim_allreduce), ("b", bench_sched_points), ("c", bench_scale)):
+    benches = [("a", bench_sim_allreduce), ("b", bench_sched_points), ("c", bench_scale)]
+    if not args.no_socket:
+        benches.append(("d", bench_socket))
+    for key, mod in benches:
         print(f"<!-- running {mod.__name__} {' '.join(common)} -->", flush=True)
         results[key] = mod.main(common)
         print(flush=True)

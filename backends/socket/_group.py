@@ -72,6 +72,9 @@ class SocketGroup(AlgorithmicGroup):
     """One process's handle on a group of processes connected by a ``PeerNetwork``."""
 
     backend = "socket"
+    network = {"alpha": 30e-6, "beta": 1 / 2e9}
+    """What the automatic choice of algorithm assumes: about 30 µs per message and 2 GB/s, as
+    measured for a Python TCP stream on loopback (BENCHMARKS.md, section d)."""
 
     def __init__(self, peers: Any, rank: int, ranks: Sequence[int], group_id: int, timeout: float,
                  recorder: Any = None):

@@ -36,9 +36,7 @@ def ring(t: Transport, inp: Any, out: Any) -> Algorithm:
     right, left = (r + 1) % p, (r - 1) % p
     for step in range(p - 1):
         s, g = (r - step) % p, (r - step - 1) % p
-        yield send(t, A.narrow(out, s * n, n), right, step, s) + recv(
-            t, A.narrow(out, g * n, n), left, step, g
-        )
+        yield recv(t, A.narrow(out, g * n, n), left, step, g) + send(t, A.narrow(out, s * n, n), right, step, s)
 
 
 def recursive_doubling(t: Transport, inp: Any, out: Any) -> Algorithm:
@@ -70,8 +68,8 @@ def recursive_doubling(t: Transport, inp: Any, out: Any) -> Algorithm:
         while mask < pof2:
             peer_new = newrank ^ mask
             theirs = lo ^ mask
-            yield send(t, blocks(lo, lo + mask), real_of(peer_new, rem), step) + recv(
-                t, blocks(theirs, theirs + mask), real_of(peer_new, rem), step
+            yield recv(t, blocks(theirs, theirs + mask), real_of(peer_new, rem), step) + send(
+                t, blocks(lo, lo + mask), real_of(peer_new, rem), step
             )
             lo, mask, step = min(lo, theirs), mask << 1, step + 1
     if r < 2 * rem:
@@ -100,8 +98,8 @@ def bruck(t: Transport, inp: Any, out: Any) -> Algorithm:
     dist, step = 1, 0
     while dist < p:
         count = min(dist, p - dist)
-        yield send(t, A.narrow(work, 0, count * n), (r - dist) % p, step) + recv(
-            t, A.narrow(work, dist * n, count * n), (r + dist) % p, step
+        yield recv(t, A.narrow(work, dist * n, count * n), (r + dist) % p, step) + send(
+            t, A.narrow(work, 0, count * n), (r - dist) % p, step
         )
         dist, step = dist << 1, step + 1
     if r:

@@ -39,13 +39,13 @@ def ring(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
     for step in range(p - 1):
         out, inc = (r - step) % p, (r - step - 1) % p
         incoming = A.narrow(tmp, 0, bounds[inc][1])
-        yield send(t, blocks[out], right, step, out) + recv(t, incoming, left, step, inc)
+        yield recv(t, incoming, left, step, inc) + send(t, blocks[out], right, step, out)
         if bounds[inc][1]:
             A.reduce_(blocks[inc], incoming, op)
     for step in range(p - 1):
         out, inc = (r + 1 - step) % p, (r - step) % p
         tag = p - 1 + step
-        yield send(t, blocks[out], right, tag, out) + recv(t, blocks[inc], left, tag, inc)
+        yield recv(t, blocks[inc], left, tag, inc) + send(t, blocks[out], right, tag, out)
 
 
 def _fold_in(t: Transport, buf: Any, tmp: Any, op: ReduceOp, rem: int, newrank: int) -> Algorithm:
@@ -93,7 +93,7 @@ def recursive_doubling(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
         while mask < pof2:
             peer_new = newrank ^ mask
             peer = real_of(peer_new, rem)
-            yield send(t, buf, peer, step) + recv(t, tmp, peer, step)
+            yield recv(t, tmp, peer, step) + send(t, buf, peer, step)
             if peer_new < newrank:
                 _reduce_left(buf, tmp, op)
             else:
@@ -136,7 +136,7 @@ def rabenseifner(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
             else:
                 give, keep, hi = span(mid, hi), span(lo, mid), mid
             incoming = A.narrow(tmp, 0, A.numel(keep))
-            yield send(t, give, peer, step) + recv(t, incoming, peer, step)
+            yield recv(t, incoming, peer, step) + send(t, give, peer, step)
             if A.numel(keep):
                 A.reduce_(keep, incoming, op)
             mask, step = mask >> 1, step + 1
@@ -147,8 +147,8 @@ def rabenseifner(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
             theirs_lo = lo ^ mask
             chunk = lo if mask == 1 else None
             yield (
-                send(t, span(lo, hi), peer, step, chunk)
-                + recv(t, span(theirs_lo, theirs_lo + mask), peer, step, theirs_lo if mask == 1 else None)
+                recv(t, span(theirs_lo, theirs_lo + mask), peer, step, theirs_lo if mask == 1 else None)
+                + send(t, span(lo, hi), peer, step, chunk)
             )
             lo, hi = min(lo, theirs_lo), min(lo, theirs_lo) + 2 * mask
             mask, step = mask << 1, step + 1

@@ -26,9 +26,7 @@ def _blocks(t: Transport, buf: Any, counts: Sequence[int], argname: str) -> list
     return [A.narrow(buf, offs[j], counts[j]) for j in range(t.size)]
 
 
-def direct(
-    t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_counts: Sequence[int]
-) -> Algorithm:
+def direct(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_counts: Sequence[int]) -> Algorithm:
     """Direct: post every send and receive at once and wait for all (one step).
 
     Lets the transport overlap all ``p - 1`` exchanges; good for medium messages.
@@ -40,14 +38,12 @@ def direct(
     handles = []
     for step in range(1, t.size):
         dst, src = (r + step) % t.size, (r - step) % t.size
-        handles += send(t, sends[dst], dst, 0, r) + recv(t, recvs[src], src, 0, src)
+        handles += recv(t, recvs[src], src, 0, src) + send(t, sends[dst], dst, 0, r)
     if handles:
         yield handles
 
 
-def pairwise(
-    t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_counts: Sequence[int]
-) -> Algorithm:
+def pairwise(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_counts: Sequence[int]) -> Algorithm:
     """Pairwise exchange: at step ``s`` send to rank ``r + s`` and receive from ``r - s``.
 
     ``p - 1`` steps with one message each way; no data is forwarded, so uneven counts
@@ -61,12 +57,10 @@ def pairwise(
         return
     for step in range(1, p):
         dst, src = (r + step) % p, (r - step) % p
-        yield send(t, sends[dst], dst, step, r) + recv(t, recvs[src], src, step, src)
+        yield recv(t, recvs[src], src, step, src) + send(t, sends[dst], dst, step, r)
 
 
-def bruck(
-    t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_counts: Sequence[int]
-) -> Algorithm:
+def bruck(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_counts: Sequence[int]) -> Algorithm:
     """Bruck: ``ceil(log2 p)`` steps; step ``k`` forwards every block whose distance has bit ``k`` set.
 
     Rank ``r`` first rotates its blocks so that position ``i`` holds the block for rank
@@ -105,8 +99,8 @@ def bruck(
         for k, i in enumerate(moving):
             A.copy_(A.narrow(packed, k * m, m), slot[i])
         size = len(moving) * m
-        yield send(t, A.narrow(packed, 0, size), (r + dist) % p, step) + recv(
-            t, A.narrow(unpacked, 0, size), (r - dist) % p, step
+        yield recv(t, A.narrow(unpacked, 0, size), (r - dist) % p, step) + send(
+            t, A.narrow(packed, 0, size), (r + dist) % p, step
         )
         for k, i in enumerate(moving):
             A.copy_(slot[i], A.narrow(unpacked, k * m, m))

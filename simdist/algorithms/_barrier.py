@@ -22,7 +22,7 @@ def dissemination(t: Transport, scratch: Any) -> Algorithm:
     dist, step = 1, 0
     while dist < p:
         yield [
-            t.isend(token, (r + dist) % p, step),
             t.irecv(A.narrow(scratch, 0, 0), (r - dist) % p, step),
+            t.isend(token, (r + dist) % p, step),
         ]
         dist, step = dist << 1, step + 1

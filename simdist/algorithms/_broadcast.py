@@ -82,6 +82,6 @@ def scatter_allgather(t: Transport, buf: Any, root: int) -> Algorithm:
     right, left = real(v + 1), real(v - 1)
     for step in range(p - 1):
         out, inc = (v - step) % p, (v - step - 1) % p
-        sends = send(t, span(out, out + 1), right, base + step, out) if v != p - 1 else []
         recvs = recv(t, span(inc, inc + 1), left, base + step, inc) if v != 0 else []
+        sends = send(t, span(out, out + 1), right, base + step, out) if v != p - 1 else []
         yield sends + recvs

@@ -48,7 +48,7 @@ def ring(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) 
     for step in range(p - 1):
         s, g = (r - step - 1) % p, (r - step - 2) % p
         incoming = A.narrow(bufs[step % 2], 0, counts[g])
-        yield send(t, outgoing, right, step, s) + recv(t, incoming, left, step, g)
+        yield recv(t, incoming, left, step, g) + send(t, outgoing, right, step, s)
         A.reduce_(incoming, blocks[g], op)
         outgoing = incoming
     A.copy_(out, outgoing)  # block r, finished (``out`` may be a view of ``inp``)
@@ -66,7 +66,7 @@ def pairwise(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: Reduce
     tmp = A.empty(inp, counts[r])
     for step in range(1, p):
         dst, src = (r + step) % p, (r - step) % p
-        yield send(t, blocks[dst], dst, step, dst) + recv(t, tmp, src, step, r)
+        yield recv(t, tmp, src, step, r) + send(t, blocks[dst], dst, step, dst)
         if counts[r]:
             A.reduce_(out, tmp, op)
 
@@ -116,7 +116,7 @@ def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], o
                 give, keep, hi = (mid, hi), (lo, mid), mid
             kept = span(acc, *keep)
             incoming = A.narrow(tmp, 0, A.numel(kept))
-            yield send(t, span(acc, *give), peer, step) + recv(t, incoming, peer, step)
+            yield recv(t, incoming, peer, step) + send(t, span(acc, *give), peer, step)
             A.reduce_(kept, incoming, op)
             mask, step = mask >> 1, step + 1
         # new rank ``lo`` now holds the results for original ranks first_of(lo) .. r
