@@ -11,6 +11,8 @@ import warnings
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
+from simdist._callsite import user_call_site
+from simdist._errors import DistError
 from simdist._group import GroupMember
 from simdist._world import World, set_process_world
 
@@ -86,10 +88,13 @@ def shared_secret(host: str) -> bytes:
     if secret:
         return secret
     if is_loopback(host):
-        warnings.warn(
+        filename, _, line = user_call_site().rpartition(":")
+        warnings.warn_explicit(
             "SIMDIST_SECRET is not set: connections on loopback are authenticated with simdist's default "
             "secret; set SIMDIST_SECRET (simdist run and spawn set one) to keep other local users out",
-            stacklevel=4,
+            UserWarning,
+            filename,
+            int(line) if line.isdigit() else 0,
         )
         return _LOOPBACK_SECRET
     raise ValueError(
@@ -170,8 +175,14 @@ class SocketWorld(World):
         self.groups, self.default_group, self.backend = [], None, None
         self.recorder.close()
         self.network.close()
-        # Rank 0 serves the store: it stops only once every rank has said goodbye.
-        self.store.add("simdist/destroyed", 1)
+        # Rank 0 serves the store: it stops only once every rank has said goodbye. The
+        # server counts a goodbye before answering it, so a rank whose connection closes
+        # during its own goodbye was counted: rank 0 saw everyone and shut down.
+        try:
+            self.store.add("simdist/destroyed", 1)
+        except DistError:
+            if self.server is not None:
+                raise
         if self.server is not None:
             _wait_count(self.store, "simdist/destroyed", self.size, self.timeout)
             self.server.close()
