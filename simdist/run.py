@@ -1,0 +1,399 @@
+"""``simdist run``: a torchrun-compatible launcher for the socket backend and the simulator.
+
+    simdist run --nproc-per-node 4 train.py --epochs 3                # 4 processes on this machine
+    simdist run --nnodes 2 --node-rank 0 --master-addr HOST --master-port 29500 --nproc-per-node 2 train.py
+    simdist run --nproc-per-node 4 --backend sim train.py             # the same script on the simulator
+
+Each rank runs the script as ``__main__`` with torchrun's environment (RANK, LOCAL_RANK,
+WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), plus SIMDIST_SECRET and
+SIMDIST_BACKEND, so ``dist.init_process_group("gloo")`` needs no arguments. The launcher exits
+0 when every rank exits 0; when a rank fails it stops the others and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator, MutableMapping, Sequence
+from queue import Empty, Queue
+from typing import IO, Any
+
+__all__ = ["cli", "main"]
+
+GRACE_SECONDS = 5.0
+"""How long ranks get between SIGTERM and SIGKILL once the job is being stopped."""
+
+DEFAULT_PORT = 29500
+
+# A rank process: the script becomes __main__, sys.argv is the script and its arguments, and the
+# script's folder comes first on sys.path, as with ``python script.py``. It does not import simdist.
+_WORKER = (
+    "import os, runpy, sys; sys.argv = sys.argv[1:]; "
+    "sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0])); "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+class _Stop(Exception):
+    """The launcher itself was asked to stop (SIGTERM or SIGHUP)."""
+
+
+def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Run a script on several ranks, like torchrun: as real processes joined by simdist's "
+        "socket backend, or as simulated ranks in this process.",
+        allow_abbrev=False,
+    )
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, metavar="N",
+                   help="ranks to start on this node (default 1)")
+    p.add_argument("--nnodes", type=int, default=1, metavar="M",
+                   help="number of nodes; each runs its own 'simdist run' (default 1)")
+    p.add_argument("--node-rank", "--node_rank", type=int, default=0, metavar="K",
+                   help="this node's index in 0..M-1; its ranks are K*N .. K*N+N-1 (default 0)")
+    p.add_argument("--master-addr", "--master_addr", default="127.0.0.1", metavar="HOST",
+                   help="address of node 0, where rank 0 serves the rendezvous store (default 127.0.0.1)")
+    p.add_argument("--master-port", "--master_port", type=int, default=None, metavar="P",
+                   help=f"port of the rendezvous store (default: a free port on one node, {DEFAULT_PORT} on several)")
+    p.add_argument("--backend", choices=("socket", "sim"), default="socket",
+                   help="'socket': one process per rank (default); 'sim': every rank of the job as a "
+                   "simulated rank in this process, each running the script in a fresh namespace")
+    p.add_argument("--log-dir", "--log_dir", default=None, metavar="DIR",
+                   help="write each rank's stdout and stderr to DIR/rank_R.log instead of this terminal "
+                   "(socket backend only)")
+    p.add_argument("--no-prefix", "--no_prefix", action="store_true",
+                   help="do not start each output line with '[rank R] '")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="socket: seconds an operation waits for its peers (SIMDIST_TIMEOUT); "
+                   "sim: real seconds the whole run may take")
+    p.add_argument("script", help="the Python script every rank runs as __main__")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script (sys.argv[1:])")
+    return p
+
+
+def _check(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if opts.nproc_per_node < 1:
+        parser.error(f"--nproc-per-node={opts.nproc_per_node} must be at least 1")
+    if opts.nnodes < 1:
+        parser.error(f"--nnodes={opts.nnodes} must be at least 1")
+    if not 0 <= opts.node_rank < opts.nnodes:
+        parser.error(f"--node-rank={opts.node_rank} must be in 0..{opts.nnodes - 1} for --nnodes={opts.nnodes}")
+    if opts.master_port is not None and not 0 < opts.master_port < 65536:
+        parser.error(f"--master-port={opts.master_port} is not a TCP port")
+    if opts.timeout is not None and not opts.timeout > 0:
+        parser.error(f"--timeout={opts.timeout} must be a positive number of seconds")
+    if not os.path.isfile(opts.script):
+        parser.error(f"script {opts.script!r} does not exist")
+    if opts.backend == "sim":
+        if opts.node_rank != 0:
+            parser.error("--backend sim runs every node's ranks in this one process; leave --node-rank at 0")
+        if opts.log_dir is not None:
+            parser.error("--log-dir is supported with --backend socket only")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``simdist run``'s arguments (without the word ``run``); return the exit status."""
+    parser = _parser()
+    opts = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    _check(opts, parser)
+    if opts.backend == "sim":
+        return _run_sim(opts)
+    return _run_socket(opts)
+
+
+def cli() -> int:
+    """The ``simdist`` console script: ``simdist run ...``."""
+    args = sys.argv[1:]
+    if args and args[0] == "run":
+        return main(args[1:])
+    usage = "usage: simdist run [options] script.py [script args...]\n       simdist run --help\n"
+    if args and args[0] in ("-h", "--help"):
+        sys.stdout.write(usage)
+        return 0
+    sys.stderr.write(usage)
+    return 2
+
+
+# --- socket backend: one process per rank -------------------------------------------------------
+
+
+def _rank_env(opts: argparse.Namespace, local: int, port: int, secret: str) -> dict[str, str]:
+    n = opts.nproc_per_node
+    env = dict(os.environ)
+    env.update(
+        RANK=str(opts.node_rank * n + local),
+        LOCAL_RANK=str(local),
+        WORLD_SIZE=str(n * opts.nnodes),
+        LOCAL_WORLD_SIZE=str(n),
+        GROUP_RANK=str(opts.node_rank),
+        MASTER_ADDR=opts.master_addr,
+        MASTER_PORT=str(port),
+        SIMDIST_SECRET=secret,
+        SIMDIST_BACKEND="socket",
+    )
+    if opts.timeout is not None:
+        env["SIMDIST_TIMEOUT"] = str(opts.timeout)
+    return env
+
+
+def _job_port_and_secret(opts: argparse.Namespace) -> tuple[int, str]:
+    from simdist.backends.socket._auth import SECRET_ENV, new_secret
+    from simdist.backends.socket._spawn import free_port
+
+    if opts.nnodes == 1:
+        return (opts.master_port or free_port()), new_secret()
+    secret = os.environ.get(SECRET_ENV)
+    if not secret:
+        raise SystemExit(
+            f"simdist run: --nnodes={opts.nnodes} needs the same {SECRET_ENV} on every node; create one with\n"
+            f"  export {SECRET_ENV}=$(python -c 'from simdist.backends.socket._auth import new_secret; "
+            "print(new_secret())')\nand set it on each node before 'simdist run'"
+        )
+    return (opts.master_port or DEFAULT_PORT), secret
+
+
+def _pump(stream: IO[bytes], out: IO[str], prefix: str, lock: threading.Lock) -> None:
+    """Copy ``stream`` to ``out`` line by line, each line starting with ``prefix``."""
+    with stream:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            if not line.endswith("\n"):
+                line += "\n"
+            with lock:
+                out.write(prefix + line)
+                out.flush()
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} (exit code {code})"
+    return f"failed with exit code {code}"
+
+
+def _status(code: int) -> int:
+    """The launcher's exit status for a rank that ended with ``code`` (``Popen.returncode``)."""
+    return 128 - code if code < 0 else min(code, 255)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to the rank's process group (the rank and whatever it started)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop_all(procs: list[subprocess.Popen]) -> list[int]:
+    """SIGTERM every rank still running, SIGKILL after ``GRACE_SECONDS``; return the ranks it stopped."""
+    stopped = [i for i, p in enumerate(procs) if p.poll() is None]
+    for p in procs:  # also the groups of ranks that exited: a rank's children go with it
+        _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_SECONDS
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        _signal_group(p, signal.SIGKILL)
+        p.wait()
+    return stopped
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def _run_socket(opts: argparse.Namespace) -> int:
+    port, secret = _job_port_and_secret(opts)
+    n, base = opts.nproc_per_node, opts.node_rank * opts.nproc_per_node
+    command = [sys.executable, "-u", "-c", _WORKER, opts.script, *opts.script_args]
+    lock = threading.Lock()
+    procs: list[subprocess.Popen] = []
+    pumps: list[list[threading.Thread]] = []
+    exits: Queue[tuple[int, int]] = Queue()
+    handlers: dict[int, Any] = {}
+    stopped = False
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            handlers[sig] = signal.signal(sig, _raise_stop)
+    if opts.log_dir is not None:
+        os.makedirs(opts.log_dir, exist_ok=True)
+    try:
+        for local in range(n):
+            rank = base + local
+            env = _rank_env(opts, local, port, secret)
+            if opts.log_dir is not None:
+                with open(os.path.join(opts.log_dir, f"rank_{rank}.log"), "wb") as log:
+                    p = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+                threads = []
+            else:
+                p = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+                prefix = "" if opts.no_prefix else f"[rank {rank}] "
+                threads = [
+                    threading.Thread(target=_pump, args=(p.stdout, sys.stdout, prefix, lock), daemon=True),
+                    threading.Thread(target=_pump, args=(p.stderr, sys.stderr, prefix, lock), daemon=True),
+                ]
+            procs.append(p)
+            pumps.append(threads)
+            for t in threads:
+                t.start()
+            threading.Thread(target=lambda p=p, local=local: exits.put((local, p.wait())), daemon=True).start()
+        status, stopped = _supervise(procs, pumps, exits, base, lock)
+    except (KeyboardInterrupt, _Stop) as exc:
+        name = "SIGINT" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        sys.stderr.write(f"simdist run: got {name}; stopping every rank\n")
+        _stop_all(procs)
+        status, stopped = (130 if name == "SIGINT" else 128 + int(getattr(signal, name, 15))), True
+    finally:
+        if not stopped:  # nothing outlives the launcher, whatever happened above
+            _stop_all(procs)
+        for threads in pumps:
+            for t in threads:
+                t.join(5)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return status
+
+
+def _supervise(procs: list[subprocess.Popen], pumps: list[list[threading.Thread]],
+               exits: Queue[tuple[int, int]], base: int, lock: threading.Lock) -> tuple[int, bool]:
+    """Wait for the ranks in the order they exit; at the first failure, stop the rest.
+
+    Returns the exit status and whether the ranks were stopped already.
+    """
+    left = len(procs)
+    while left:
+        try:
+            local, code = exits.get(timeout=0.5)  # a timeout keeps SIGINT and SIGTERM deliverable
+        except Empty:
+            continue
+        left -= 1
+        if code == 0:
+            continue
+        for t in pumps[local]:  # the failed rank's last words come before the verdict
+            t.join(1)
+        others = [i for i, p in enumerate(procs) if p.poll() is None]
+        with lock:
+            sys.stderr.write(f"simdist run: rank {base + local} (local rank {local}, pid {procs[local].pid}) "
+                             f"{_describe(code)}; stopping {len(others)} other rank(s)\n")
+            sys.stderr.flush()
+        stopped = _stop_all(procs)
+        if stopped:
+            with lock:
+                sys.stderr.write(f"simdist run: stopped rank(s) {', '.join(str(base + i) for i in stopped)}\n")
+        return _status(code), True
+    return 0, False
+
+
+# --- sim backend: every rank a simulated thread in this process ---------------------------------
+
+
+class _RankEnviron(MutableMapping):
+    """``os.environ`` while the simulator runs: each rank thread sees and edits its own copy.
+
+    Rank threads are registered by thread id; any other thread (the launcher, threads a rank
+    starts) sees the real environment. Only Python-level reads see a rank's view: C code calling
+    ``getenv`` and subprocesses started without ``env=`` see the process environment.
+    """
+
+    def __init__(self, base: MutableMapping) -> None:
+        self.base = base
+        self.views: dict[int, dict[str, str]] = {}
+
+    def _env(self) -> MutableMapping:
+        return self.views.get(threading.get_ident(), self.base)
+
+    def __getitem__(self, key: str) -> str:
+        return self._env()[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self._env()[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._env()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._env()))
+
+    def __len__(self) -> int:
+        return len(self._env())
+
+    def copy(self) -> dict[str, str]:
+        return dict(self._env())
+
+
+def _run_sim(opts: argparse.Namespace) -> int:
+    import simdist
+    from simdist import DistError, RankError
+
+    n, world = opts.nproc_per_node, opts.nproc_per_node * opts.nnodes
+    script = os.path.abspath(opts.script)
+    real_environ = os.environ
+    environ = _RankEnviron(real_environ)
+
+    def rank_main(rank: int) -> None:
+        me = threading.get_ident()
+        environ.views[me] = {
+            **real_environ,
+            "RANK": str(rank), "LOCAL_RANK": str(rank % n), "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": str(rank // n),
+            "MASTER_ADDR": opts.master_addr, "MASTER_PORT": str(opts.master_port or DEFAULT_PORT),
+        }  # fmt: skip
+        try:
+            runpy.run_path(script, run_name="__main__")  # a fresh namespace for every rank
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                raise
+        finally:
+            del environ.views[me]
+
+    # runpy swaps sys.modules["__main__"] and sys.argv[0] in and out; with ranks interleaved
+    # the swaps do not nest, so the launcher's own values are put back here.
+    saved = (sys.argv, sys.modules.get("__main__"), list(sys.path))
+    sys.argv = [script, *opts.script_args]
+    sys.path.insert(0, os.path.dirname(script))
+    os.environ = environ  # type: ignore[assignment]  # noqa: B003 - a view, put back below
+    options: dict[str, Any] = {"prefix_output": not opts.no_prefix}
+    if opts.timeout is not None:
+        options["timeout"] = opts.timeout
+    try:
+        simdist.spawn(rank_main, nprocs=world, backend="sim", **options)
+        return 0
+    except RankError as err:
+        cause = err.__cause__
+        if isinstance(cause, SystemExit):
+            code = cause.code if isinstance(cause.code, int) else 1
+            sys.stderr.write(f"simdist run: rank {err.rank} exited with status {code}\n")
+            if not isinstance(cause.code, int):
+                sys.stderr.write(f"{cause.code}\n")
+            return min(code, 255) or 1
+        sys.stderr.write("".join(traceback.format_exception(cause)) if cause is not None else "")
+        sys.stderr.write(f"simdist run: {err}\n")
+        return 1
+    except DistError as err:  # DeadlockError, CollectiveMismatchError, DistTimeoutError: their reports
+        sys.stderr.write(f"simdist run: {type(err).__name__}: {err}\n")
+        return 1
+    finally:
+        os.environ = real_environ  # noqa: B003 - the real mapping again
+        sys.argv, main_module, sys.path[:] = saved
+        if main_module is not None:
+            sys.modules["__main__"] = main_module
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
