@@ -355,6 +355,15 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
 # --- collectives ------------------------------------------------------------------------------
 
 
+def _reduced_into(x: Any, argname: str, op: Any) -> ReduceOp:
+    """``op`` as a ReduceOp, once ``x`` is checked as a writable array that ``op`` can reduce."""
+    A.check_array(x, argname)
+    A.check_writable(x, argname)
+    op = as_reduce_op(op)
+    A.check_reduce_op(x, op)
+    return op
+
+
 def _run(work: Work, async_op: bool) -> Work | None:
     if async_op:
         return work
@@ -396,10 +405,7 @@ def all_reduce(
 ) -> Work | None:
     """Reduce ``tensor`` across the group with ``op``; every rank ends with the same result, in place."""
     world, pg = resolve("all_reduce", group)
-    A.check_array(tensor, "tensor")
-    A.check_writable(tensor, "tensor")
-    op = as_reduce_op(op)
-    A.check_reduce_op(tensor, op)
+    op = _reduced_into(tensor, "tensor", op)
     if pg is None:
         return None
     return _run(pg.all_reduce(tensor, _opts(async_op, algorithm, op=op)), async_op)
@@ -421,10 +427,7 @@ def reduce(
     Other ranks' tensors are left unchanged.
     """
     world, pg = resolve("reduce", group)
-    A.check_array(tensor, "tensor")
-    A.check_writable(tensor, "tensor")
-    op = as_reduce_op(op)
-    A.check_reduce_op(tensor, op)
+    op = _reduced_into(tensor, "tensor", op)
     if pg is None:
         return None
     root = root_of(world, pg, dst, group_dst, "dst", default=None)
@@ -536,10 +539,7 @@ def reduce_scatter(
 ) -> Work | None:
     """Reduce ``input_list[i]`` across the group with ``op`` into ``output`` on rank i."""
     world, pg = resolve("reduce_scatter", group)
-    A.check_array(output, "output")
-    A.check_writable(output, "output")
-    op = as_reduce_op(op)
-    A.check_reduce_op(output, op)
+    op = _reduced_into(output, "output", op)
     if pg is None:
         return None
     check_list(input_list, pg.size, "input_list", output, refname="output")
@@ -562,11 +562,8 @@ def reduce_scatter_tensor(
 ) -> Work | None:
     """Reduce ``input`` across the group and give rank i the i-th of ``size`` equal pieces, in ``output``."""
     world, pg = resolve("reduce_scatter_tensor", group)
-    A.check_array(output, "output")
-    A.check_writable(output, "output")
+    op = _reduced_into(output, "output", op)
     same_kind(input, output, "input", "output")
-    op = as_reduce_op(op)
-    A.check_reduce_op(output, op)
     if pg is None:
         return None
     if A.numel(input) != pg.size * A.numel(output):
