@@ -11,6 +11,10 @@ make sure every (op, algorithm) pair and every array type runs at world sizes 1,
 4 and 7 whatever hypothesis draws. Further tests cover non-contiguous arrays, async
 works, subgroups (and ranks outside them), ``group_src``/``group_dst``, tensors that
 require grad and torch's own ``ReduceOp`` values.
+
+The same cases run on real processes of the socket backend at world sizes 1 to 5 (every
+pair, array type and reduce op, subgroups, and a shorter hypothesis run), compared with the
+same reference exactly, so both backends agree bit for bit.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from reference import (
 )
 
 import simdist as dist
+from every_backend import run
 from simdist import ReduceOp
 from simdist.algorithms import ALGORITHMS, choose
 
@@ -339,13 +344,20 @@ def expected(case: Case, g: int) -> dict[str, Any]:
     return {}
 
 
-def check(cases: list[Case], world: int, detail: str, seed: int = 0) -> Any:
-    """Run ``cases`` in one simulation and compare every rank's results with the reference; return the run."""
+def check(cases: list[Case], world: int, detail: str, seed: int = 0, backend: str = "sim") -> Any:
+    """Run ``cases`` in one run of ``backend`` and compare every rank's results with the reference.
+
+    Returns the simulator's run (for its trace), or ``None`` on socket.
+    """
     logs: dict = {}
-    res = dist.simulate(program, world, args=(cases, logs), seed=seed, detail=detail, leaks="error")
+    if backend == "sim":
+        res = dist.simulate(program, world, args=(cases, logs), seed=seed, detail=detail, leaks="error")
+        values = res.values
+    else:  # the ranks' barrier logs stay in their processes
+        res, values = None, run(program, world, backend, args=(cases, logs))
     for n, case in enumerate(cases):
         for rank in range(world):
-            got = res.values[rank][n]
+            got = values[rank][n]
             if case.members is not None and rank not in case.members:
                 assert got == "outside"
                 continue
@@ -360,7 +372,7 @@ def check(cases: list[Case], world: int, detail: str, seed: int = 0) -> Any:
                         assert_same(a, e, f"{where}[{i}]")
                 else:
                     assert_same(got[key], w, where)
-        if case.op == "barrier":
+        if case.op == "barrier" and backend == "sim":
             log = logs[n]
             assert len(log) == 2 * case.size
             assert [e for e, _ in log[: case.size]] == ["enter"] * case.size, f"a rank left the barrier early: {log}"
@@ -375,10 +387,10 @@ def run_case(case: Case) -> None:
 
 
 @st.composite
-def cases(draw) -> Case:
+def cases(draw, max_world: int = 9) -> Case:
     op = draw(st.sampled_from(OPS))
     kind, dtype = draw(st.sampled_from(ARRAY_TYPES))
-    world = draw(st.integers(1, 9))
+    world = draw(st.integers(1, max_world))
     members = None
     if world > 1 and draw(st.integers(0, 3)) == 0:
         members = tuple(draw(st.lists(st.integers(0, world - 1), min_size=1, max_size=world, unique=True)))
@@ -417,10 +429,8 @@ def test_collectives_match_numpy_reference(case: Case) -> None:
 # -- smoke tests: every (op, algorithm) pair and every array type at worlds 1, 3, 4, 7 ----------------
 
 
-@pytest.mark.parametrize("world", SMOKE_WORLDS)
-@pytest.mark.parametrize(("op", "algorithm"), PAIRS, ids=[f"{o}-{a}" for o, a in PAIRS])
-def test_every_algorithm(op: str, algorithm: str | None, world: int) -> None:
-    """Each pair on both levels of detail; reducing ops with SUM then MAX; the last rank as root."""
+def _algorithm_batch(op: str, algorithm: str | None, world: int) -> list[Case]:
+    """One pair: float32 (SUM for reducing ops), int64 numpy with MAX, uneven counts; the last rank as root."""
     base = Case(
         op=op,
         algorithm=algorithm,
@@ -435,6 +445,14 @@ def test_every_algorithm(op: str, algorithm: str | None, world: int) -> None:
         batch.append(replace(base, rop=R.MAX, kind="numpy", dtype="int64", seed=world + 1))
     if op in UNEVEN and algorithm != "bruck":
         batch.append(replace(base, uneven=True, seed=world + 2))
+    return batch
+
+
+@pytest.mark.parametrize("world", SMOKE_WORLDS)
+@pytest.mark.parametrize(("op", "algorithm"), PAIRS, ids=[f"{o}-{a}" for o, a in PAIRS])
+def test_every_algorithm(op: str, algorithm: str | None, world: int) -> None:
+    """Each pair on both levels of detail; reducing ops with SUM then MAX; the last rank as root."""
+    batch = _algorithm_batch(op, algorithm, world)
     for detail in DETAILS:
         res = check([replace(c, detail=detail) for c in batch], world, detail, seed=world)
         ran = {e.algorithm for e in res.trace.of_kind("collective") if e.op == TABLE.get(op, op)}
@@ -474,6 +492,40 @@ def _dtype_batch(kind: str, dtype: str, world: int) -> list[Case]:
 def test_every_array_type(kind: str, dtype: str, world: int) -> None:
     for detail in DETAILS:
         check([replace(c, detail=detail) for c in _dtype_batch(kind, dtype, world)], world, detail, seed=world)
+
+
+# -- the same cases on real processes (socket backend), worlds 1 to 5 ----------------------------------
+
+SOCKET_WORLDS = [1, 2, 3, 4, 5]
+
+
+def _subgroup_batch(world: int) -> list[Case]:
+    """Every op on a subgroup given in reverse order (the other ranks stay outside), roots by group rank."""
+    members = tuple(range(world - 1, 0, -1)) if world > 2 else (0,)
+    size = len(members)
+    return [
+        Case(op=op, world=world, members=members, shape=(2, 3), root=size - 1, root_kw="group",
+             rop=R.SUM if op in REDUCING else None, uneven=op in UNEVEN, seed=7 * n)
+        for n, op in enumerate(OPS)
+    ]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world", SOCKET_WORLDS)
+def test_every_algorithm_and_array_type_on_socket(world: int) -> None:
+    """The smoke batches above, plus subgroups, in one run of ``world`` real processes; exact results."""
+    batch = [c for op, algorithm in PAIRS for c in _algorithm_batch(op, algorithm, world)]
+    batch += [c for kind, dtype in ARRAY_TYPES for c in _dtype_batch(kind, dtype, world)]
+    batch += _subgroup_batch(world)
+    check(batch, world, "messages", backend="socket")
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(max_world=5))
+def test_collectives_match_numpy_reference_on_socket(case: Case) -> None:
+    """The hypothesis cross product on real processes (fewer examples: each starts a job)."""
+    check([case], case.world, case.detail, case.seed, backend="socket")
 
 
 def test_every_reduce_op_and_dtype_is_drawn() -> None:

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 import simdist as dist
+from every_backend import BACKENDS, run_body
 
-DETAILS = ["messages", "collectives"]
+MODES = [("sim", "messages"), ("sim", "collectives"), ("socket", None)]  # (backend, simulator detail)
+MODE_IDS = ["sim-messages", "sim-collectives", "socket"]
 BIG = 300_000  # bytes of the large object
 
 
@@ -37,19 +39,15 @@ def same_obj(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
-def simulate(body, nprocs, detail="messages", seed=0):
-    def fn(rank):
-        dist.init_process_group("gloo")
-        out = body(rank)
-        dist.destroy_process_group()
-        return out
-
-    return dist.simulate(fn, nprocs, detail=detail, seed=seed, leaks="error").values
+def simulate(body, nprocs, mode=("sim", "messages")):
+    """The values of ``body(rank)`` on ``nprocs`` ranks; ``mode`` is (backend, simulator detail)."""
+    backend, detail = mode
+    return run_body(body, nprocs, backend, detail=detail, seed=0, leaks="error")
 
 
-@pytest.mark.parametrize("detail", DETAILS)
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("n", [1, 3, 4, 9])
-def test_broadcast_object_list(n: int, detail: str) -> None:
+def test_broadcast_object_list(n: int, mode: tuple) -> None:
     src = n - 1
 
     def body(rank):
@@ -57,11 +55,12 @@ def test_broadcast_object_list(n: int, detail: str) -> None:
         assert dist.broadcast_object_list(lst, src=src) is None
         return lst
 
-    for lst in simulate(body, n, detail):
+    for lst in simulate(body, n, mode):
         assert len(lst) == 4 and all(same_obj(a, obj(r)) for r, a in enumerate(lst))
 
 
-def test_broadcast_object_list_empty_and_none() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_broadcast_object_list_empty_and_none(backend: str) -> None:
     def body(rank):
         empty = []
         dist.broadcast_object_list(empty, src=1)
@@ -69,24 +68,24 @@ def test_broadcast_object_list_empty_and_none() -> None:
         dist.broadcast_object_list(nones, src=1)
         return empty, nones
 
-    assert simulate(body, 3) == [([], [None, None])] * 3
+    assert simulate(body, 3, (backend, "messages")) == [([], [None, None])] * 3
 
 
-@pytest.mark.parametrize("detail", DETAILS)
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("n", [1, 2, 5, 9])
-def test_all_gather_object(n: int, detail: str) -> None:
+def test_all_gather_object(n: int, mode: tuple) -> None:
     def body(rank):
         out = [object()] * n
         assert dist.all_gather_object(out, obj(rank)) is None
         return out
 
-    for out in simulate(body, n, detail):
+    for out in simulate(body, n, mode):
         assert all(same_obj(a, obj(r)) for r, a in enumerate(out))
 
 
-@pytest.mark.parametrize("detail", DETAILS)
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("n", [1, 3, 6])
-def test_gather_object(n: int, detail: str) -> None:
+def test_gather_object(n: int, mode: tuple) -> None:
     dst = n // 2
 
     def body(rank):
@@ -94,14 +93,14 @@ def test_gather_object(n: int, detail: str) -> None:
         assert dist.gather_object(obj(rank), out, dst=dst) is None
         return out
 
-    vals = simulate(body, n, detail)
+    vals = simulate(body, n, mode)
     assert all(v is None for r, v in enumerate(vals) if r != dst)
     assert all(same_obj(a, obj(r)) for r, a in enumerate(vals[dst]))
 
 
-@pytest.mark.parametrize("detail", DETAILS)
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("n", [1, 3, 7])
-def test_scatter_object_list(n: int, detail: str) -> None:
+def test_scatter_object_list(n: int, mode: tuple) -> None:
     src = n - 1
 
     def body(rank):
@@ -112,20 +111,22 @@ def test_scatter_object_list(n: int, detail: str) -> None:
             assert all(same_obj(a, obj(r + 1)) for r, a in enumerate(inp))
         return out
 
-    for rank, out in enumerate(simulate(body, n, detail)):
+    for rank, out in enumerate(simulate(body, n, mode)):
         assert len(out) == 1 and same_obj(out[0], obj(rank + 1))
 
 
-def test_scatter_object_list_only_sets_the_first_entry() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scatter_object_list_only_sets_the_first_entry(backend: str) -> None:
     def body(rank):
         out = ["a", "b"]
         dist.scatter_object_list(out, [{"to": r} for r in range(2)] if rank == 0 else None, src=0)
         return out
 
-    assert simulate(body, 2) == [[{"to": 0}, "b"], [{"to": 1}, "b"]]
+    assert simulate(body, 2, (backend, "messages")) == [[{"to": 0}, "b"], [{"to": 1}, "b"]]
 
 
-def test_large_objects_of_different_sizes() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_large_objects_of_different_sizes(backend: str) -> None:
     def body(rank):
         mine = "x" * (rank * 200_000)
         gathered = [None] * 3
@@ -134,12 +135,12 @@ def test_large_objects_of_different_sizes() -> None:
         dist.broadcast_object_list(lst, src=2)
         return [len(g) for g in gathered], len(lst[0])
 
-    assert simulate(body, 3) == [([0, 200_000, 400_000], 400_000)] * 3
+    assert simulate(body, 3, (backend, "messages")) == [([0, 200_000, 400_000], 400_000)] * 3
 
 
 @pytest.mark.filterwarnings("ignore:running")
-@pytest.mark.parametrize("detail", DETAILS)
-def test_object_collectives_on_a_subgroup(detail: str) -> None:
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_object_collectives_on_a_subgroup(mode: tuple) -> None:
     members = [4, 0, 2]  # group ranks: 0 -> 0, 2 -> 1, 4 -> 2
 
     def body(rank):
@@ -156,7 +157,7 @@ def test_object_collectives_on_a_subgroup(detail: str) -> None:
         dist.scatter_object_list(so, [10, 20, 30] if rank == 0 else None, group=g, group_src=0)
         return bl, bl2, ag, go, so
 
-    vals = simulate(body, 5, detail)
+    vals = simulate(body, 5, mode)
     for rank in (1, 3):  # outside the group: every list untouched
         assert vals[rank] == ([rank, "mine"], ["x"], [None] * 3, None, [None])
     for rank, g in ((0, 0), (2, 1), (4, 2)):
@@ -169,7 +170,8 @@ def test_object_collectives_on_a_subgroup(detail: str) -> None:
     assert vals[0][3] is None and vals[4][3] is None
 
 
-def test_objects_are_copies_not_shared_references() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_objects_are_copies_not_shared_references(backend: str) -> None:
     """Simulated ranks share a process; a received object must still be a fresh copy."""
     shared = {"k": [1, 2]}
 
@@ -178,7 +180,7 @@ def test_objects_are_copies_not_shared_references() -> None:
         dist.broadcast_object_list(lst, src=0)
         return lst[0] is shared, lst[0]
 
-    vals = simulate(body, 2)
+    vals = simulate(body, 2, (backend, "messages"))
     assert vals[0] == (True, shared)
     assert vals[1] == (False, shared)
 
@@ -198,11 +200,12 @@ def test_objects_are_copies_not_shared_references() -> None:
         (lambda r: dist.gather_object(r, None, dst=-1), r"dst=-1"),
     ],
 )
-def test_object_collectives_reject_bad_arguments(call, match: str) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_object_collectives_reject_bad_arguments(call, match: str, backend: str) -> None:
     def body(rank):
         call(rank)
 
     with pytest.raises(dist.RankError) as info:
-        simulate(body, 3)
+        simulate(body, 3, (backend, "messages"))
     assert isinstance(info.value.__cause__, (ValueError, TypeError))
     assert __import__("re").search(match, str(info.value.__cause__)), str(info.value.__cause__)

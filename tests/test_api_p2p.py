@@ -1,5 +1,9 @@
 """Point-to-point: send/recv, isend/irecv, any-source receives, tags, FIFO order,
 batch_isend_irecv, subgroups and the simulator's eager limit.
+
+Tests parametrized by ``backend`` run the same program on the simulator and on real
+socket processes (tests/every_backend.py); the eager limit and deadlock reports are the
+simulator's own.
 """
 
 from __future__ import annotations
@@ -12,21 +16,16 @@ import torch
 from reference import ARRAY_TYPES, assert_same, build, junk, to_np, values
 
 import simdist as dist
+from every_backend import BACKENDS, run_body, seeds
 
 SEEDS = range(12)
+RUNS = [("sim", seed) for seed in SEEDS] + [("socket", 0)]  # (backend, seed): a seed chooses nothing on socket
 
 
-def simulate(body, nprocs, **options):
-    """Run ``body(rank)`` between init and destroy on ``nprocs`` simulated ranks; return the values."""
-
-    def fn(rank):
-        dist.init_process_group("gloo")
-        out = body(rank)
-        dist.destroy_process_group()
-        return out
-
+def simulate(body, nprocs, backend="sim", **options):
+    """Run ``body(rank)`` between init and destroy on ``nprocs`` ranks of ``backend``; return the values."""
     options.setdefault("leaks", "error")
-    return dist.simulate(fn, nprocs, **options).values
+    return run_body(body, nprocs, backend, **options)
 
 
 def payload(kind: str, dtype: str, src: int, dst: int, shape=(2, 3)) -> np.ndarray:
@@ -37,7 +36,8 @@ def payload(kind: str, dtype: str, src: int, dst: int, shape=(2, 3)) -> np.ndarr
 
 
 @pytest.mark.parametrize(("kind", "dtype"), ARRAY_TYPES, ids=[f"{k}-{d}" for k, d in ARRAY_TYPES])
-def test_send_recv_between_every_pair(kind: str, dtype: str) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_send_recv_between_every_pair(kind: str, dtype: str, backend: str) -> None:
     """Every rank sends a different array to every other rank; blocking send and recv, no deadlock."""
     n = 4
 
@@ -58,15 +58,16 @@ def test_send_recv_between_every_pair(kind: str, dtype: str) -> None:
             got[src] = to_np(out)
         return got
 
-    for seed in (0, 1):
-        for rank, got in enumerate(simulate(body, n, seed=seed)):
+    for seed in seeds(backend, (0, 1)):
+        for rank, got in enumerate(simulate(body, n, backend, seed=seed)):
             assert sorted(got) == [r for r in range(n) if r != rank]
             for src, arr in got.items():
                 assert_same(arr, payload(kind, dtype, src, rank), f"rank {rank} from {src}")
 
 
 @pytest.mark.parametrize("layout", ["transposed", "strided"])
-def test_non_contiguous_send_and_recv_buffers(layout: str) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_contiguous_send_and_recv_buffers(layout: str, backend: str) -> None:
     vals = np.arange(12.0).reshape(3, 4)
 
     def body(rank):
@@ -79,12 +80,13 @@ def test_non_contiguous_send_and_recv_buffers(layout: str) -> None:
         dist.recv(b, src=0)
         return to_np(a), to_np(b)
 
-    a, b = simulate(body, 2)[1]
+    a, b = simulate(body, 2, backend)[1]
     assert_same(a, vals, "torch")
     assert_same(b, vals.astype(np.int64), "numpy")
 
 
-def test_zero_element_and_scalar_messages() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_zero_element_and_scalar_messages(backend: str) -> None:
     def body(rank):
         if rank == 0:
             dist.send(torch.zeros(0), dst=1)
@@ -93,10 +95,11 @@ def test_zero_element_and_scalar_messages() -> None:
         e, s = torch.ones(0), torch.zeros(())
         return dist.recv(e, src=0), dist.recv(s, src=0), e.shape, s.item()
 
-    assert simulate(body, 2)[1] == (0, 0, torch.Size([0]), 3.5)
+    assert simulate(body, 2, backend)[1] == (0, 0, torch.Size([0]), 3.5)
 
 
-def test_recv_returns_the_senders_global_rank() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recv_returns_the_senders_global_rank(backend: str) -> None:
     def body(rank):
         if rank == 0:
             out = []
@@ -107,10 +110,11 @@ def test_recv_returns_the_senders_global_rank() -> None:
         dist.send(torch.tensor([10.0 * rank]), dst=0)
         return None
 
-    assert simulate(body, 3)[0] == [(2, 20.0), (1, 10.0)]
+    assert simulate(body, 3, backend)[0] == [(2, 20.0), (1, 10.0)]
 
 
-def test_recv_into_tensor_requiring_grad() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recv_into_tensor_requiring_grad(backend: str) -> None:
     def body(rank):
         t = torch.zeros(2, requires_grad=True)
         if rank == 0:
@@ -119,14 +123,14 @@ def test_recv_into_tensor_requiring_grad() -> None:
         dist.recv(t, src=0)
         return t.detach().tolist(), t.requires_grad
 
-    assert simulate(body, 2)[1] == ([1.0, 2.0], True)
+    assert simulate(body, 2, backend)[1] == ([1.0, 2.0], True)
 
 
 # -- isend / irecv ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_isend_irecv_complete_on_wait(seed: int) -> None:
+@pytest.mark.parametrize(("backend", "seed"), RUNS)
+def test_isend_irecv_complete_on_wait(backend: str, seed: int) -> None:
     n = 3
 
     def body(rank):
@@ -144,12 +148,13 @@ def test_isend_irecv_complete_on_wait(seed: int) -> None:
         assert all(x.tolist() == [rank, d] for d, x in enumerate(xs)), "isend changed its tensor"
         return [o.tolist() for o in outs]
 
-    for rank, outs in enumerate(simulate(body, n, seed=seed)):
+    for rank, outs in enumerate(simulate(body, n, backend, seed=seed)):
         for peer in range(n):
             assert outs[peer] == ([peer, rank] if peer != rank else [0, 0])
 
 
-def test_irecv_is_not_complete_before_its_send() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_irecv_is_not_complete_before_its_send(backend: str) -> None:
     def body(rank):
         if rank == 1:
             t = torch.zeros(1)
@@ -162,11 +167,12 @@ def test_irecv_is_not_complete_before_its_send() -> None:
         dist.send(torch.tensor([5.0]), dst=1)
         return None
 
-    for seed in SEEDS:
-        assert simulate(body, 2, seed=seed)[1] == (False, True, 5.0)
+    for seed in seeds(backend, SEEDS):
+        assert simulate(body, 2, backend, seed=seed)[1] == (False, True, 5.0)
 
 
-def test_irecv_any_source_work_reports_the_sender() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_irecv_any_source_work_reports_the_sender(backend: str) -> None:
     def body(rank):
         if rank == 0:
             t = torch.zeros(1)
@@ -177,13 +183,14 @@ def test_irecv_any_source_work_reports_the_sender() -> None:
             dist.send(torch.tensor([2.0]), dst=0)
         return None
 
-    assert simulate(body, 3)[0] == (2, 2.0)
+    assert simulate(body, 3, backend)[0] == (2, 2.0)
 
 
 # -- any source ---------------------------------------------------------------------------------------------
 
 
-def test_recv_any_source_returns_each_sender_once_and_order_is_a_scheduler_choice() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recv_any_source_returns_each_sender_once_and_order_is_a_scheduler_choice(backend: str) -> None:
     n = 4
 
     def body(rank):
@@ -198,14 +205,16 @@ def test_recv_any_source_returns_each_sender_once_and_order_is_a_scheduler_choic
         return None
 
     orders = set()
-    for seed in range(20):
-        got = simulate(body, n, seed=seed)[0]
+    for seed in seeds(backend, range(20)):
+        got = simulate(body, n, backend, seed=seed)[0]
         assert sorted(got) == [(r, 100 + r) for r in range(1, n)]
         orders.add(tuple(src for src, _ in got))
-    assert len(orders) > 1, "any-source matching never varied across 20 seeds"
+    if backend == "sim":
+        assert len(orders) > 1, "any-source matching never varied across 20 seeds"
 
 
-def test_any_source_on_a_subgroup_returns_global_ranks() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_any_source_on_a_subgroup_returns_global_ranks(backend: str) -> None:
     def body(rank):
         g = dist.new_group([0, 2, 3])
         if rank == 0:
@@ -218,14 +227,14 @@ def test_any_source_on_a_subgroup_returns_global_ranks() -> None:
             dist.send(torch.tensor([float(rank)]), dst=0, group=g)
         return None
 
-    assert simulate(body, 4)[0] == [(2, 2.0), (3, 3.0)]
+    assert simulate(body, 4, backend)[0] == [(2, 2.0), (3, 3.0)]
 
 
 # -- tags and order -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_tags_keep_messages_apart(seed: int) -> None:
+@pytest.mark.parametrize(("backend", "seed"), RUNS)
+def test_tags_keep_messages_apart(backend: str, seed: int) -> None:
     def body(rank):
         if rank == 0:
             works = [dist.isend(torch.tensor([float(tag)]), dst=1, tag=tag) for tag in (1, 2, 3)]
@@ -240,7 +249,7 @@ def test_tags_keep_messages_apart(seed: int) -> None:
         t = torch.zeros(1)
         return out
 
-    assert simulate(body, 2, seed=seed)[1] == {1: 1.0, 2: 2.0, 3: 3.0}
+    assert simulate(body, 2, backend, seed=seed)[1] == {1: 1.0, 2: 2.0, 3: 3.0}
 
 
 def test_tag_mismatch_deadlocks() -> None:
@@ -255,8 +264,8 @@ def test_tag_mismatch_deadlocks() -> None:
     assert "tag=1" in str(info.value) and "tag=2" in str(info.value)
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_fifo_between_a_pair_on_one_tag(seed: int) -> None:
+@pytest.mark.parametrize(("backend", "seed"), RUNS)
+def test_fifo_between_a_pair_on_one_tag(backend: str, seed: int) -> None:
     k = 6
 
     def body(rank):
@@ -275,10 +284,11 @@ def test_fifo_between_a_pair_on_one_tag(seed: int) -> None:
             return [o.item() for o in outs]
         return None
 
-    assert simulate(body, 3, seed=seed)[1] == list(range(k))
+    assert simulate(body, 3, backend, seed=seed)[1] == list(range(k))
 
 
-def test_fifo_with_any_source_from_one_sender() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fifo_with_any_source_from_one_sender(backend: str) -> None:
     def body(rank):
         if rank == 0:
             for i in range(4):
@@ -291,14 +301,15 @@ def test_fifo_with_any_source_from_one_sender() -> None:
             outs.append(t.item())
         return outs
 
-    assert simulate(body, 2, eager_limit=1024)[1] == [0, 1, 2, 3]
+    assert simulate(body, 2, backend, eager_limit=1024)[1] == [0, 1, 2, 3]
 
 
 # -- batch_isend_irecv ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 8])
-def test_batch_isend_irecv_ring_exchange(n: int) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_isend_irecv_ring_exchange(n: int, backend: str) -> None:
     def body(rank):
         right, left = (rank + 1) % n, (rank - 1) % n
         from_left, from_right = torch.zeros(2), torch.zeros(2)
@@ -314,13 +325,14 @@ def test_batch_isend_irecv_ring_exchange(n: int) -> None:
             w.wait()
         return from_left.tolist(), from_right.tolist()
 
-    for seed in (0, 1, 2):
-        for rank, (fl, fr) in enumerate(simulate(body, n, seed=seed)):
+    for seed in seeds(backend, (0, 1, 2)):
+        for rank, (fl, fr) in enumerate(simulate(body, n, backend, seed=seed)):
             assert fl == [(rank - 1) % n, 0.0]
             assert fr == [(rank + 1) % n, 1.0]
 
 
-def test_batch_isend_irecv_on_a_subgroup_with_group_peer() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_isend_irecv_on_a_subgroup_with_group_peer(backend: str) -> None:
     def body(rank):
         g = dist.new_group([1, 2, 4])
         if g is dist.GroupMember.NON_GROUP_MEMBER:
@@ -335,13 +347,14 @@ def test_batch_isend_irecv_on_a_subgroup_with_group_peer() -> None:
             w.wait()
         return out.item()
 
-    assert simulate(body, 5) == [None, 4.0, 1.0, None, 2.0]
+    assert simulate(body, 5, backend) == [None, 4.0, 1.0, None, 2.0]
 
 
 # -- subgroups -----------------------------------------------------------------------------------------------------
 
 
-def test_p2p_on_a_subgroup_uses_global_ranks() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_p2p_on_a_subgroup_uses_global_ranks(backend: str) -> None:
     def body(rank):
         g = dist.new_group([4, 1, 3])
         with warnings.catch_warnings():
@@ -359,10 +372,11 @@ def test_p2p_on_a_subgroup_uses_global_ranks() -> None:
         src = dist.recv(t, src=1, group=g) if rank == 4 else dist.recv(t, group=g, group_src=0)
         return src, t.item()
 
-    assert simulate(body, 5) == [None, None, None, (1, 2.0), (1, 1.0)]
+    assert simulate(body, 5, backend) == [None, None, None, (1, 2.0), (1, 1.0)]
 
 
-def test_subgroup_traffic_is_separate_from_world_traffic() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_subgroup_traffic_is_separate_from_world_traffic(backend: str) -> None:
     """Same pair, same tag: one message on the world, one on a subgroup; each receive gets its own."""
 
     def body(rank):
@@ -378,7 +392,7 @@ def test_subgroup_traffic_is_separate_from_world_traffic() -> None:
         dist.recv(a, src=0)
         return a.item(), b.item()
 
-    assert simulate(body, 2)[1] == (1.0, 2.0)
+    assert simulate(body, 2, backend)[1] == (1.0, 2.0)
 
 
 # -- the eager limit -------------------------------------------------------------------------------------------------
@@ -410,7 +424,8 @@ def test_head_to_head_sends_complete_within_the_eager_limit(eager_limit: int) ->
     assert simulate(_head_to_head, 2, eager_limit=eager_limit) == [[1.0] * 4, [0.0] * 4]
 
 
-def test_eager_send_buffers_its_data() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_eager_send_buffers_its_data(backend: str) -> None:
     """A buffered send may return at once; changing the tensor afterwards does not change the message."""
 
     def body(rank):
@@ -425,11 +440,12 @@ def test_eager_send_buffers_its_data() -> None:
         dist.recv(b, src=0)
         return a.item()
 
-    for seed in SEEDS:
-        assert simulate(body, 2, eager_limit=64, seed=seed)[1] == 1.0
+    for seed in seeds(backend, SEEDS):
+        assert simulate(body, 2, backend, eager_limit=64, seed=seed)[1] == 1.0
 
 
-def test_message_size_mismatch_is_an_error() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_message_size_mismatch_is_an_error(backend: str) -> None:
     def body(rank):
         if rank == 0:
             dist.send(torch.zeros(3), dst=1)
@@ -437,10 +453,11 @@ def test_message_size_mismatch_is_an_error() -> None:
             dist.recv(torch.zeros(2), src=0)
 
     with pytest.raises(dist.DistError, match="size mismatch"):
-        simulate(body, 2, leaks="ignore")
+        simulate(body, 2, backend, leaks="ignore")
 
 
-def test_rank_outside_group_warning_points_at_the_caller() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rank_outside_group_warning_points_at_the_caller(backend: str) -> None:
     def body(rank):
         g = dist.new_group([0])
         if rank == 1:
@@ -451,5 +468,5 @@ def test_rank_outside_group_warning_points_at_the_caller() -> None:
             return [w.filename for w in caught]
         return None
 
-    files = simulate(body, 2)[1]
+    files = simulate(body, 2, backend)[1]
     assert len(files) == 2 and all(f.endswith("test_api_p2p.py") for f in files), files

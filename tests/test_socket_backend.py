@@ -124,6 +124,19 @@ def test_point_to_point_ring_with_numpy():
     assert simdist.spawn(ring_p2p, args=(3,), nprocs=3, backend="socket") == [[2.0] * 4, [0.0] * 4, [1.0] * 4]
 
 
+def returns_a_big_tensor(rank):
+    return torch.full((1 << 18,), float(rank)), np.arange(rank, dtype=np.int16)
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "fork"])
+def test_return_values_travel_by_value(start_method):
+    """Tensors and arrays come back whole though their rank has exited (no shared-memory handles)."""
+    values = simdist.spawn(returns_a_big_tensor, nprocs=6, backend="socket", start_method=start_method)
+    for rank, (t, a) in enumerate(values):
+        assert t.shape == (1 << 18,) and bool((t == rank).all())
+        assert a.tolist() == list(range(rank))
+
+
 def test_exception_in_a_rank_is_a_rank_error():
     with pytest.raises(simdist.RankError) as info:
         simdist.spawn(raises_on_rank_1, args=(3,), nprocs=3, backend="socket", timeout=20)

@@ -336,8 +336,8 @@ class PeerNetwork:
         self._complete(op)
 
     def _mismatch(self, nbytes: int, op: Handle, src: int) -> str:
-        return (f"rank {src} sent {nbytes} bytes (ctx {op.ctx}, tag {op.tag}) but the posted buffer "
-                f"holds {op.nbytes} bytes")
+        return (f"message size mismatch: rank {src} sent {nbytes} bytes (ctx {op.ctx}, tag {op.tag}) but the "
+                f"posted buffer holds {op.nbytes} bytes; a send and its receive must have the same size")
 
     def wait(self, handles: Iterable[Handle], timeout: float | None = None, *,
              group: Sequence[int] | None = None) -> None:

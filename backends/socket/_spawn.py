@@ -23,18 +23,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(fn: Callable, args: tuple, rank: int, world_size: int, env: dict, conn: Any) -> None:
+def _send(conn: Any, message: tuple) -> None:
+    """Send ``message`` pickled by value.
+
+    ``Connection.send`` would use the ``ForkingPickler``, whose torch reductions pass a
+    tensor as a shared-memory file descriptor that is gone once the rank has exited.
+    """
+    conn.send_bytes(pickle.dumps(message))
+
+
+def _child(fn: Callable, args: tuple, rank: int, world_size: int, env: dict, conn: Any, forked: bool) -> None:
     os.environ.update(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+    if forked:  # the parent's OpenMP pool does not survive fork(): a parallel torch op would wait for it forever
+        import torch
+
+        torch.set_num_threads(1)
     try:
         value = fn(rank, *args)
-        conn.send(("ok", value))
+        _send(conn, ("ok", value))
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
         try:
-            pickle.dumps(exc)
-            conn.send(("error", exc, traceback.format_exc()))
+            _send(conn, ("error", exc, traceback.format_exc()))
         except Exception:  # noqa: BLE001 - an exception that cannot be pickled travels as text
-            conn.send(("error", RuntimeError(f"{type(exc).__name__}: {exc}"), traceback.format_exc()))
+            _send(conn, ("error", RuntimeError(f"{type(exc).__name__}: {exc}"), traceback.format_exc()))
         raise SystemExit(1) from None
     finally:
         from simdist._world import current_world
@@ -76,7 +88,11 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, daemon: bool = False,
     Each process sees MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE and a fresh
     SIMDIST_SECRET, as under torchrun, so ``init_process_group()`` needs no arguments. The
     first rank to fail stops the others and raises ``RankError`` with its exception as
-    ``__cause__``; no process outlives the call.
+    ``__cause__``; no process outlives the call. Return values travel pickled by value.
+
+    ``start_method="fork"`` lets ``fn`` be a closure; each forked rank then runs torch on one
+    intra-op thread (``torch.set_num_threads(1)``), because OpenMP's thread pool does not
+    survive ``fork()`` and the first parallel torch operation would hang.
     """
     if options:
         raise TypeError(f"spawn(backend='socket') got unexpected keyword arguments {sorted(options)}")
@@ -94,10 +110,10 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, daemon: bool = False,
         env["SIMDIST_TIMEOUT"] = str(timeout)
     ctx = _context(start_method)
     pipes = [ctx.Pipe(duplex=False) for _ in range(nprocs)]
+    forked = ctx.get_start_method() == "fork"
     procs = [
-        ctx.Process(
-            target=_child, args=(fn, args, r, nprocs, env, pipes[r][1]), daemon=daemon, name=f"simdist-rank-{r}"
-        )
+        ctx.Process(target=_child, args=(fn, args, r, nprocs, env, pipes[r][1], forked), daemon=daemon,
+                    name=f"simdist-rank-{r}")
         for r in range(nprocs)
     ]
     for p in procs:
@@ -111,7 +127,7 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, daemon: bool = False,
             for conn in wait(list(readers)):
                 r = readers.pop(conn)
                 try:
-                    status, *payload = conn.recv()
+                    status, *payload = pickle.loads(conn.recv_bytes())
                 except EOFError:  # the process ended without sending anything: it died
                     procs[r].join(5)
                     code = procs[r].exitcode
