@@ -58,6 +58,7 @@ from ._objects import scatter_object_list as scatter_object_list
 from ._reduce_op import ReduceOp as ReduceOp
 from ._registry import BackendSpec as BackendSpec
 from ._registry import register_backend as register_backend
+from ._sampler import DistributedSampler as DistributedSampler
 from ._topology import TOPOLOGIES as TOPOLOGIES
 from ._topology import Topology as Topology
 from ._trace import Event as Event
@@ -115,6 +116,7 @@ __all__ = [
     "ProcessGroup",
     "group",
     "ReduceOp",
+    "DistributedSampler",
     "Work",
     "Event",
     "Trace",

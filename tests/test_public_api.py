@@ -59,6 +59,7 @@ OTHER_NAMES = [
     "DistTimeoutError",
     "ProtocolError",
     "NotInitializedError",
+    "DistributedSampler",
 ]
 COLLECTIVES = {
     "broadcast",
