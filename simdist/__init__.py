@@ -35,6 +35,8 @@ from ._api import reduce_scatter as reduce_scatter
 from ._api import reduce_scatter_tensor as reduce_scatter_tensor
 from ._api import scatter as scatter
 from ._api import send as send
+from ._ddp import DistributedDataParallel as DistributedDataParallel
+from ._ddp import GradBucket as GradBucket
 from ._errors import AuthenticationError as AuthenticationError
 from ._errors import CollectiveMismatchError as CollectiveMismatchError
 from ._errors import DeadlockError as DeadlockError
@@ -51,6 +53,7 @@ from ._group import group as group
 from ._launch import enumerate_schedules as enumerate_schedules
 from ._launch import simulate as simulate
 from ._launch import spawn as spawn
+from ._future import Future as Future
 from ._objects import all_gather_object as all_gather_object
 from ._objects import broadcast_object_list as broadcast_object_list
 from ._objects import gather_object as gather_object
@@ -116,7 +119,10 @@ __all__ = [
     "ProcessGroup",
     "group",
     "ReduceOp",
+    "DistributedDataParallel",
     "DistributedSampler",
+    "Future",
+    "GradBucket",
     "Work",
     "Event",
     "Trace",

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+
+from ._future import Future
 
 __all__ = ["Work", "CompletedWork"]
 
@@ -41,14 +42,12 @@ class Work(ABC):
         """For a receive: the global rank the message came from."""
         raise RuntimeError("source_rank() is only defined for a completed receive")
 
-    def get_future(self) -> Any:
-        """A ``torch.futures.Future`` completed with :meth:`result` once this work completes."""
-        import torch
+    def get_future(self) -> Future:
+        """A :class:`~simdist.Future` whose value is :meth:`result` once this work completes.
 
-        fut = torch.futures.Future()
-        self.wait()
-        fut.set_result(self.result())
-        return fut
+        Getting it does not block; its ``wait()`` waits for the work.
+        """
+        return Future(lambda: (self.wait(), self.result())[1], self.is_completed)
 
     def _outputs(self) -> list:
         return []

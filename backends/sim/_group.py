@@ -177,8 +177,8 @@ class SimWorld(World):
         run = self.engine.start_collective(self.me, self.default_group, call, instant=True)
         self.engine.wait(self.me, [run], op)
 
-    def compute(self, seconds: float, call_site: str) -> None:
-        """Advance this rank's virtual clock by ``seconds`` of annotated computation."""
+    def compute(self, seconds: float, call_site: str, op: str = "compute") -> None:
+        """Advance this rank's virtual clock by ``seconds`` of annotated computation (``op`` names it)."""
         from simdist._trace import Event
 
         me = self.me
@@ -186,7 +186,7 @@ class SimWorld(World):
             Event(
                 rank=me.rank,
                 kind="compute",
-                op="compute",
+                op=op,
                 t_start=me.clock,
                 t_end=me.clock + seconds,
                 call_site=call_site,
