@@ -480,6 +480,13 @@ def _verify_same_model(module: nn.Module, group: Any) -> None:
                                  f"group rank {rank} is {s} {d}, but group rank 0's {n0!r} is {s0} {d0}")
 
 
+def _names_device(d: Any, device: torch.device) -> bool:
+    """Whether ``d`` (an accelerator index, a string or a torch.device) names ``device``."""
+    if isinstance(d, int) and not isinstance(d, bool):
+        return device.type != "cpu" and device.index == d
+    return isinstance(d, (str, torch.device)) and torch.device(d) == device
+
+
 def _check_arguments(module: Any, bucket_cap_mb: Any, dim: Any, args: dict) -> None:
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__} ({module!r:.60})")
@@ -492,7 +499,7 @@ def _check_arguments(module: Any, bucket_cap_mb: Any, dim: Any, args: dict) -> N
         if value is None:
             continue
         wanted = value if isinstance(value, (list, tuple)) else [value]
-        if len(devices) != 1 or any(torch.device(d) != next(iter(devices)) for d in wanted):
+        if len(devices) != 1 or not all(_names_device(d, next(iter(devices))) for d in wanted):
             raise ValueError(f"{name}={value!r} must be None or name the module's single device (the module is on "
                              f"{sorted(map(str, devices))})")
     defaults = {"delay_all_reduce_named_params": None, "param_to_hook_all_reduce": None, "mixed_precision": None,

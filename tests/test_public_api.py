@@ -60,6 +60,9 @@ OTHER_NAMES = [
     "ProtocolError",
     "NotInitializedError",
     "DistributedSampler",
+    "DistributedDataParallel",
+    "GradBucket",
+    "Future",
 ]
 COLLECTIVES = {
     "broadcast",
