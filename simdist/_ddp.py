@@ -26,6 +26,7 @@ shows buckets' all-reduces overlapping the backward pass.
 
 from __future__ import annotations
 
+import os
 import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -35,7 +36,7 @@ from torch import nn
 
 from . import _api as api
 from ._future import Future
-from ._callsite import user_call_site
+from ._callsite import skip_directory, user_call_site
 from ._objects import all_gather_object
 from ._reduce_op import ReduceOp
 from ._world import current_world
@@ -45,6 +46,9 @@ __all__ = ["DistributedDataParallel", "GradBucket", "bucket_assignment"]
 DEFAULT_BUCKET_CAP_MB = 25
 FIRST_BUCKET_BYTES = 1024 * 1024  # torch's dist._DEFAULT_FIRST_BUCKET_BYTES
 BACKWARD_SECONDS_PER_ELEMENT = 1e-9  # the simulator's modelled cost of producing one gradient element
+
+# DDP's collectives run inside torch's autograd engine: the user's line is the one that called backward()
+skip_directory(os.path.dirname(torch.__file__))
 
 _UNFINISHED = (
     "Expected to have finished reduction in the prior iteration before starting a new one. This error "

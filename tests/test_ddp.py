@@ -306,8 +306,12 @@ def _uneven_without_join(rank):
 
 
 def test_uneven_inputs_without_join_are_a_deadlock_report_not_a_hang():
-    with pytest.raises(dist.DistError):
+    with pytest.raises(dist.DeadlockError) as info:
         dist.simulate(_uneven_without_join, 2)
+    line = inspect.getsource(_uneven_without_join).splitlines().index(
+        "        ddp(torch.ones(1, 2)).sum().backward()") + _uneven_without_join.__code__.co_firstlineno
+    assert f"test_ddp.py:{line}" in str(info.value), "the report must name the user's backward() line"
+    assert "torch/autograd" not in str(info.value)
 
 
 # -- comm hooks ----------------------------------------------------------------------------------------------------
