@@ -2,11 +2,13 @@
 
     python benchmarks/run_all.py [--quick] [--json PATH] [--profile] [--profile-timer cpu|wall]
 
-Runs (a) ``bench_sim_allreduce``, (b) ``bench_sched_points``, (c) ``bench_scale`` and
-(d) ``bench_socket`` (socket backend vs gloo, real processes; ``--no-socket`` skips it) in
-this process, one after the other, then prints a summary of the targets. 40-60 s on a
-2-core machine for (a)-(c), 1-3 min more for (d) (``--quick``: ~20 s; figures from a quick run are
-smoke figures, not results). ``--json PATH`` writes every raw figure to one file;
+Runs (a) ``bench_sim_allreduce``, (b) ``bench_sched_points``, (c) ``bench_scale``,
+(d) ``bench_socket`` (socket backend vs gloo, real processes; ``--no-socket`` skips it) and
+(e) ``bench_ddp`` (DistributedDataParallel step time, simdist on the socket backend vs torch on
+gloo, real processes; ``--no-ddp`` skips it) in this process, one after the other, then
+prints a summary of the targets. 40-60 s on a 2-core machine for (a)-(c), 1-3 min more for
+(d), 1-2 min for (e) (``--quick``: ~20 s; figures from a quick run are smoke figures, not
+results). ``--json PATH`` writes every raw figure to one file;
 ``--profile`` adds cProfile tables (top 25 by tottime, all threads) of the slowest cases.
 """
 
@@ -18,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_ddp
 import bench_scale
 import bench_sched_points
 import bench_sim_allreduce
@@ -60,12 +63,18 @@ def _summary(results: dict) -> str:
             ok = all(v["met"] for v in cells)
             figures = ", ".join(f"{v['size']} {fmt_ratio(v['ratio'])}" for v in cells)
             rows.append([f"(d) socket {key[1]} world {key[0]}, >= 1 MiB: busbw >= 1.0x gloo", figures, verdict(ok)])
+    if "e" in results:
+        for v in results["e"]["verdicts"]:
+            rows.append([f"(e) DDP step, {v['case']}: simdist socket / torch gloo <= {v['target']:.2f}x",
+                         f"{v['simdist_s'] * 1e3:.1f} / {v['torch_s'] * 1e3:.1f} ms = {fmt_ratio(v['ratio'])}",
+                         verdict(v["met"])])
     return markdown_table(["target", "measured (median)", "verdict"], rows)
 
 
 def main(argv=None) -> dict:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--no-socket", action="store_true", help="skip (d) bench_socket (real processes, ~2 min)")
+    parser.add_argument("--no-ddp", action="store_true", help="skip (e) bench_ddp (real processes, ~1-2 min)")
     args = parser.parse_args(argv)
     common = []
     if args.quick:
@@ -80,6 +89,8 @@ def main(argv=None) -> dict:
     benches = [("a", bench_sim_allreduce), ("b", bench_sched_points), ("c", bench_scale)]
     if not args.no_socket:
         benches.append(("d", bench_socket))
+    if not args.no_ddp:
+        benches.append(("e", bench_ddp))
     for key, mod in benches:
         print(f"<!-- running {mod.__name__} {' '.join(common)} -->", flush=True)
         results[key] = mod.main(common)

@@ -11,8 +11,9 @@ How it works, in the order things happen:
 3. Each forward (with grad enabled and outside ``no_sync()``) arms one backward pass;
    with ``broadcast_buffers`` the buffers are first broadcast from group rank 0.
 4. In backward, a hook per parameter marks it ready once its gradient is accumulated.
-   When every gradient of the next bucket in order is ready, the bucket is divided by the
-   world size and all-reduced asynchronously (or handed to the communication hook).
+   Its gradient is copied into its bucket multiplied by 1 / world size (unless a
+   communication hook does the averaging). When every gradient of the next bucket in order
+   is ready, the bucket is all-reduced asynchronously (or handed to the hook).
 5. At the end of backward every launched bucket is waited for and the averaged values are
    written to ``param.grad`` (with ``gradient_as_bucket_view`` the gradients *are* views
    into the buckets, so nothing is copied).
@@ -273,12 +274,18 @@ class DistributedDataParallel(nn.Module):
         view = bucket.view(j)
         if used:
             self._used.add(param)
-            if self.gradient_as_bucket_view:
-                if param.grad is not view:
-                    view.copy_(param.grad)
+            scale = None if self._custom_hook else 1.0 / self._divisor()  # a hook averages by itself
+            grad = param.grad
+            if self.gradient_as_bucket_view and grad.data_ptr() == view.data_ptr():
+                if scale is not None:
+                    view.mul_(scale)
+            else:  # one pass: copy into the bucket and scale, as torch's reducer does
+                if scale is None:
+                    view.copy_(grad)
+                else:
+                    torch.mul(grad, scale, out=view)
+                if self.gradient_as_bucket_view:
                     param.grad = view
-            else:
-                view.copy_(param.grad)
         else:
             view.zero_()
         self._ready.add(param)
@@ -288,8 +295,6 @@ class DistributedDataParallel(nn.Module):
             self._next_bucket += 1
 
     def _launch(self, bucket: _Bucket) -> None:
-        if not self._custom_hook:
-            bucket.buffer.div_(self._divisor())
         bucket.future = self._hook(self._hook_state, bucket.grad_bucket)
 
     def _divisor(self) -> int:
