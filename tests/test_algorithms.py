@@ -9,6 +9,7 @@ same bits.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 
@@ -139,16 +140,17 @@ def split(rng: np.random.Generator, total: int, parts: int, even: bool) -> list[
 # -- one case: run an algorithm on the loopback and check it against the reference ---
 
 
-def check_case(op, name, size, n, kind, dtype, rop=None, root=0, even=True, seed=None):
+def check_case(op, name, size, n, kind, dtype, rop=None, root=0, even=True, seed=None, fn=None):
     """Run one collective with fresh data; assert results, untouched inputs, quiet size 1.
 
     ``n`` is the element count per rank (per block for all_to_all with ``even``, the
     total for reduce_scatter); ``even`` picks even or random counts for the ops that
-    take counts; ``seed`` the loopback's schedule (``None``: round robin).
+    take counts; ``seed`` the loopback's schedule (``None``: round robin); ``fn`` the
+    algorithm function if not the registered one (e.g. with other keyword arguments).
     """
     key = [size, n, DTYPES.index(dtype), KINDS.index(kind), root, 0 if rop is None else list(R).index(rop)]
     rng = np.random.default_rng(key)
-    fn = alg.get(op, name)
+    fn = fn or alg.get(op, name)
     if op in ("all_reduce", "reduce", "broadcast"):
         data = [values(rng, dtype, n, rop) for _ in range(size)]
         bufs = [make(kind, dtype, d) for d in data]
@@ -252,6 +254,28 @@ def test_grid(op: str, name: str, size: int) -> None:
                     even=i % 2 == 0,
                     seed=None if i % 3 == 0 else i,
                 )
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter"])
+def test_pipelined_ring_with_many_segments(op: str, size: int) -> None:
+    """Segments of a few elements: many per block, a short last one, empty ones (uneven
+    counts), windows of 1 to 4 scratch slots, and shuffled schedules."""
+    for i, n in enumerate([1, 5 * size + 3, 37 * size, 101]):
+        fn = functools.partial(alg.get(op, "ring_pipelined"), segment_bytes=8, window=1 + i)
+        for kind, dtype in combos(dtypes=["float32", "float64", "bfloat16", "int8", "bool"]):
+            for rop in (R.SUM, R.MAX, R.PRODUCT):
+                check_case(op, "ring_pipelined", size, n, kind, dtype, rop, even=i % 2 == 0, seed=i or None, fn=fn)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_chain_with_many_segments(size: int) -> None:
+    """The pipelined chain with segments of one to a few elements, from every root."""
+    fn = functools.partial(alg.get("broadcast", "chain_pipelined"), segment_bytes=8)
+    for i, n in enumerate([1, 5 * size + 3, 101]):
+        for kind, dtype in combos(dtypes=["float32", "float64", "int8", "bool"]):
+            for root in range(size):
+                check_case("broadcast", "chain_pipelined", size, n, kind, dtype, root=root, seed=i or None, fn=fn)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -475,7 +499,9 @@ def test_get_errors_name_value_and_choices() -> None:
         ValueError, match=r"algorithm='foo' is not an all_reduce algorithm; expected one of .*'ring'"
     ):
         alg.get("all_reduce", "foo")
-    with pytest.raises(ValueError, match=r"not a broadcast algorithm.*'binomial', 'scatter_allgather'"):
+    with pytest.raises(
+        ValueError, match=r"not a broadcast algorithm.*'binomial', 'chain_pipelined', 'scatter_allgather'"
+    ):
         alg.get("broadcast", "ring")
     with pytest.raises(
         ValueError, match=r"op='allreduce' is not a collective; expected one of .*'all_reduce'"
@@ -531,6 +557,8 @@ def test_cost_latency_term_counts_the_messages(size: int) -> None:
                 sends = [m.step for m in lb.messages if m.src == r]
                 recvs = [m.recv_step for m in lb.messages if m.dst == r]
                 busiest = max(busiest, len(sends), len(recvs), len(set(sends) | set(recvs)))
+            if (op, name) == ("broadcast", "chain_pipelined"):
+                busiest = size - 1  # a relay: its critical path is p - 1 hops, more than any rank's count
             assert alg.cost(op, name, 0, size, alpha=1.0, beta=0.0) == busiest, (op, name, alg.FORMULAS[op][name])
 
 

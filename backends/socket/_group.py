@@ -72,9 +72,12 @@ class SocketGroup(AlgorithmicGroup):
     """One process's handle on a group of processes connected by a ``PeerNetwork``."""
 
     backend = "socket"
-    network = {"alpha": 30e-6, "beta": 1 / 2e9}
-    """What the automatic choice of algorithm assumes: about 30 µs per message and 2 GB/s, as
-    measured for a Python TCP stream on loopback (BENCHMARKS.md, section d)."""
+    network = {"alpha": 150e-6, "beta": 1 / 2e9, "gamma": 1 / 5e9}
+    """What the automatic choice of algorithm assumes, measured on loopback between two
+    processes of a 2-core machine: 150 µs per message (one-way latency of a small message
+    through ``PeerNetwork``, 140-210 µs; streamed messages cost about 50 µs each), 2 GB/s (a
+    Python TCP stream, BENCHMARKS.md section d) and 5 GB/s for reducing (``torch.add_`` of
+    64 MiB float32 on one thread, out of cache)."""
 
     def __init__(self, peers: Any, rank: int, ranks: Sequence[int], group_id: int, timeout: float,
                  recorder: Any = None):

@@ -55,6 +55,8 @@ _LINGER = 5.0  # seconds close() waits for a peer to take the last frames
 _MAX_TAG = (1 << 63) - 1
 _MAX_CTX = (1 << 64) - 1
 _CHUNK = 4 << 20  # bytes per piece of an unexpected payload
+_SPARE_MIN = 64 << 10  # pieces from this size on come from (and go back to) the spare chunks
+_SPARES = 4  # spare chunks kept per network: 16 MiB at most
 _PROBE_INTERVAL = 0.25  # seconds between checks of idle connections while a wait blocks
 _STOP = object()
 
@@ -127,7 +129,7 @@ class _Message:
 
     def __init__(self, src: int, nbytes: int, seq: int):
         self.src, self.nbytes, self.seq = src, nbytes, seq
-        self.chunks: list[bytearray] = []
+        self.chunks: list[memoryview] = []
         self.arrived = False
         self.op: Handle | None = None  # the receive that matched it while it was arriving
 
@@ -182,6 +184,7 @@ class PeerNetwork:
         self._cond = threading.Condition(threading.Lock())
         self._peers = [_Peer(p) for p in range(world_size)]
         self._any_posted: dict[tuple[int, int], deque[Handle]] = {}
+        self._spares: deque[bytearray] = deque()  # chunks for unexpected payloads, reused (append/pop are atomic)
         self._post_seq = itertools.count(1)
         self._arrival_seq = itertools.count(1)
         self._closed = False
@@ -332,8 +335,26 @@ class PeerNetwork:
                 self._fail(op, (ProtocolError, self._mismatch(msg.nbytes, op, msg.src)), msg.src)
             return
         _copy_chunks(msg.chunks, op.view)
-        msg.chunks = []
+        self._recycle(msg)
         self._complete(op)
+
+    def _piece(self, nbytes: int) -> memoryview:
+        """A writable view of ``nbytes`` (at most ``_CHUNK``) for an unexpected payload: part of a
+        spare chunk where one is free, so large payloads cost no fresh zeroed memory each time."""
+        if nbytes < _SPARE_MIN:
+            return memoryview(bytearray(nbytes))
+        try:
+            chunk = self._spares.pop()
+        except IndexError:
+            chunk = bytearray(_CHUNK)
+        return memoryview(chunk)[:nbytes]
+
+    def _recycle(self, msg: _Message) -> None:
+        """Drop ``msg``'s payload, keeping up to ``_SPARES`` full-size chunks for later payloads."""
+        for piece in msg.chunks:
+            if len(piece.obj) == _CHUNK and len(self._spares) < _SPARES:
+                self._spares.append(piece.obj)
+        msg.chunks = []
 
     def _mismatch(self, nbytes: int, op: Handle, src: int) -> str:
         return (f"message size mismatch: rank {src} sent {nbytes} bytes (ctx {op.ctx}, tag {op.tag}) but the "
@@ -660,13 +681,13 @@ class PeerNetwork:
             if op is not None and op.nbytes == msg.nbytes:
                 recv_exact_into(conn, op.view[got:], peer=src)
                 _copy_chunks(msg.chunks, op.view)
-                msg.chunks = []
+                self._recycle(msg)
                 with self._cond:
                     msg.arrived = True
                 self._complete(op)
                 return
-            chunk = bytearray(min(msg.nbytes - got, _CHUNK))
-            recv_exact_into(conn, memoryview(chunk), peer=src)
+            chunk = self._piece(min(msg.nbytes - got, _CHUNK))
+            recv_exact_into(conn, chunk, peer=src)
             msg.chunks.append(chunk)
             got += len(chunk)
         with self._cond:
@@ -756,7 +777,7 @@ def _pop(table: dict[tuple[int, int], deque], key: tuple[int, int]) -> Any:
     return item
 
 
-def _copy_chunks(chunks: list[bytearray], view: memoryview) -> None:
+def _copy_chunks(chunks: list[memoryview], view: memoryview) -> None:
     offset = 0
     for chunk in chunks:
         view[offset : offset + len(chunk)] = chunk

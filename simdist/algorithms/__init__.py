@@ -12,12 +12,15 @@ Signatures, per collective (``t`` the transport, buffers flat, ranks group ranks
 =============== ====================================== =====================================
 op              call                                   algorithms
 =============== ====================================== =====================================
-all_reduce      ``fn(t, buf, op)``                     ring, recursive_doubling,
+all_reduce      ``fn(t, buf, op)``                     ring, ring_pipelined,
+                                                       recursive_doubling,
                                                        rabenseifner, binomial
-broadcast       ``fn(t, buf, root)``                   binomial, scatter_allgather
+broadcast       ``fn(t, buf, root)``                   binomial, scatter_allgather,
+                                                       chain_pipelined
 reduce          ``fn(t, buf, op, root)``               binomial, linear
 all_gather      ``fn(t, inp, out)``                    ring, recursive_doubling, bruck
-reduce_scatter  ``fn(t, inp, out, counts, op)``        ring, pairwise, recursive_halving
+reduce_scatter  ``fn(t, inp, out, counts, op)``        ring, ring_pipelined, pairwise,
+                                                       recursive_halving
 all_to_all      ``fn(t, inp, out, send_counts,         pairwise, bruck, direct
                 recv_counts)``
 gather          ``fn(t, inp, out, root)``              linear, binomial

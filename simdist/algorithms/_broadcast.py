@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _arrays as A
-from ._chunks import ceil_log2, chunk_bounds, recv, send
+from ._chunks import CHAIN_SEGMENT_BYTES, ceil_log2, chunk_bounds, recv, segment, segment_grid, send
 from ._transport import Algorithm, Transport
 
-__all__ = ["binomial", "scatter_allgather", "binomial_tree_bcast"]
+__all__ = ["binomial", "scatter_allgather", "chain_pipelined", "binomial_tree_bcast"]
 
 
 def binomial_tree_bcast(t: Transport, buf: Any, root: int, *, tag: int = 0) -> Algorithm:
@@ -85,3 +85,29 @@ def scatter_allgather(t: Transport, buf: Any, root: int) -> Algorithm:
         recvs = recv(t, span(inc, inc + 1), left, base + step, inc) if v != 0 else []
         sends = send(t, span(out, out + 1), right, base + step, out) if v != p - 1 else []
         yield sends + recvs
+
+
+def chain_pipelined(t: Transport, buf: Any, root: int, *, segment_bytes: int = CHAIN_SEGMENT_BYTES) -> Algorithm:
+    """Pipelined chain: ``buf`` cut into segments of about ``segment_bytes``; relative rank ``v``
+    receives each segment from ``v - 1`` and forwards it to ``v + 1`` as soon as it is in.
+
+    With ``S`` segments the last rank has everything after ``p - 2 + S`` segment times, and
+    every link carries the buffer once: best for long messages on more than two ranks.
+    A rank posts all its receives first; segments travel in order under one tag.
+    """
+    p = t.size
+    n = A.numel(buf)
+    if p == 1 or n == 0:
+        return
+    v = (t.rank - root) % p
+    width, parts = segment_grid(n, A.itemsize(buf), segment_bytes)
+    segs = [segment(buf, k, width) for k in range(parts)]
+    prev, nxt = (t.rank - 1) % p, (t.rank + 1) % p
+    recvs = [recv(t, seg, prev, 0) for seg in segs] if v else []
+    sends: list = []
+    for k, seg in enumerate(segs):
+        if v:
+            yield recvs[k]
+        if v < p - 1:
+            sends += send(t, seg, nxt, 0)
+    yield sends

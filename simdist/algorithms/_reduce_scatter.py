@@ -13,10 +13,22 @@ from typing import Any, Sequence
 
 from .. import _arrays as A
 from .._reduce_op import ReduceOp
-from ._chunks import check_counts, first_of, fold, offsets, real_of, recv, send
+from ._chunks import (
+    SEGMENT_BYTES,
+    WINDOW,
+    check_counts,
+    first_of,
+    fold,
+    offsets,
+    real_of,
+    recv,
+    segment,
+    segment_grid,
+    send,
+)
 from ._transport import Algorithm, Transport
 
-__all__ = ["ring", "pairwise", "recursive_halving"]
+__all__ = ["ring", "ring_pipelined", "pairwise", "recursive_halving"]
 
 
 def _setup(t: Transport, inp: Any, counts: Sequence[int]) -> tuple[list[int], list[int], list[Any]]:
@@ -53,6 +65,60 @@ def ring(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) 
         outgoing = incoming
     A.copy_(out, outgoing)  # block r, finished (``out`` may be a view of ``inp``)
 
+
+def ring_pipelined(
+    t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp, *,
+    segment_bytes: int = SEGMENT_BYTES, window: int = WINDOW,
+) -> Algorithm:
+    """Pipelined ring: :func:`ring`'s messages cut into segments of about ``segment_bytes``,
+    each partial sum forwarded as soon as it is reduced.
+
+    Same paths, partial sums and results as :func:`ring`; receiving segment ``k + 1``
+    overlaps reducing segment ``k``, and a step starts before the previous one ends.
+    Segment ``i = s * parts + k`` of the partial sums arrives in one of ``parts + window``
+    rotating scratch slots (one block and ``window`` segments) and is sent on from there;
+    its send is waited on one step later (the right neighbour has posted that receive by
+    then whatever the schedule), and its slot then takes segment ``i + parts + window``.
+    """
+    counts, offs, blocks = _setup(t, inp, counts)
+    p, r = t.size, t.rank
+    if p == 1:
+        A.copy_(out, blocks[0])
+        return
+    if offs[-1] == 0:
+        return
+    width, parts = segment_grid(max(counts), A.itemsize(inp), segment_bytes)
+    total, lag = (p - 1) * parts, parts
+    nslots = min(window + lag, total)
+    slots = A.empty(inp, nslots * width)
+    right, left = (r + 1) % p, (r - 1) % p
+
+    def landing(i: int) -> Any:
+        """Slot of segment ``i`` (of block ``r - s - 2``, ``s = i // parts``), cut to the segment."""
+        s, k = divmod(i, parts)
+        length = A.numel(segment(blocks[(r - s - 2) % p], k, width))
+        return A.narrow(slots, i % nslots * width, length)
+
+    def post(i: int) -> list:
+        return recv(t, landing(i), left, i // parts, (r - i // parts - 2) % p)
+
+    pending = {i: post(i) for i in range(nslots)}
+    first = (r - 1) % p
+    sends = [h for k in range(parts) for h in send(t, segment(blocks[first], k, width), right, 0, first)]
+    forwarded: dict[int, list] = {}
+    for i in range(total):
+        s, k = divmod(i, parts)
+        g, old = (r - s - 2) % p, i - lag
+        yield pending.pop(i) + forwarded.pop(old, [])
+        if old >= 0 and old + nslots < total:
+            pending[old + nslots] = post(old + nslots)  # into old's slot, whose send is done
+        incoming = landing(i)
+        A.reduce_(incoming, segment(blocks[g], k, width), op)
+        if s + 1 < p - 1:
+            forwarded[i] = send(t, incoming, right, s + 1, g)
+        else:
+            A.copy_(segment(out, k, width), incoming)  # block r, finished (``out`` may be a view of ``inp``)
+    yield sends + [h for hs in forwarded.values() for h in hs]
 
 def pairwise(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) -> Algorithm:
     """Pairwise exchange: at step ``s`` rank ``r`` sends block ``r + s`` to its owner and

@@ -12,7 +12,11 @@ operations in MPICH":
 Cost symbols: ``p`` ranks, ``n`` = nbytes, ``α`` seconds per message, ``β`` seconds per
 byte, ``γ`` seconds per byte reduced (default 0), ``⌈lg p⌉``/``⌊lg p⌋`` the rounded
 base-2 logarithms, ``p' = 2^⌊lg p⌋`` and ``e = 0`` if ``p`` is a power of two, else 1
-(the two extra folding steps of the recursive doubling/halving algorithms). Costs
+(the two extra folding steps of the recursive doubling/halving algorithms), ``S`` the
+segments per block of the pipelined algorithms: ``max(1, ⌈n/(p·s)⌉)`` with ``s`` =
+``SEGMENT_BYTES`` (reducing a segment overlaps receiving the next, so a ``1/S`` share of the
+reduction shows; with ``S = 1`` they cost what the plain ring does), and ``C = max(1, ⌈n/c⌉)``
+the segments of the pipelined chain, ``c`` = ``CHAIN_SEGMENT_BYTES``. Costs
 count the critical path of the algorithm as implemented here, assuming every rank can
 send and receive one message at a time; on one rank every cost is 0.
 """
@@ -24,7 +28,7 @@ import functools
 from typing import Callable, NamedTuple
 
 from . import _allgather, _allreduce, _alltoall, _barrier, _broadcast, _reduce_scatter, _rooted
-from ._chunks import ceil_log2, floor_log2
+from ._chunks import CHAIN_SEGMENT_BYTES, SEGMENT_BYTES, ceil_log2, floor_log2
 
 __all__ = ["ALGORITHMS", "FORMULAS", "DEFAULT_ALPHA", "DEFAULT_BETA", "get", "choose", "cost"]
 
@@ -32,6 +36,7 @@ __all__ = ["ALGORITHMS", "FORMULAS", "DEFAULT_ALPHA", "DEFAULT_BETA", "get", "ch
 ALGORITHMS: dict[str, dict[str, Callable]] = {
     "all_reduce": {
         "ring": _allreduce.ring,
+        "ring_pipelined": _allreduce.ring_pipelined,
         "recursive_doubling": _allreduce.recursive_doubling,
         "rabenseifner": _allreduce.rabenseifner,
         "binomial": _allreduce.binomial,
@@ -39,6 +44,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
     "broadcast": {
         "binomial": _broadcast.binomial,
         "scatter_allgather": _broadcast.scatter_allgather,
+        "chain_pipelined": _broadcast.chain_pipelined,
     },
     "reduce": {
         "binomial": _rooted.reduce_binomial,
@@ -51,6 +57,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
     },
     "reduce_scatter": {
         "ring": _reduce_scatter.ring,
+        "ring_pipelined": _reduce_scatter.ring_pipelined,
         "pairwise": _reduce_scatter.pairwise,
         "recursive_halving": _reduce_scatter.recursive_halving,
     },
@@ -125,22 +132,25 @@ def choose(
     equal_counts: bool = True,
     alpha: float = DEFAULT_ALPHA,
     beta: float = DEFAULT_BETA,
+    gamma: float = 0.0,
 ) -> str:
     """The algorithm of ``op`` with the lowest alpha-beta cost for ``nbytes`` on ``size`` ranks.
 
-    ``alpha`` and ``beta`` describe the network (the simulator passes its topology's);
-    ties go to the algorithm registered first. ``bruck`` is left out of ``all_to_all``
-    unless ``equal_counts``. For example, with the defaults at 4 ranks ``all_reduce``
-    picks ``recursive_doubling`` below about 100 KB and ``rabenseifner`` above.
+    ``alpha`` and ``beta`` describe the network (the simulator passes its topology's),
+    ``gamma`` the seconds per byte reduced; ties go to the algorithm registered first.
+    ``bruck`` is left out of ``all_to_all`` unless ``equal_counts``. For example, with the
+    defaults at 4 ranks ``all_reduce`` picks ``recursive_doubling`` below about 100 KB and
+    ``rabenseifner`` above.
     """
     _check(op, nbytes, size)
     names = [n for n in _table(op) if not (op == "all_to_all" and n == "bruck" and not equal_counts)]
-    return min(names, key=lambda name: cost(op, name, nbytes, size, alpha, beta))
+    return min(names, key=lambda name: cost(op, name, nbytes, size, alpha, beta, gamma))
 
 
 FORMULAS: dict[str, dict[str, str]] = {
     "all_reduce": {
         "ring": "2(p-1)·α + 2(p-1)/p·n·β + (p-1)/p·n·γ",
+        "ring_pipelined": "2(p-1)·S·α + 2(p-1)/p·n·β + (p-1)/p·n·γ/S",
         "recursive_doubling": "(⌊lg p⌋+2e)·(α + n·β) + (⌊lg p⌋+e)·n·γ",
         "rabenseifner": "2(⌊lg p⌋+e)·α + (2(p'-1)/p' + 2e)·n·β + ((p'-1)/p' + e)·n·γ",
         "binomial": "2⌈lg p⌉·(α + n·β) + ⌈lg p⌉·n·γ",
@@ -148,6 +158,7 @@ FORMULAS: dict[str, dict[str, str]] = {
     "broadcast": {
         "binomial": "⌈lg p⌉·(α + n·β)",
         "scatter_allgather": "(⌈lg p⌉ + p-1)·α + 2(p-1)/p·n·β",
+        "chain_pipelined": "(p-2+C)·(α + n/C·β)",
     },
     "reduce": {
         "binomial": "⌈lg p⌉·(α + n·β + n·γ)",
@@ -160,8 +171,9 @@ FORMULAS: dict[str, dict[str, str]] = {
     },
     "reduce_scatter": {
         "ring": "(p-1)·α + (p-1)/p·n·(β + γ)",
+        "ring_pipelined": "(p-1)·S·α + (p-1)/p·n·(β + γ/S)",
         "pairwise": "(p-1)·α + (p-1)/p·n·(β + γ)",
-        "recursive_halving": "(⌊lg p⌋+2e)·α + ((p'-1)/p' + e(p+1)/p)·n·β + ((p'-1)/p' + e)·n·γ",
+        "recursive_halving": "(⌊lg p⌋+2e)·α + ((p'-1)/p' + e(p+1)/p)·n·β + ((p'-1)/p' + e + 1)·n·γ",
     },
     "all_to_all": {
         "pairwise": "(p-1)·α + (p-1)/p·n·β",
@@ -194,11 +206,14 @@ class _Terms(NamedTuple):
     q: int  # p'
     e: int
     spread: float  # (p-1)/p
+    s: int  # S, segments per block
+    c: int  # C, segments of the whole buffer
 
 
 _COSTS: dict[str, dict[str, Callable[[_Terms], float]]] = {
     "all_reduce": {
         "ring": lambda x: 2 * (x.p - 1) * x.a + 2 * x.spread * x.n * x.b + x.spread * x.n * x.g,
+        "ring_pipelined": lambda x: 2 * (x.p - 1) * x.s * x.a + 2 * x.spread * x.n * x.b + x.spread * x.n * x.g / x.s,
         "recursive_doubling": lambda x: (x.down + 2 * x.e) * (x.a + x.n * x.b) + (x.down + x.e) * x.n * x.g,
         "rabenseifner": lambda x: (
             2 * (x.down + x.e) * x.a
@@ -210,6 +225,7 @@ _COSTS: dict[str, dict[str, Callable[[_Terms], float]]] = {
     "broadcast": {
         "binomial": lambda x: x.up * (x.a + x.n * x.b),
         "scatter_allgather": lambda x: (x.up + x.p - 1) * x.a + 2 * x.spread * x.n * x.b,
+        "chain_pipelined": lambda x: (x.p - 2 + x.c) * (x.a + x.n / x.c * x.b),
     },
     "reduce": {
         "binomial": lambda x: x.up * (x.a + x.n * x.b + x.n * x.g),
@@ -224,11 +240,12 @@ _COSTS: dict[str, dict[str, Callable[[_Terms], float]]] = {
     },
     "reduce_scatter": {
         "ring": lambda x: (x.p - 1) * x.a + x.spread * x.n * (x.b + x.g),
+        "ring_pipelined": lambda x: (x.p - 1) * x.s * x.a + x.spread * x.n * (x.b + x.g / x.s),
         "pairwise": lambda x: (x.p - 1) * x.a + x.spread * x.n * (x.b + x.g),
         "recursive_halving": lambda x: (
             (x.down + 2 * x.e) * x.a
             + ((x.q - 1) / x.q + x.e * (x.p + 1) / x.p) * x.n * x.b
-            + ((x.q - 1) / x.q + x.e) * x.n * x.g
+            + ((x.q - 1) / x.q + x.e + 1) * x.n * x.g  # + 1: it copies the whole input first
         ),
     },
     "all_to_all": {
@@ -277,5 +294,7 @@ def cost(op: str, name: str, nbytes: int, size: int, alpha: float, beta: float, 
         q=q,
         e=0 if q == size else 1,
         spread=(size - 1) / size,
+        s=max(1, -(-nbytes // (size * SEGMENT_BYTES))),
+        c=max(1, -(-nbytes // CHAIN_SEGMENT_BYTES)),
     )
     return float(_COSTS[op][name](terms))
