@@ -23,7 +23,7 @@ from simdist._ddp import FIRST_BUCKET_BYTES, bucket_assignment
 from simdist.ddp_comm_hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook
 
 pytestmark = pytest.mark.timeout(120)
-BATCH = 24
+BATCH = 840  # divisible by every world size from 1 to 8
 
 
 def mlp(widths: tuple, seed: int) -> nn.Module:
@@ -131,9 +131,9 @@ def test_state_dict_keys_are_prefixed_with_module():
 
 
 @pytest.mark.timeout(300)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    world=st.sampled_from([1, 2, 3, 4, 6, 8]),
+    world=st.integers(1, 8),
     widths=st.lists(st.integers(1, 9), min_size=2, max_size=4).map(tuple),
     bucket_cap_mb=st.sampled_from([None, 1e-5, 1e-4, 1e-3]),
     view=st.booleans(),
