@@ -25,6 +25,7 @@ class DistError(RuntimeError):
     """
 
     schedule: str | None = None
+    choices: list[int] | None = None  # the scheduler's choices up to the failure (simulated runs)
 
     def _with_schedule(self, token: str | None) -> "DistError":
         self.schedule = token

@@ -170,6 +170,8 @@ class Engine:
                     rs.thread.join()
         finally:
             _isolation.leave(self, saved)
+            if isinstance(self.error, DistError):
+                self.error.choices = list(self.choices)
         if self.error is not None:
             raise self.error
         return [rs.value for rs in self.ranks]

@@ -1,0 +1,32 @@
+"""The pytest plugin of simdist (entry point ``pytest11``): command-line options, nothing heavy at load.
+
+``--simdist-replay TOKEN`` makes every simulated run of :mod:`simdist.testing` (``run``,
+``explore`` and tests made by ``@spmd``) replay that interleaving; ``--simdist-max-schedules N``
+sets how many schedules ``@spmd`` tests and ``explore`` without ``max_runs`` try.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+OPTIONS: dict[str, Any] = {"replay": None, "max_schedules": None}
+
+
+def pytest_addoption(parser: Any) -> None:
+    group = parser.getgroup("simdist", "simdist: simulated distributed programs")
+    group.addoption("--simdist-replay", metavar="TOKEN", default=None,
+                    help="replay this schedule (a token printed by a failing simdist test) in every simulated run")
+    group.addoption("--simdist-max-schedules", metavar="N", type=int, default=None,
+                    help="schedules that @simdist.testing.spmd tests and explore() try (default 100)")
+
+
+def pytest_configure(config: Any) -> None:
+    OPTIONS["replay"] = config.getoption("simdist_replay")
+    n = config.getoption("simdist_max_schedules")
+    if n is not None and n < 1:
+        raise ValueError(f"--simdist-max-schedules={n}: expected at least 1")
+    OPTIONS["max_schedules"] = n
+
+
+def pytest_unconfigure(config: Any) -> None:
+    OPTIONS.update(replay=None, max_schedules=None)

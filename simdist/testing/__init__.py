@@ -1,0 +1,36 @@
+"""Testing parallel code: runs under chosen or generated schedules, exploration, replay, a pytest plugin.
+
+::
+
+    from hypothesis import given
+    import simdist.testing as sdt
+
+    @given(world=sdt.world_sizes(1, 8), schedule=sdt.schedules())
+    def test_my_ring_allreduce(world, schedule):
+        res = sdt.run(my_ring_allreduce_program, world, schedule=schedule)
+        assert all(v == sum(range(world)) for v in res.values)
+
+A failure carries the replay token of its (shrunk) schedule: ``sdt.replay(fn, world, token)``
+or ``pytest --simdist-replay TOKEN`` reruns exactly that interleaving.
+"""
+
+from ._explore import ExploreSummary, explore, minimize, spmd
+from ._run import NondeterminismError, Schedule, replay, run
+from ._strategies import COLLECTIVE_OPS, CollectiveInputs, collective_inputs, schedules, topologies, world_sizes
+
+__all__ = [
+    "run",
+    "replay",
+    "explore",
+    "spmd",
+    "minimize",
+    "schedules",
+    "world_sizes",
+    "topologies",
+    "collective_inputs",
+    "CollectiveInputs",
+    "COLLECTIVE_OPS",
+    "Schedule",
+    "ExploreSummary",
+    "NondeterminismError",
+]
