@@ -15,7 +15,8 @@ from simdist._errors import DistError, RankError
 __all__ = ["run", "replay", "NondeterminismError", "Schedule"]
 
 # The seeds of runs given no seed, schedule or strategy. Registered with Hypothesis (below),
-# which then seeds it for each example, so a test's runs are reproducible under Hypothesis.
+# which resets it for each example, so a seedless run inside a Hypothesis test repeats exactly;
+# outside Hypothesis successive runs get different seeds. Draw schedules() to vary interleavings.
 _SEEDS = random.Random(0)
 try:
     from hypothesis import register_random
