@@ -283,4 +283,4 @@ def test_runs_without_a_seed_are_reproducible_under_hypothesis():
         return seen
 
     first, second = tokens_of_one_test_session(), tokens_of_one_test_session()
-    assert first == second and len(first) == 10
+    assert first and first == second
