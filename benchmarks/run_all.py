@@ -3,12 +3,13 @@
     python benchmarks/run_all.py [--quick] [--json PATH] [--profile] [--profile-timer cpu|wall]
 
 Runs (a) ``bench_sim_allreduce``, (b) ``bench_sched_points``, (c) ``bench_scale``,
-(d) ``bench_socket`` (socket backend vs gloo, real processes; ``--no-socket`` skips it) and
+(d) ``bench_socket`` (socket backend vs gloo, real processes; ``--no-socket`` skips it),
 (e) ``bench_ddp`` (DistributedDataParallel step time, simdist on the socket backend vs torch on
-gloo, real processes; ``--no-ddp`` skips it) in this process, one after the other, then
-prints a summary of the targets. 40-60 s on a 2-core machine for (a)-(c), 1-3 min more for
-(d), 1-2 min for (e) (``--quick``: ~20 s; figures from a quick run are smoke figures, not
-results). ``--json PATH`` writes every raw figure to one file;
+gloo, real processes; ``--no-ddp`` skips it) and (f) ``bench_testing`` (``simdist.testing``:
+schedules explored per second, and how often PCT finds the demonstration race; ``--no-testing``
+skips it, ~5-15 s) in this process, one after the other, then prints a summary of the targets.
+40-60 s on a 2-core machine for (a)-(c), 1-3 min more for (d), 1-2 min for (e) (``--quick``:
+~20 s; figures from a quick run are smoke figures, not results). ``--json PATH`` writes every raw figure to one file;
 ``--profile`` adds cProfile tables (top 25 by tottime, all threads) of the slowest cases.
 """
 
@@ -25,6 +26,7 @@ import bench_scale
 import bench_sched_points
 import bench_sim_allreduce
 import bench_socket
+import bench_testing
 from _common import (
     base_parser,
     finish_info,
@@ -68,6 +70,14 @@ def _summary(results: dict) -> str:
             rows.append([f"(e) DDP step, {v['case']}: simdist socket / torch gloo <= {v['target']:.2f}x",
                          f"{v['simdist_s'] * 1e3:.1f} / {v['torch_s'] * 1e3:.1f} ms = {fmt_ratio(v['ratio'])}",
                          verdict(v["met"])])
+    if "f" in results:
+        for v in results["f"]["verdicts"]:
+            if "schedules_per_s" in v:
+                rows.append([f"(f) {v['case']}, 4 ranks, ~50 points: >= {bench_testing.RATE_TARGET} schedules/s",
+                             f"{fmt_int(v['schedules_per_s'])} schedules/s", verdict(v["met"])])
+            else:
+                rows.append([f"(f) {v['case']} within 100 runs: >= {bench_testing.FOUND_TARGET:.0%} of seeds",
+                             f"{v['share']:.0%} (median {v['median_runs']} runs)", verdict(v["met"])])
     return markdown_table(["target", "measured (median)", "verdict"], rows)
 
 
@@ -75,6 +85,8 @@ def main(argv=None) -> dict:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--no-socket", action="store_true", help="skip (d) bench_socket (real processes, ~2 min)")
     parser.add_argument("--no-ddp", action="store_true", help="skip (e) bench_ddp (real processes, ~1-2 min)")
+    parser.add_argument("--no-testing", action="store_true",
+                        help="skip (f) bench_testing (simdist.testing exploration, ~5-15 s)")
     args = parser.parse_args(argv)
     common = []
     if args.quick:
@@ -91,6 +103,8 @@ def main(argv=None) -> dict:
         benches.append(("d", bench_socket))
     if not args.no_ddp:
         benches.append(("e", bench_ddp))
+    if not args.no_testing:
+        benches.append(("f", bench_testing))
     for key, mod in benches:
         print(f"<!-- running {mod.__name__} {' '.join(common)} -->", flush=True)
         results[key] = mod.main(common)

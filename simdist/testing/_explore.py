@@ -91,7 +91,9 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
             except DistError as err:
                 if err.choices is None:
                     raise
-                raise _shrunk(fn, nprocs, args, err, options) from None
+                shrunk = _shrunk(fn, nprocs, args, err, options)
+                shrunk.__suppress_context__ = True  # a RankError keeps its __cause__: the rank's own exception
+                raise shrunk
             seen.add(tuple(res.choices))
             if strategy == "pct" and i == 0:
                 steps = max(len(res.choices), depth)  # PCT's change points fall among this many decisions
@@ -130,24 +132,29 @@ def minimize(fn: Callable, nprocs: int, args: tuple, err: DistError, options: di
             return again if same_failure(err, again) else None
         return None
 
-    lo, hi = 0, len(choices)  # the shortest prefix (then zeros) that still fails: binary search, then keep it
-    while lo < hi and spent < budget:
-        mid = (lo + hi) // 2
-        again = fails(choices[:mid])
-        if again is not None:
-            hi, best = mid, again
-        else:
-            lo = mid + 1
-    choices = list(best.choices)[:hi] if best.choices is not None else choices[:hi]
-    for i in reversed(range(len(choices))):  # then each remaining choice to 0 (no preemption) if it still fails
-        if spent >= budget:
+    while spent < budget:  # until a pass changes nothing: the shortest failing prefix, then zeros
+        before = list(choices)
+        lo, hi = 0, len(choices)
+        while lo < hi and spent < budget:
+            mid = (lo + hi) // 2
+            again = fails(choices[:mid])
+            if again is not None:
+                hi, best = mid, again
+            else:
+                lo = mid + 1
+        choices = choices[:hi]
+        for i in reversed(range(len(choices))):  # each remaining choice to 0 (no preemption) if it still fails
+            if spent >= budget:
+                break
+            if choices[i] != 0:
+                trial = choices[:i] + [0] + choices[i + 1 :]
+                again = fails(trial)
+                if again is not None:
+                    choices, best = trial, again
+        while choices and choices[-1] == 0:
+            choices.pop()
+        if choices == before:
             break
-        if choices[i] == 0:
-            continue
-        trial = choices[:i] + [0] + choices[i + 1 :]
-        again = fails(trial)
-        if again is not None:
-            choices, best = trial, again
     return best
 
 
@@ -155,7 +162,7 @@ def _shrunk(fn: Callable, nprocs: int, args: tuple, err: DistError, options: dic
     """``err`` with the minimal schedule, after checking that it replays."""
     best = minimize(fn, nprocs, args, err, options)
     check_replays(fn, nprocs, args, best, options)
-    if best is not err:
+    if best.schedule != err.schedule:
         best.add_note(f"schedule shrunk from {_length(err.choices)} scheduler choices to {_length(best.choices)}; "
                       f"the original run's token: {err.schedule}")
     return best
