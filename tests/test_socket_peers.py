@@ -9,6 +9,7 @@ this process, where only one process is needed (an attacker on a raw socket, clo
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 import signal
@@ -220,6 +221,52 @@ def _fifo_and_tags(net):
 def test_fifo_per_peer_ctx_and_tag(job) -> None:
     got = job.run(_fifo_and_tags)[0]
     assert got == {"2/5": list(range(20)), "2/6": [100 + i for i in range(20)], "3/5": [200 + i for i in range(20)]}
+
+
+def _pattern(i: int, n: int) -> np.ndarray:
+    return ((np.arange(n, dtype=np.int64) * 7 + i) % 251).astype(np.uint8)
+
+
+def _mixed_sizes(net, seed: int):
+    """Rank 0 posts 160 sends of mixed sizes to rank 1 on one ctx and tag, waiting now and
+    then: sends of up to 1 MiB to an idle peer are written inline, larger ones (and what
+    follows them while they are pending) are queued. Rank 1 posts receives of the expected
+    sizes in order, some after their messages arrived."""
+    rng = np.random.default_rng(seed)
+    kinds = rng.choice(5, size=160, p=[0.3, 0.3, 0.2, 0.12, 0.08])
+    lows, highs = [0, 100, 60 << 10, 1 << 20, 2 << 20], [100, 8 << 10, 70 << 10, (1 << 20) + 1, 3 << 20]
+    sizes = [int(rng.integers(lows[k], highs[k])) for k in kinds]
+    if net.rank == 0:
+        hs, done_at_return, pending_at_return = [], 0, 0
+        for i, n in enumerate(sizes):
+            h = net.isend(_pattern(i, n), 1, 40, 0)
+            done_at_return += h.done
+            pending_at_return += not h.done
+            hs.append(h)
+            if rng.random() < 0.2:
+                net.wait(hs)
+                hs = []
+        net.wait(hs)
+        return done_at_return, pending_at_return
+    if net.rank != 1:
+        return None
+    bufs = [np.empty(n, dtype=np.uint8) for n in sizes]
+    hs = []
+    for i, b in enumerate(bufs):
+        hs.append(net.irecv(b, 0, 40, 0))
+        if i % 40 == 20:
+            time.sleep(0.05)  # let later messages arrive before their receives are posted
+    net.wait(hs)
+    return [i for i, b in enumerate(bufs) if not np.array_equal(b, _pattern(i, len(b)))]
+
+
+@pytest.mark.timeout(60)
+def test_inline_and_queued_sends_keep_posting_order(job) -> None:
+    """Sends written inline by the caller never overtake queued ones: all 160 arrive in posting
+    order (a swap would be a size mismatch) with the right bytes."""
+    (inline, queued), wrong = job.run(_mixed_sizes, 5, ranks=[0, 1])
+    assert wrong == []
+    assert inline > 40 and queued > 5, (inline, queued)
 
 
 def _unexpected_first(net):
@@ -547,6 +594,47 @@ def test_killed_peer_fails_the_others_promptly(job) -> None:
         assert (kind, rank) == ("PeerLostError", doomed), (r, value)
         assert when - killed < min(job.timeout + 1, job.timeout / 2), (r, when - killed)
         assert len(later) == 2 and all(q == doomed and t < 0.5 for q, t in later), (r, later)
+
+
+def _stream_until_lost(net, doomed: int):
+    """Rank ``doomed`` receives 256 KiB messages until it is killed. The others send them to it,
+    one isend and wait at a time (so each is written inline), until a send fails; then one more."""
+    buf = np.ones(256 << 10, dtype=np.uint8)
+    if net.rank == doomed:
+        for i in itertools.count():
+            net.wait([net.irecv(buf, 0, 41, i)])
+    for sent in itertools.count():
+        h = net.isend(buf, doomed, 41, sent)
+        done_at_return = h.done
+        try:
+            net.wait([h])
+        except DistError as exc:
+            failed_at = time.time()
+            later = net.isend(buf, doomed, 41, 0)
+            return (type(exc).__name__, getattr(exc, "rank", None), done_at_return, sent, failed_at,
+                    later.done and isinstance(later.error, PeerLostError))
+
+
+@pytest.mark.timeout(90)
+def test_peer_killed_during_an_inline_send(job) -> None:
+    """Stop the receiving rank so rank 0 blocks inside an inline send (the kernel's buffers are
+    full), then kill it: that send fails with PeerLostError naming it, soon, not at the timeout;
+    a later send fails at once. (This breaks the module's job.)"""
+    doomed = 1
+    job.broken = True
+    job.start(_stream_until_lost, doomed, ranks=[0, doomed])
+    time.sleep(0.5)
+    os.kill(job.pids[doomed], signal.SIGSTOP)
+    time.sleep(0.5)
+    killed = time.time()
+    os.kill(job.pids[doomed], signal.SIGKILL)
+    [(status, value)] = job.results([0], timeout=job.timeout + 30)
+    assert status == "ok", value
+    kind, rank, done_at_return, sent, failed_at, later_failed = value
+    assert (kind, rank) == ("PeerLostError", doomed), value
+    assert done_at_return and sent > 0, value  # it failed inside isend: an inline send
+    assert failed_at - killed < 2, value
+    assert later_failed, value
 
 
 # -- in this process: an attacker on a raw socket, orderly goodbyes -----------------------

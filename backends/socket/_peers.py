@@ -3,10 +3,16 @@
 A :class:`PeerNetwork` listens on ``host:0`` and publishes its address in the store
 under ``peer/{rank}``. The first send to a peer connects to the peer's address,
 authenticates (:mod:`._auth`) and says hello with its rank; from then on that
-connection carries this rank's frames to the peer, written by one sender thread per
-peer. Each accepted connection gets a receiver thread that reads the peer's frames.
-So every pair of ranks talks over two connections, one per direction, and an
-algorithm can send and receive at once.
+connection carries this rank's frames to the peer. Each accepted connection gets a
+receiver thread that reads the peer's frames. So every pair of ranks talks over two
+connections, one per direction, and an algorithm can send and receive at once.
+
+Sending: a send of up to ``_INLINE_MAX`` bytes to a peer with nothing else queued or
+being written (and a connection already made) is written by the calling thread inside
+:meth:`PeerNetwork.isend`, which saves the hand-off to another thread. Every other send
+goes to the peer's sender thread, in posting order. Both write through
+:meth:`PeerNetwork._write` under the peer's send lock, so frames never interleave and a
+send never overtakes one posted before it.
 
 Matching: messages from one peer with one ``(ctx, tag)`` match receives in the order
 both were posted. A receive posted before its frame arrives is filled straight from
@@ -58,6 +64,7 @@ _CHUNK = 4 << 20  # bytes per piece of an unexpected payload
 _SPARE_MIN = 64 << 10  # pieces from this size on come from (and go back to) the spare chunks
 _SPARES = 4  # spare chunks kept per network: 16 MiB at most
 _PROBE_INTERVAL = 0.25  # seconds between checks of idle connections while a wait blocks
+_INLINE_MAX = 1 << 20  # bytes: larger sends always go to the sender thread (see _write)
 _STOP = object()
 
 
@@ -146,7 +153,10 @@ class _Peer:
         self.lost: str | None = None  # why, once the peer is gone without a goodbye
         self.queue: SimpleQueue | None = None  # the sender thread's work, once started
         self.sender: threading.Thread | None = None
+        self.send_lock = threading.Lock()  # held by whoever writes on ``outbound``
+        self.unsent = 0  # sends posted and not yet finished (queued or being written)
         self.outbound: socket.socket | None = None
+        self.poller: select.poll | None = None  # tells when ``outbound`` has something to read
         self.inbound: socket.socket | None = None
 
 
@@ -231,6 +241,9 @@ class PeerNetwork:
         """Post a send of flat CPU buffer ``buf`` to global rank ``peer``; ``buf`` must not
         change until the handle completes (its bytes are written to the connection).
 
+        A small send to an idle, connected peer is written here and now (the handle comes
+        back done or failed); any other is queued for the peer's sender thread.
+
         Raises:
             ValueError: a bad peer, ctx or tag, or a buffer that is not contiguous.
             DistError: the network is closed.
@@ -243,11 +256,20 @@ class PeerNetwork:
             if p.send_failure is not None:
                 self._fail(op, p.send_failure, peer)
                 return op
-            if p.queue is None:
-                p.queue = SimpleQueue()
-                p.sender = self._start(lambda: self._send_loop(p), f"simdist-peers-send:{self.rank}->{peer}")
-            op.state = "queued"
-            p.queue.put(op)
+            p.unsent += 1
+            inline = (p.unsent == 1 and p.outbound is not None and op.nbytes <= _INLINE_MAX
+                      and p.send_lock.acquire(blocking=False))
+            if not inline:
+                if p.queue is None:
+                    p.queue = SimpleQueue()
+                    p.sender = self._start(lambda: self._send_loop(p), f"simdist-peers-send:{self.rank}->{peer}")
+                op.state = "queued"
+                p.queue.put(op)
+                return op
+        try:
+            self._write(p, op)
+        finally:
+            p.send_lock.release()
         return op
 
     def irecv(self, buf: Any, peer: int | None, ctx: int, tag: int) -> Handle:
@@ -453,48 +475,68 @@ class PeerNetwork:
     # -- sending ----------------------------------------------------------------------
 
     def _send_loop(self, p: _Peer) -> None:
-        sock: socket.socket | None = None
-        poller = select.poll()
+        """The sender thread of ``p``: write each queued send in order; at ``_STOP``, say goodbye."""
         while True:
             op = p.queue.get()
-            if op is _STOP:
-                break
-            with self._cond:
-                if p.send_failure is not None:
-                    self._fail(op, p.send_failure, p.rank)
-                    continue
-                op.state = "connecting" if sock is None else "sending"
-            try:
-                if sock is None:
-                    sock = self._connect(p.rank)
-                    poller.register(sock, select.POLLIN)
-                    with self._cond:
-                        p.outbound = sock
-                        op.state = "sending"
-                if poller.poll(0):
-                    self._check_goodbye(sock, p.rank)
-                send_frame(sock, encode_header(DATA, op.ctx, op.tag, op.nbytes, self.rank), op.view, peer=p.rank)
-            except Exception as exc:  # noqa: BLE001 - every failure becomes the peer's send failure
-                if isinstance(exc, DistError):
-                    failure = (type(exc), str(exc))
-                elif isinstance(exc, (_Goodbye, OSError)):
-                    failure = (PeerLostError, str(exc))
-                else:
-                    failure = (DistError, f"{type(exc).__name__}: {exc}")
+            with p.send_lock:
+                if op is _STOP:
+                    if p.outbound is not None:
+                        self._goodbye(p)
+                    return
+                self._write(p, op)
+
+    def _write(self, p: _Peer, op: Handle) -> None:
+        """Write the frame of send ``op`` to ``p``, connecting first if need be, then complete or
+        fail ``op``; the caller holds ``p.send_lock``.
+
+        The one way a frame goes out, from the sender thread and from :meth:`isend` alike.
+        A failure fails ``op`` and every later send to ``p``; a broken connection (or a
+        goodbye waiting on it) also marks ``p`` lost. A large payload keeps the caller
+        here until the kernel has taken it, which is why :meth:`isend` writes only sends of
+        up to ``_INLINE_MAX`` bytes itself.
+        """
+        with self._cond:
+            if p.send_failure is not None:
+                p.unsent -= 1
+                self._fail(op, p.send_failure, p.rank)
+                return
+            op.state = "connecting" if p.outbound is None else "sending"
+        sock = p.outbound
+        try:
+            if sock is None:
+                sock = self._connect(p.rank)
+                p.poller = select.poll()
+                p.poller.register(sock, select.POLLIN)
                 with self._cond:
-                    if isinstance(exc, PeerLostError):
-                        self._lose(p, failure, receiving=False)
-                    elif p.send_failure is None:
-                        p.send_failure = failure
-                    self._fail(op, p.send_failure, p.rank)
-                    p.outbound = None
-                if sock is not None:
-                    sock.close()
-                    sock = None
-                continue
-            self._complete(op)
-        if sock is not None:
-            self._goodbye(sock, p)
+                    p.outbound = sock
+                    op.state = "sending"
+            if p.poller.poll(0):
+                self._check_goodbye(sock, p.rank)
+            send_frame(sock, encode_header(DATA, op.ctx, op.tag, op.nbytes, self.rank), op.view, peer=p.rank)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the peer's send failure
+            if isinstance(exc, DistError):
+                failure = (type(exc), str(exc))
+            elif isinstance(exc, (_Goodbye, OSError)):
+                failure = (PeerLostError, str(exc))
+            else:
+                failure = (DistError, f"{type(exc).__name__}: {exc}")
+            with self._cond:
+                p.unsent -= 1
+                if isinstance(exc, PeerLostError):
+                    self._lose(p, failure, receiving=False)
+                elif p.send_failure is None:
+                    p.send_failure = failure
+                self._fail(op, p.send_failure, p.rank)
+                p.outbound = None
+            if sock is not None:
+                sock.close()
+            return
+        with self._cond:
+            p.unsent -= 1
+            op.view = None
+            op.state = "done"
+            op.done = True
+            self._cond.notify_all()
 
     def _connect(self, peer: int) -> socket.socket:
         from ._auth import client_handshake
@@ -536,10 +578,11 @@ class PeerNetwork:
             raise _Goodbye(f"rank {peer} has closed its peer network")
         raise ProtocolError(f"rank {peer} sent a DATA frame on the connection this rank sends on")
 
-    def _goodbye(self, sock: socket.socket, p: _Peer) -> None:
-        """CLOSE, end of stream, then wait (briefly) until the peer has read everything."""
+    def _goodbye(self, p: _Peer) -> None:
+        """CLOSE on ``p.outbound``, end of stream, then wait (briefly) until the peer has read
+        everything; the caller holds ``p.send_lock``."""
         with self._cond:
-            p.outbound = None
+            sock, p.outbound = p.outbound, None
         try:
             if p.send_failure is None:
                 sock.settimeout(min(self.timeout, _LINGER))
