@@ -1,9 +1,80 @@
 """Views of a ``simdist.Trace`` (installed as ``simdist.visualize``): pure functions, no Streamlit.
 
-It reads traces only; it never imports a backend.
+Data views return plain dataclasses and networkx graphs; the ``*_figure`` builders turn
+them into plotly figures (plotly, the ``app`` extra, is imported only when one is called).
+It reads traces only; it never imports a backend (``collective_run`` goes through
+``simdist.simulate``)::
+
+    res = collective_run("all_reduce", "ring", 8, 1 << 20)
+    g = step_graph(res.trace, steps(res.trace)[0])      # who sends what in step 0
+    table = buffer_table(res.trace, 3)                  # every rank's buffer after step 3
+    tl = timeline(res.trace)                            # lanes, arrows, link contention
 """
 
+from ._buffers import BufferTable as BufferTable
+from ._buffers import Cell as Cell
+from ._buffers import Row as Row
+from ._buffers import buffer_table as buffer_table
+from ._colors import PALETTE as PALETTE
+from ._colors import chunk_colors as chunk_colors
+from ._colors import rank_colors as rank_colors
+from ._compare import Comparison as Comparison
+from ._compare import Crossover as Crossover
+from ._compare import Curve as Curve
+from ._compare import compare_algorithms as compare_algorithms
+from ._compare import crossovers as crossovers
+from ._figures import buffer_figure as buffer_figure
+from ._figures import comparison_figure as comparison_figure
+from ._figures import graph_figure as graph_figure
+from ._figures import timeline_figure as timeline_figure
+from ._figures import wait_for_figure as wait_for_figure
+from ._graph import collectives as collectives
+from ._graph import positions as positions
+from ._graph import step_graph as step_graph
+from ._graph import steps as steps
+from ._graph import wait_for as wait_for
+from ._graph import world_of as world_of
+from ._runs import collective_run as collective_run
+from ._timeline import Arrow as Arrow
+from ._timeline import Contention as Contention
+from ._timeline import LinkUse as LinkUse
+from ._timeline import Span as Span
+from ._timeline import Timeline as Timeline
 from ._timeline import lanes as lanes
 from ._timeline import messages_by_step as messages_by_step
+from ._timeline import timeline as timeline
 
-__all__ = ["lanes", "messages_by_step"]
+__all__ = [
+    "Arrow",
+    "BufferTable",
+    "Cell",
+    "Comparison",
+    "Contention",
+    "Crossover",
+    "Curve",
+    "LinkUse",
+    "PALETTE",
+    "Row",
+    "Span",
+    "Timeline",
+    "buffer_figure",
+    "buffer_table",
+    "chunk_colors",
+    "collective_run",
+    "collectives",
+    "compare_algorithms",
+    "comparison_figure",
+    "crossovers",
+    "graph_figure",
+    "lanes",
+    "messages_by_step",
+    "positions",
+    "rank_colors",
+    "step_graph",
+    "steps",
+    "timeline",
+    "timeline_figure",
+    "wait_for",
+    "wait_for_figure",
+    "world_of",
+]

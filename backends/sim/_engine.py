@@ -515,25 +515,7 @@ class Engine:
 
     def _advance(self, run: CollectiveRun) -> None:
         if run.waiting:
-            for h in run.waiting:
-                if h.t_done > run.t:
-                    run.t = h.t_done
-            if self.record_steps and run.call.snapshot is not None:
-                self.trace.add(
-                    Event(
-                        rank=run.rank,
-                        kind="step",
-                        op=run.call.op,
-                        group=run.group.group_id,
-                        t_start=run.t,
-                        t_end=run.t,
-                        collective_id=run.coll_id,
-                        step=run.step,
-                        algorithm=run.call.algorithm,
-                        snapshot=A.snapshot(run.call.snapshot),
-                    )
-                )
-            run.step += 1
+            self._step_done(run)
         while True:
             try:
                 handles = next(run.gen)
@@ -551,10 +533,29 @@ class Engine:
                 for h in pending:
                     h.waiters.append(run)
                 return
-            for h in handles:
-                if h.t_done > run.t:
-                    run.t = h.t_done
-            run.step += 1
+            self._step_done(run)
+
+    def _step_done(self, run: CollectiveRun) -> None:
+        """Every message of ``run``'s current step has completed: advance its clock, record the step."""
+        for h in run.waiting:
+            if h.t_done > run.t:
+                run.t = h.t_done
+        if self.record_steps and run.call.snapshot is not None:
+            self.trace.add(
+                Event(
+                    rank=run.rank,
+                    kind="step",
+                    op=run.call.op,
+                    group=run.group.group_id,
+                    t_start=run.t,
+                    t_end=run.t,
+                    collective_id=run.coll_id,
+                    step=run.step,
+                    algorithm=run.call.algorithm,
+                    snapshot=A.snapshot(run.call.snapshot),
+                )
+            )
+        run.step += 1
 
     def _end_run(self, run: CollectiveRun, t: float) -> None:
         call = run.call

@@ -1,0 +1,187 @@
+"""Graphs of a trace: the data flow of one algorithm step, node positions for a topology,
+and the wait-for graph of a deadlock."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import networkx as nx
+
+from simdist._errors import DeadlockError
+from simdist._topology import Topology, as_topology
+from simdist._trace import Trace
+
+from ._colors import rank_colors
+
+__all__ = ["world_of", "collectives", "steps", "positions", "step_graph", "wait_for"]
+
+
+def world_of(trace: Trace) -> int:
+    """The number of ranks of ``trace``: its metadata's, else one more than the highest rank seen."""
+    meta = trace.meta.get("visualize") or {}
+    if "world" in meta:
+        return int(meta["world"])
+    ranks = [e.rank for e in trace.events] + [e.peer for e in trace.events if e.peer is not None]
+    return max(ranks, default=-1) + 1
+
+
+def collectives(trace: Trace) -> list[int]:
+    """The collective ids that have messages in ``trace``, ascending."""
+    return sorted({e.collective_id for e in trace.events if e.kind == "message" and e.collective_id is not None})
+
+
+def _default_collective(trace: Trace, collective_id: int | None) -> int | None:
+    if collective_id is not None:
+        return collective_id
+    ids = collectives(trace)
+    return ids[0] if ids else None
+
+
+def steps(trace: Trace, collective_id: int | None = None) -> list[int]:
+    """The algorithm steps of one collective (default: the first with messages), ascending.
+
+    A step is one ``yield`` of the algorithm on the sending rank; steps in which no rank
+    sent a message are not listed.
+    """
+    cid = _default_collective(trace, collective_id)
+    return sorted(
+        {e.step for e in trace.events if e.kind == "message" and e.collective_id == cid and e.step is not None}
+    )
+
+
+def _circle(n: int, radius: float = 1.0, center: tuple[float, float] = (0.0, 0.0)) -> list[tuple[float, float]]:
+    """``n`` points clockwise from the top (rank 0 at 12 o'clock)."""
+    cx, cy = center
+    return [
+        (cx + radius * math.sin(2 * math.pi * i / n), cy + radius * math.cos(2 * math.pi * i / n)) for i in range(n)
+    ]
+
+
+def _topology(spec: Any, trace: Trace | None, world: int) -> Topology:
+    if spec is None and trace is not None:
+        spec = (trace.meta.get("visualize") or {}).get("topology")
+    return as_topology(spec, world)
+
+
+def positions(topology: Any, world: int) -> dict[Any, tuple[float, float]]:
+    """``{node: (x, y)}`` for the ranks (and switches) of ``topology`` on ``world`` ranks.
+
+    Ranks lie on a circle (switch, ring, fully_connected; a switch in the middle), or one
+    small circle per node on a larger circle (two_level; each node's switch at its
+    centre, the spine in the middle). Other graphs get a seeded spring layout.
+    """
+    topo = as_topology(topology, world)
+    ranks = _circle(max(world, 1))
+    if topo.name in ("switch", "ring", "fully_connected"):
+        pos: dict[Any, tuple[float, float]] = {r: ranks[r] for r in range(world)}
+        if topo.name == "switch":
+            pos["switch"] = (0.0, 0.0)
+        return pos
+    if topo.name == "two_level":
+        groups: dict[Any, list[int]] = {}
+        for r in range(world):
+            hub = next(v for v in topo.graph.neighbors(r) if isinstance(v, str))
+            groups.setdefault(hub, []).append(r)
+        hubs = sorted(groups, key=lambda h: min(groups[h]))
+        centers = _circle(len(hubs), 1.0) if len(hubs) > 1 else [(0.0, 0.0)]
+        small = 0.8 * math.sin(math.pi / len(hubs)) if len(hubs) > 1 else 1.0
+        pos = {"spine": (0.0, 0.0)} if len(hubs) > 1 else {}
+        for hub, c in zip(hubs, centers):
+            pos[hub] = c
+            members = groups[hub]
+            for r, p in zip(members, _circle(len(members), small, c)):
+                pos[r] = p
+        return pos
+    raw = nx.spring_layout(topo.graph, seed=0)
+    return {k: (float(v[0]), float(v[1])) for k, v in raw.items()}
+
+
+def step_graph(trace: Trace, step: int, topology: Any = None, collective_id: int | None = None) -> nx.MultiDiGraph:
+    """The data flow of one algorithm step: one node per rank, one edge per message sent in it.
+
+    Nodes are ranks ``0 .. world-1`` with ``pos`` (from :func:`positions`), ``color``,
+    ``sent`` and ``received`` (messages in this step). Edges ``src -> dst`` (keyed, so
+    that two messages between one pair stay two edges) carry ``nbytes``, ``chunk``
+    (``None`` for a message spanning several chunks), ``tag``, ``t_start``, ``t_end``.
+    ``g.graph`` holds ``step``, ``collective_id``, ``op``, ``algorithm``, ``topology``,
+    ``world``, ``switches`` (``{name: pos}``) and ``links`` (the topology's links).
+
+    Args:
+        step: the sender's algorithm step (see :func:`steps`).
+        topology: a name, Topology or graph; default the run's (``'switch'`` if unknown).
+        collective_id: default the first collective with messages.
+    """
+    world = world_of(trace)
+    topo = _topology(topology, trace, world)
+    pos = positions(topo, world)
+    cid = _default_collective(trace, collective_id)
+    colors = rank_colors(world)
+    g = nx.MultiDiGraph()
+    for r in range(world):
+        g.add_node(r, pos=pos[r], color=colors[r], sent=0, received=0)
+    op = algorithm = None
+    for e in trace.events:
+        if e.kind != "message" or e.collective_id != cid or e.step != step:
+            continue
+        op, algorithm = e.op, e.algorithm
+        g.add_edge(e.rank, e.peer, nbytes=e.nbytes, chunk=e.chunk, tag=e.tag, t_start=e.t_start, t_end=e.t_end)
+        g.nodes[e.rank]["sent"] += 1
+        g.nodes[e.peer]["received"] += 1
+    links = [] if topo.name == "fully_connected" else [tuple(x) for x in topo.graph.edges()]
+    g.graph.update(
+        step=step,
+        collective_id=cid,
+        op=op,
+        algorithm=algorithm,
+        topology=topo.name,
+        world=world,
+        switches={k: v for k, v in pos.items() if not isinstance(k, int)},
+        links=links,
+    )
+    return g
+
+
+def _label(rank: int, data: dict) -> str:
+    if data.get("finished"):
+        return f"rank {rank}: finished"
+    op = data.get("op", "?")
+    if op in ("send", "recv"):
+        peer = "any" if data.get("peer") is None else data.get("peer")
+        text = f"rank {rank}: {op}({'dst' if op == 'send' else 'src'}={peer}, tag={data.get('tag')})"
+    else:
+        text = f"rank {rank}: {op}"
+        if data.get("missing"):
+            text += f" (waiting for ranks {data['missing']})"
+    if data.get("call_site"):
+        text += f" at {data['call_site']}"
+    return text
+
+
+def wait_for(err: DeadlockError) -> nx.DiGraph:
+    """The wait-for graph of ``err`` ready to draw: ``a -> b`` means rank ``a`` waits for rank ``b``.
+
+    A copy of ``err.graph`` whose nodes also carry ``pos`` (a circle), ``color`` and
+    ``label`` (the blocked op, its peer and tag, and the user's call site), and whose
+    edges carry ``in_cycle`` (on ``err.cycle``). ``g.graph["cycle"]`` is ``err.cycle``.
+
+    Raises:
+        ValueError: if ``err`` carries no graph.
+    """
+    if err.graph is None:
+        raise ValueError("err carries no wait-for graph (err.graph is None)")
+    g = nx.DiGraph(err.graph)
+    ranks = sorted(n for n in g.nodes if isinstance(n, int))
+    world = max(ranks, default=-1) + 1
+    circle = _circle(max(world, 1))
+    colors = rank_colors(world)
+    for n, data in g.nodes(data=True):
+        data["pos"] = circle[n] if isinstance(n, int) else (0.0, 0.0)
+        data["color"] = colors[n] if isinstance(n, int) else "#BBBBBB"
+        data["label"] = _label(n, data)
+    cycle = list(err.cycle)
+    on_cycle = {(a, b) for a, b in zip(cycle, cycle[1:] + cycle[:1])} if cycle else set()
+    for a, b, data in g.edges(data=True):
+        data["in_cycle"] = (a, b) in on_cycle
+    g.graph["cycle"] = cycle
+    return g
