@@ -35,6 +35,12 @@ from ._graph import steps as steps
 from ._graph import wait_for as wait_for
 from ._graph import world_of as world_of
 from ._runs import collective_run as collective_run
+from ._sandbox import CodeResult as CodeResult
+from ._sandbox import code_allowed as code_allowed
+from ._sandbox import run_code as run_code
+from ._scenarios import SCENARIOS as SCENARIOS
+from ._scenarios import run_scenario as run_scenario
+from ._scenarios import scenario_source as scenario_source
 from ._timeline import Arrow as Arrow
 from ._timeline import Contention as Contention
 from ._timeline import LinkUse as LinkUse
@@ -46,6 +52,8 @@ from ._timeline import timeline as timeline
 
 __all__ = [
     "Arrow",
+    "CodeResult",
+    "SCENARIOS",
     "BufferTable",
     "Cell",
     "Comparison",
@@ -60,6 +68,7 @@ __all__ = [
     "buffer_figure",
     "buffer_table",
     "chunk_colors",
+    "code_allowed",
     "collective_run",
     "collectives",
     "compare_algorithms",
@@ -70,6 +79,9 @@ __all__ = [
     "messages_by_step",
     "positions",
     "rank_colors",
+    "run_code",
+    "run_scenario",
+    "scenario_source",
     "step_graph",
     "steps",
     "timeline",

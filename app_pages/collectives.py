@@ -1,0 +1,78 @@
+"""Collectives: pick a collective, an algorithm, a world size, a size and a topology; step through it."""
+
+import time
+
+import streamlit as st
+
+import simdist
+from simdist import visualize as V
+from simdist.algorithms import ALGORITHMS
+
+OPS = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"]
+SIZES = {"256 B": 256, "1 KiB": 1024, "4 KiB": 4096, "64 KiB": 64 << 10, "1 MiB": 1 << 20}
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def run(op: str, algorithm: str, world: int, nbytes: int, topology: str):
+    res = V.collective_run(op, algorithm, world, nbytes, topology=topology)
+    return res.trace, res.schedule
+
+
+st.title("Collectives, step by step")
+with st.sidebar:
+    op = st.selectbox("collective", OPS, key="op")
+    algorithms = list(ALGORITHMS[op])
+    default = algorithms.index("ring") if "ring" in algorithms else 0
+    algorithm = st.selectbox("algorithm", algorithms, index=default, key="algorithm")
+    world = st.slider("world size", 2, 16, 8, key="world")
+    size = st.select_slider("message size", list(SIZES), value="4 KiB", key="size")
+    names = sorted(simdist.TOPOLOGIES, key=lambda n: (n != "switch", n))
+    topology = st.selectbox("topology", names, key="topology")
+
+trace, token = run(op, algorithm, world, SIZES[size], topology)
+steps = V.steps(trace)
+last = len(steps)  # one past the last step: the result
+if st.session_state.get("config") != (op, algorithm, world, size, topology):
+    st.session_state.config = (op, algorithm, world, size, topology)
+    st.session_state.step = min(len(steps) // 2, last)  # the first screen shows the run mid-flight
+    st.session_state.playing = False
+
+c1, c2, c3, c4 = st.columns([1, 1, 1, 4])
+if c1.button("◀ previous", disabled=st.session_state.step <= 0):
+    st.session_state.step -= 1
+if c2.button("next ▶", disabled=st.session_state.step >= last):
+    st.session_state.step += 1
+if c3.button("⏵ play", disabled=st.session_state.playing):
+    st.session_state.step, st.session_state.playing = 0, True
+step = st.session_state.step
+c4.progress(step / max(last, 1), text=f"step {step} of {last - 1}" if step < last else "result")
+
+tl = V.timeline(trace, topology=topology)
+m1, m2, m3 = st.columns(3)
+m1.metric("virtual time", f"{tl.duration * 1e6:.2f} µs")
+m2.metric("messages", len(tl.arrows))
+m3.metric("replay token", token)
+
+left, right = st.columns(2)
+with left:
+    if step < last:
+        g = V.step_graph(trace, steps[step], topology=topology)
+        st.subheader(f"Step {steps[step]}: {g.number_of_edges()} messages")
+        st.plotly_chart(V.graph_figure(g), key="graph")
+    else:
+        st.subheader("Done: every rank holds its result")
+with right:
+    table = V.buffer_table(trace, steps[step] if step < last else None)
+    st.subheader("Buffers after this step" if step < last else "Buffers at the end")
+    st.plotly_chart(V.buffer_figure(table), key="buffers")
+st.subheader("Timeline (virtual time; arrows are messages)")
+st.plotly_chart(V.timeline_figure(tl), key="timeline")
+if tl.contention:
+    st.caption(f"{len(tl.contention)} pairs of messages shared a link at the same time (contention).")
+
+if st.session_state.playing:
+    if st.session_state.step < last:
+        time.sleep(0.5)
+        st.session_state.step += 1
+        st.rerun()
+    st.session_state.playing = False
