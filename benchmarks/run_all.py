@@ -78,6 +78,10 @@ def _summary(results: dict) -> str:
             else:
                 rows.append([f"(f) {v['case']} within 100 runs: >= {bench_testing.FOUND_TARGET:.0%} of seeds",
                              f"{v['share']:.0%} (median {v['median_runs']} runs)", verdict(v["met"])])
+    if "g" in results:
+        for v in results["g"]["verdicts"]:
+            rows.append([f"(g) app, world 16, 1 MiB: {v['case']} < 1 s", f"{v['median_s'] * 1e3:.0f} ms",
+                         verdict(v["met"])])
     return markdown_table(["target", "measured (median)", "verdict"], rows)
 
 
@@ -87,6 +91,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-ddp", action="store_true", help="skip (e) bench_ddp (real processes, ~1-2 min)")
     parser.add_argument("--no-testing", action="store_true",
                         help="skip (f) bench_testing (simdist.testing exploration, ~5-15 s)")
+    parser.add_argument("--no-app", action="store_true", help="skip (g) bench_app (the visualizer, ~20 s)")
     args = parser.parse_args(argv)
     common = []
     if args.quick:
@@ -105,6 +110,10 @@ def main(argv=None) -> dict:
         benches.append(("e", bench_ddp))
     if not args.no_testing:
         benches.append(("f", bench_testing))
+    if not args.no_app:
+        import bench_app
+
+        benches.append(("g", bench_app))
     for key, mod in benches:
         print(f"<!-- running {mod.__name__} {' '.join(common)} -->", flush=True)
         results[key] = mod.main(common)
