@@ -9,7 +9,7 @@ from simdist import visualize as V
 from simdist.algorithms import ALGORITHMS
 
 OPS = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"]
-SIZES = {"256 B": 256, "1 KiB": 1024, "4 KiB": 4096, "64 KiB": 64 << 10, "1 MiB": 1 << 20}
+SIZES = {"128 B": 128, "512 B": 512, "4 KiB": 4096, "64 KiB": 64 << 10, "1 MiB": 1 << 20}
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -25,7 +25,7 @@ with st.sidebar:
     default = algorithms.index("ring") if "ring" in algorithms else 0
     algorithm = st.selectbox("algorithm", algorithms, index=default, key="algorithm")
     world = st.slider("world size", 2, 16, 8, key="world")
-    size = st.select_slider("message size", list(SIZES), value="4 KiB", key="size")
+    size = st.select_slider("message size", list(SIZES), value="512 B", key="size")
     names = sorted(simdist.TOPOLOGIES, key=lambda n: (n != "switch", n))
     topology = st.selectbox("topology", names, key="topology")
 
@@ -42,7 +42,7 @@ if c1.button("◀ previous", disabled=st.session_state.step <= 0):
     st.session_state.step -= 1
 if c2.button("next ▶", disabled=st.session_state.step >= last):
     st.session_state.step += 1
-if c3.button("⏵ play", disabled=st.session_state.playing):
+if c3.button("▶ play", disabled=st.session_state.playing):
     st.session_state.step, st.session_state.playing = 0, True
 step = st.session_state.step
 c4.progress(step / max(last, 1), text=f"step {step} of {last - 1}" if step < last else "result")
@@ -64,6 +64,8 @@ with left:
 with right:
     table = V.buffer_table(trace, steps[step] if step < last else None)
     st.subheader("Buffers after this step" if step < last else "Buffers at the end")
+    st.caption("Colour: the chunk a value belongs to; text (small buffers): how many ranks' inputs it sums. "
+               "Hover a cell for its origin. Only the first 64 values of each buffer are recorded.")
     st.plotly_chart(V.buffer_figure(table), key="buffers")
 st.subheader("Timeline (virtual time; arrows are messages)")
 st.plotly_chart(V.timeline_figure(tl), key="timeline")

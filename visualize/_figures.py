@@ -170,7 +170,8 @@ def buffer_figure(table: BufferTable) -> Any:
     fig = go.Figure(
         go.Heatmap(
             z=zz, x=list(range(width)), y=labels, colorscale=scale, zmin=0, zmax=k, showscale=False,
-            text=text, texttemplate="%{text}", textfont=dict(size=9), hovertext=hover, hoverinfo="text",
+            text=text, texttemplate="%{text}" if width <= 24 else "", textfont=dict(size=9), hovertext=hover,
+            hoverinfo="text",
             xgap=1, ygap=1,
         )
     )  # fmt: skip
