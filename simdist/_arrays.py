@@ -134,14 +134,20 @@ def flat(x: Array) -> Array:
     if not _is_contiguous(x):
         raise ValueError("flat() needs a contiguous array; use stage_in/stage_out")
     if isinstance(x, torch.Tensor):
-        return x.detach().view(-1)
+        return _flat_tensor(x)
     return x.reshape(-1)
+
+
+def _flat_tensor(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (contiguous) as a 1-D view with stride 1; torch keeps any stride on a dimension of size 1."""
+    v = x.detach().view(-1)
+    return v if v.numel() > 1 or v.stride(0) == 1 else v.as_strided((v.numel(),), (1,))
 
 
 def stage_in(x: Array) -> Array:
     """A flat buffer holding ``x``'s values: a view if ``x`` is contiguous, else a copy."""
     if isinstance(x, torch.Tensor) and x.is_contiguous():
-        return x.detach().view(-1)
+        return _flat_tensor(x)
     if _is_contiguous(x):
         return flat(x)
     if isinstance(x, torch.Tensor):
@@ -178,7 +184,7 @@ def stage_out(x: Array) -> tuple[Array, Callable[[], None] | None]:
     copy, and the write-back copies it into ``x`` element by element.
     """
     if isinstance(x, torch.Tensor) and x.is_contiguous():
-        return x.detach().view(-1), None
+        return _flat_tensor(x), None
     if _is_contiguous(x):
         return flat(x), None
     buf = stage_in(x)

@@ -520,6 +520,16 @@ def test_every_algorithm_and_array_type_on_socket(world: int) -> None:
     check(batch, world, "messages", backend="socket")
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout", ["transposed", "strided"])
+def test_one_element_views_with_any_stride_on_socket(layout: str) -> None:
+    """torch calls a one-element view contiguous whatever its stride; its bytes must still go on the wire."""
+    ops = ("broadcast", "all_reduce", "all_gather_into_tensor", "scatter")
+    batch = [Case(op=op, dtype=dtype, world=3, shape=(1,), layout=layout, rop=R.SUM if op in REDUCING else None)
+             for op in ops for dtype in ("float16", "int64")]
+    check(batch, 3, "messages", backend="socket")
+
+
 @pytest.mark.timeout(300)
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases(max_world=5))

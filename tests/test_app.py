@@ -61,7 +61,7 @@ def test_previous_next_and_play_walk_through_every_step():
     button(at, "◀ previous").click()
     ok(at)
     assert at.session_state.step == start
-    button(at, "⏵ play").click()
+    button(at, "▶ play").click()
     ok(at)
     assert at.session_state.step == 14 and not at.session_state.playing  # played to the result
     assert any("at the end" in s.value for s in at.subheader)
