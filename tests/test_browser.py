@@ -191,3 +191,46 @@ def test_every_page_renders_without_an_exception(app_url, chromium_path, tmp_pat
                 for shot in shots:
                     shutil.copy(shot, out)
     assert shots and all(s.stat().st_size > 10_000 for s in shots), shots
+
+
+@pytest.mark.timeout(180)
+def test_traces_page_shows_an_uploaded_trace(app_url, chromium_path, tmp_path):
+    """The one widget AppTest cannot drive: a simdist trace file uploaded through the browser."""
+    from playwright.sync_api import sync_playwright
+
+    import simdist as dist
+
+    res = dist.simulate(_two_rank_all_reduce, 2, seed=0)
+    good = tmp_path / "run.trace.json"
+    good.write_text(res.trace.to_json())
+    bad = tmp_path / "not_a_trace.json"
+    bad.write_text('{"hello": 1}')
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
+                                     args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(app_url + "/traces", wait_until="domcontentloaded", timeout=60_000)
+            _wait_for_run(page)
+            upload = page.locator('[data-testid="stFileUploaderDropzoneInput"]')
+            upload.set_input_files(str(good))
+            page.get_by_text(f"{len(res.trace)}", exact=True).wait_for(timeout=RUN_TIMEOUT_MS)
+            _wait_for_run(page)
+            assert page.locator('[data-testid="stException"]').count() == 0
+            page.screenshot(path=str(tmp_path / "uploaded.png"), full_page=True)
+            upload.set_input_files(str(bad))
+            page.get_by_text("This file is not a simdist trace", exact=False).wait_for(timeout=RUN_TIMEOUT_MS)
+            assert page.locator('[data-testid="stException"]').count() == 0
+        finally:
+            browser.close()
+
+
+def _two_rank_all_reduce(rank):
+    import torch
+
+    import simdist as dist
+
+    dist.init_process_group("gloo")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
