@@ -17,13 +17,15 @@ st.download_button("Download trace (simdist JSON, for upload here)", res.trace.t
 st.caption("Open the Chrome/Perfetto JSON at ui.perfetto.dev or chrome://tracing.")
 
 st.subheader("Look at a trace")
-uploaded = st.file_uploader("a simdist trace (simdist JSON: `Trace.to_json()`)", type=["json"], key="tr_upload")
-if uploaded is None:
+uploaded = st.file_uploader("simdist traces (simdist JSON): one file, or one per rank of a real run "
+                            "(`SIMDIST_TRACE=DIR` makes socket ranks write them)", type=["json"],
+                            accept_multiple_files=True, key="tr_upload")
+if not uploaded:
     trace = res.trace
     st.caption("No trace uploaded: showing the run above.")
 else:
     try:
-        trace = simdist.Trace.from_json(uploaded.getvalue().decode())
+        trace = simdist.Trace.merge([simdist.Trace.from_json(f.getvalue().decode()) for f in uploaded])
     except (ValueError, KeyError, TypeError) as exc:
         st.error(f"This file is not a simdist trace: {exc}")
         st.stop()

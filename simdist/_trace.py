@@ -80,6 +80,18 @@ class Trace:
         events = [Event(**{k: v for k, v in zip(names, row) if k in _FIELDS}) for row in data["events"]]
         return cls(events, data.get("meta"))
 
+    @classmethod
+    def merge(cls, traces: list["Trace"]) -> "Trace":
+        """One trace of the events of ``traces`` (for instance one file per rank of a real run), by start time."""
+        events = sorted((e for t in traces for e in t.events), key=lambda e: (e.t_start, e.rank))
+        meta: dict[str, Any] = {}
+        for t in traces:
+            meta.update({k: v for k, v in t.meta.items() if k != "rank"})
+        ranks = {e.rank for e in events}
+        if ranks:
+            meta["world_size"] = max(meta.get("world_size", 0), max(ranks) + 1)
+        return cls(events, meta)
+
     def to_chrome_json(self) -> str:
         """The trace in the Chrome trace-event format, which Perfetto and chrome://tracing load.
 

@@ -187,3 +187,28 @@ def test_timeout_reports_which_rank_never_entered_the_collective():
     assert "timed out in #2 (all_reduce) on group 0" in text
     assert "rank 2 completed #1 (barrier) and never entered #2 (all_reduce) on group 0" in text
     assert "its last call site is" in text and "test_socket_backend.py" in text
+
+
+def traced_program(rank, world_size):
+    dist.init_process_group("gloo")
+    t = torch.ones(1000)
+    for _ in range(3):
+        dist.all_reduce(t)
+    dist.broadcast(t, src=0)
+    dist.destroy_process_group()
+
+
+def test_simdist_trace_makes_every_rank_write_a_trace_that_merges(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIMDIST_TRACE", str(tmp_path))
+    simdist.spawn(traced_program, args=(3,), nprocs=3, backend="socket")
+    files = sorted(tmp_path.glob("rank*.trace.json"))
+    assert [f.name for f in files] == ["rank0.trace.json", "rank1.trace.json", "rank2.trace.json"]
+    trace = simdist.Trace.merge([simdist.Trace.from_json(f.read_text()) for f in files])
+    assert trace.meta["backend"] == "socket" and trace.meta["world_size"] == 3
+    for rank in range(3):
+        ops = [(e.op, e.collective_id) for e in trace if e.rank == rank]
+        assert ops == [("all_reduce", 1), ("all_reduce", 2), ("all_reduce", 3), ("broadcast", 4)]
+    assert all(0 <= e.t_start <= e.t_end < 60 for e in trace)
+    from simdist import visualize as V
+
+    assert V.timeline(trace).world == 3

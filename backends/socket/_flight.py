@@ -1,23 +1,31 @@
 """The flight recorder: what every rank was doing when an operation timed out.
 
 Each rank keeps its last ``N`` collectives (sequence number, op, group, shape, state,
-call site). A daemon thread publishes the latest entry of every group to the store
-at most every ``interval`` seconds (never on the operation's path). A rank whose
-operation times out reads every member's entry and says, for instance, "rank 2
-completed #41 (barrier) and never entered #42 (all_reduce) on group 0; its last call
-site is train.py:88".
+call site). A daemon thread publishes the latest entry of every group to the store at
+most every ``interval`` seconds (never on the operation's path). A rank whose operation
+times out reads every member's entry and says, for instance, "rank 2 completed #41
+(barrier) and never entered #42 (all_reduce) on group 0; its last call site is train.py:88".
+
+With ``SIMDIST_TRACE=DIR`` the recorder also keeps every collective as a trace event, in
+real seconds since rank 0's epoch (published in the store), and writes
+``DIR/rank{r}.trace.json`` when the process group is destroyed; ``simdist.Trace.merge``
+joins the files, and the visualizer's Traces page shows them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 from collections import deque
 from typing import Any
 
 __all__ = ["FlightRecorder"]
 
 _KEY = "simdist/flight/{rank}"
+_EPOCH = "simdist/trace/epoch"
+TRACE_ENV = "SIMDIST_TRACE"
 
 
 class FlightRecorder:
@@ -32,21 +40,40 @@ class FlightRecorder:
         self.lock = threading.Lock()
         self.dirty = threading.Event()
         self.closed = threading.Event()
+        self.trace_dir = os.environ.get(TRACE_ENV) or None
+        self.events: list | None = None
+        if self.trace_dir:
+            self.events, self.epoch = [], self._epoch()
         self.thread = threading.Thread(target=self._publish_loop, name="simdist-flight", daemon=True)
         self.thread.start()
 
+    def _epoch(self) -> float:
+        """Rank 0's wall clock at start, shared through the store: every rank's events count from it."""
+        if self.rank == 0:
+            now = time.time()
+            self.store.set(_EPOCH, repr(now).encode())
+            return now
+        return float(self.store.get(_EPOCH).decode())
+
     def start(self, group: int, seq: int, op: str, shape: Any, call_site: str | None) -> dict:
         """Record that this rank entered collective ``seq`` of ``group``."""
-        entry = {"group": group, "seq": seq, "op": op, "shape": shape, "state": "started", "site": call_site}
+        entry = {"group": group, "seq": seq, "op": op, "shape": shape, "state": "started", "site": call_site,
+                 "t0": time.time()}
         with self.lock:
             self.entries.append(entry)
             self.latest[str(group)] = entry
         self.dirty.set()
         return entry
 
-    def complete(self, entry: dict) -> None:
+    def complete(self, entry: dict, algorithm: str | None = None) -> None:
         with self.lock:
             entry["state"] = "completed"
+            if self.events is not None:
+                from simdist._trace import Event
+
+                self.events.append(Event(rank=self.rank, kind="collective", op=entry["op"], group=entry["group"],
+                                         t_start=entry["t0"] - self.epoch, t_end=time.time() - self.epoch,
+                                         collective_id=entry["seq"], call_site=entry["site"], algorithm=algorithm))
         self.dirty.set()
 
     def recent(self) -> list[dict]:
@@ -73,6 +100,22 @@ class FlightRecorder:
         self.closed.set()
         self.dirty.set()
         self.thread.join(2)
+        if self.events is not None:
+            self.write_trace()
+
+    def write_trace(self) -> str:
+        """Write this rank's trace to ``DIR/rank{r}.trace.json``; return the path."""
+        from simdist._trace import Trace
+
+        os.makedirs(self.trace_dir, exist_ok=True)
+        path = os.path.join(self.trace_dir, f"rank{self.rank}.trace.json")
+        meta = {"backend": "socket", "rank": self.rank,
+                "clock": "real seconds since rank 0 joined the job (wall clocks of the hosts)"}
+        with self.lock:
+            trace = Trace(list(self.events), meta)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(trace.to_json())
+        return path
 
     def report(self, group: int, ranks: tuple[int, ...], seq: int, op: str) -> str:
         """What each member of ``group`` was doing, as seen from this rank stuck in ``seq`` (``op``)."""

@@ -112,7 +112,7 @@ class SocketGroup(AlgorithmicGroup):
                 raise DistTimeoutError(f"{report}\n({exc})") from exc
             call.finish()
             if entry is not None:
-                recorder.complete(entry)
+                recorder.complete(entry, call.algorithm)
 
         if not opts.async_op:
             run()

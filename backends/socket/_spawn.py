@@ -85,10 +85,11 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, daemon: bool = False,
           timeout: float | None = None, **options: Any) -> list:
     """Run ``fn(rank, *args)`` in ``nprocs`` processes joined by the socket backend; return their values.
 
-    Each process sees MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE and a fresh
-    SIMDIST_SECRET, as under torchrun, so ``init_process_group()`` needs no arguments. The
-    first rank to fail stops the others and raises ``RankError`` with its exception as
-    ``__cause__``; no process outlives the call. Return values travel pickled by value.
+    Each process sees the caller's environment as it is at the call, plus MASTER_ADDR,
+    MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE and a fresh SIMDIST_SECRET, as under torchrun,
+    so ``init_process_group()`` needs no arguments. The first rank to fail stops the others
+    and raises ``RankError`` with its exception as ``__cause__``; no process outlives the
+    call. Return values travel pickled by value.
 
     ``start_method="fork"`` lets ``fn`` be a closure; each forked rank then runs torch on one
     intra-op thread (``torch.set_num_threads(1)``), because OpenMP's thread pool does not
@@ -99,6 +100,7 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, daemon: bool = False,
     from ._auth import new_secret
 
     env = {
+        **os.environ,  # the caller's environment now: a forkserver started earlier would hand out its own
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
         "WORLD_SIZE": str(nprocs),
