@@ -44,10 +44,16 @@ def enter(engine: Any) -> tuple:
     saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(), sys.stdout)
     if engine.prefix_output:
         sys.stdout = _Prefixed(sys.stdout, engine)
+    from simdist import _torch_bridge
+
+    _torch_bridge.install(engine)
     return saved
 
 
 def leave(engine: Any, saved: tuple) -> None:
+    from simdist import _torch_bridge
+
+    _torch_bridge.uninstall(engine)
     py, npy, th, stdout = saved
     random.setstate(py)
     np.random.set_state(npy)
@@ -198,6 +204,9 @@ def _start_intra_op_pool() -> None:
 
 
 def enter_thread(engine: Any, rs: Any) -> None:
+    from simdist import _torch_bridge
+
+    _torch_bridge.enter_rank()
     if engine.pin_core is not None:
         os.sched_setaffinity(0, {engine.pin_core})
     if engine.cuda_as_cpu:
@@ -206,6 +215,9 @@ def enter_thread(engine: Any, rs: Any) -> None:
 
 
 def leave_thread(engine: Any, rs: Any) -> None:
+    from simdist import _torch_bridge
+
+    _torch_bridge.leave_rank()
     mode = getattr(rs, "cuda_mode", None)
     if mode is not None:
         mode.__exit__(None, None, None)
