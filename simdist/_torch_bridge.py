@@ -227,9 +227,31 @@ def _make_bridge_class() -> type:
             return _done(tensors)
 
         def recv_anysource(self, tensors, tag):
-            for t in tensors:
-                api.recv(t, None, group=self._g, tag=tag)
-            return _done(tensors)
+            src = [api.recv(t, None, group=self._g, tag=tag) for t in tensors]
+            return _AnySourceWork(tensors, self._g.group_rank(src[-1]) if src else -1)
+
+    class _AnySourceWork(tdist.Work):
+        """A completed receive from any source: torch asks it which rank sent (``_source_rank``)."""
+
+        def __init__(self, tensors: list, source: int):
+            super().__init__()
+            self._tensors, self._source = tensors, source
+
+        def wait(self, timeout=None):
+            return True
+
+        def is_completed(self):
+            return True
+
+        def _source_rank(self):
+            return self._source
+
+        source_rank = _source_rank
+
+        def get_future(self):
+            fut = torch.futures.Future()
+            fut.set_result(self._tensors)
+            return fut
 
     return BridgeGroup
 

@@ -283,3 +283,23 @@ def test_the_supported_torch_versions_are_declared_once():
     declared = project["tool"]["simdist"]["torch-bridge-versions"]
     assert declared == [f"{a}.{b}" for a, b in _torch_bridge.SUPPORTED]
     assert _torch_bridge.supported() is None  # the torch installed here is one of them
+
+
+def any_source(rank):
+    dist.init_process_group("gloo")
+    if rank == 0:
+        got = []
+        for _ in range(2):
+            t = torch.zeros(1)
+            got.append((dist.recv(t), t.item()))  # src=None: torch asks the work who sent
+        result = sorted(got)
+    else:
+        dist.send(torch.tensor([10.0 * rank]), dst=0)
+        result = None
+    dist.destroy_process_group()
+    return result
+
+
+def test_recv_from_any_source_reports_the_sender():
+    for seed in range(4):
+        assert simdist.simulate(any_source, 3, seed=seed).values[0] == [(1, 10.0), (2, 20.0)]
