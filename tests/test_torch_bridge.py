@@ -303,3 +303,49 @@ def any_source(rank):
 def test_recv_from_any_source_reports_the_sender():
     for seed in range(4):
         assert simdist.simulate(any_source, 3, seed=seed).values[0] == [(1, 10.0), (2, 20.0)]
+
+
+class _TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.used, self.unused = nn.Linear(4, 4), nn.Linear(4, 1), nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.used(self.body(x))
+
+
+def torch_ddp_features(rank):
+    """torch's own DDP on a simulated rank: no_sync, find_unused_parameters, static_graph, a comm hook."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.utils.data import DistributedSampler
+
+    dist.init_process_group("gloo")
+    x = torch.ones(2, 4) * (rank + 1)
+    out = {"sampler": list(DistributedSampler(range(10), shuffle=False))}
+    model = nn.parallel.DistributedDataParallel(_TwoHeads(), find_unused_parameters=True)
+    with model.no_sync():
+        model(x).sum().backward()
+    out["local"] = model.module.used.weight.grad.clone()
+    model.module.zero_grad()
+    model(x).sum().backward()
+    out["synced"] = model.module.used.weight.grad.clone()
+    out["unused"] = model.module.unused.weight.grad
+    hooked = nn.parallel.DistributedDataParallel(nn.Linear(4, 1), static_graph=True)
+    hooked.register_comm_hook(None, default_hooks.allreduce_hook)
+    for _ in range(2):
+        hooked.module.zero_grad()
+        hooked(x).sum().backward()
+    out["hooked"] = hooked.module.weight.grad.clone()
+    dist.destroy_process_group()
+    return out
+
+
+def test_torch_ddp_features_on_simulated_ranks():
+    values = simdist.simulate(torch_ddp_features, 2).values
+    assert [v["sampler"] for v in values] == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
+    assert not torch.equal(values[0]["local"], values[1]["local"])  # no_sync: no communication
+    assert torch.allclose(values[0]["synced"], (values[0]["local"] + values[1]["local"]) / 2)
+    assert torch.equal(values[0]["synced"], values[1]["synced"])
+    assert values[0]["unused"] is None and values[1]["unused"] is None
+    assert torch.allclose(values[0]["hooked"], torch.full((1, 4), 3.0)) and torch.equal(*[v["hooked"] for v in values])
