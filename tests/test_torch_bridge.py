@@ -349,3 +349,18 @@ def test_torch_ddp_features_on_simulated_ranks():
     assert torch.equal(values[0]["synced"], values[1]["synced"])
     assert values[0]["unused"] is None and values[1]["unused"] is None
     assert torch.allclose(values[0]["hooked"], torch.full((1, 4), 3.0)) and torch.equal(*[v["hooked"] for v in values])
+
+
+def functional(rank):
+    import torch.distributed._functional_collectives as fc
+
+    dist.init_process_group("gloo")
+    summed = fc.all_reduce(torch.ones(2) * rank, "sum", dist.group.WORLD)
+    gathered = fc.all_gather_single(torch.tensor([float(rank)]), 0, dist.group.WORLD)
+    result = (summed.tolist(), gathered.tolist())
+    dist.destroy_process_group()
+    return result
+
+
+def test_functional_collectives_reach_the_simulator():
+    assert simdist.simulate(functional, 3).values == [([3.0, 3.0], [0.0, 1.0, 2.0])] * 3
