@@ -111,6 +111,43 @@ def run_p2p(rank, world_size):
     dist.destroy_process_group()
 
 
+# the API reference's example (seed 003), as written there: NCCL, tcp:// and a tensor moved to GPU `rank`
+
+
+def setup_nccl(rank, world_size):
+    """Initialize the distributed environment."""
+    dist.init_process_group(
+        backend='nccl',
+        init_method='tcp://127.0.0.1:29500',
+        world_size=world_size,
+        rank=rank
+    )
+
+
+def cleanup():
+    dist.destroy_process_group()
+
+
+def demo_basic(rank, world_size):
+    setup_nccl(rank, world_size)
+
+    # Create a tensor
+    tensor = torch.ones(2, 2).to(rank)
+
+    # All-reduce operation
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    print(f'Rank {rank}: {tensor}')
+
+    cleanup()
+
+
+def test_the_api_references_nccl_example_runs_unchanged(capsys):
+    simdist.spawn(demo_basic, args=(2,), nprocs=2, backend="sim")
+    out = capsys.readouterr().out
+    for rank in range(2):
+        assert f"Rank {rank}: tensor([[2., 2.],\n        [2., 2.]])" in out, out
+
+
 SEEDS = [  # (program, the lines rank r prints)
     (run_broadcast, lambda r: [f"Rank {r} has data: 1.0"]),
     (run_all_reduce, lambda r: [f"Rank {r} initial tensor: {r + 1}.0", f"Rank {r} final tensor: 10.0"]),
