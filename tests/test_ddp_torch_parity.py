@@ -8,7 +8,8 @@ world 2, run three ways:
    (``torch.multiprocessing.start_processes``, forkserver); each rank saves its states
    with ``torch.save`` since torch's launcher returns no values;
 2. simdist.DistributedDataParallel on the simulator (``simdist.simulate``);
-3. simdist.DistributedDataParallel on the socket backend (``simdist.spawn(backend="socket")``).
+3. simdist.DistributedDataParallel on the socket backend (``simdist.spawn(backend="socket")``);
+4. torch's own DistributedDataParallel, unchanged, on the simulator (simdist's torch.distributed bridge).
 
 After every step the parameters (and buffers) must agree across the three and across ranks.
 Parametrized over ``gradient_as_bucket_view`` and a tiny ``bucket_cap_mb`` (several
@@ -114,6 +115,17 @@ def simdist_rank_all(rank: int) -> dict:
         dist.destroy_process_group()
 
 
+def torch_ddp_on_simulated_rank(rank: int, view: bool, cap_mb: float | None):
+    """torch's own DDP, unchanged, on a simulated rank (simdist's torch.distributed bridge)."""
+    import torch.distributed as tdist
+
+    tdist.init_process_group("gloo")
+    try:
+        return train(torch.nn.parallel.DistributedDataParallel, rank, view, cap_mb)
+    finally:
+        tdist.destroy_process_group()
+
+
 def torch_rank_all(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as tdist
 
@@ -196,6 +208,8 @@ def test_parity_with_torch_ddp(torch_runs, socket_runs, view, cap_mb):
     assert not torch.allclose(ref[0][0]["0.weight"], ref[0][-1]["0.weight"])
     assert_same(sim, ref, "simdist DDP on the simulator vs torch DDP on gloo")
     assert_same(sock, ref, "simdist DDP on the socket backend vs torch DDP on gloo")
+    bridged = simdist.simulate(torch_ddp_on_simulated_rank, WORLD, args=(view, cap_mb), leaks="ignore").values
+    assert_same(bridged, ref, "torch DDP on the simulator vs torch DDP on gloo")
     assert_ranks_agree(sim, "simdist DDP on the simulator")
     assert_ranks_agree(sock, "simdist DDP on the socket backend")
 
