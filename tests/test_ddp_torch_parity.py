@@ -2,7 +2,7 @@
 
 The same seeded model (an MLP with a BatchNorm1d, so there are buffers to broadcast), the
 same data shards (rank r trains on rows r::2 of one seeded batch), SGD, three steps,
-world 2, run three ways:
+world 2, run four ways:
 
 1. torch.nn.parallel.DistributedDataParallel on torch's gloo backend, two real processes
    (``torch.multiprocessing.start_processes``, forkserver); each rank saves its states
@@ -11,7 +11,7 @@ world 2, run three ways:
 3. simdist.DistributedDataParallel on the socket backend (``simdist.spawn(backend="socket")``);
 4. torch's own DistributedDataParallel, unchanged, on the simulator (simdist's torch.distributed bridge).
 
-After every step the parameters (and buffers) must agree across the three and across ranks.
+After every step the parameters (and buffers) must agree across the four and across ranks.
 Parametrized over ``gradient_as_bucket_view`` and a tiny ``bucket_cap_mb`` (several
 buckets) against the default.
 """
