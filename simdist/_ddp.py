@@ -216,11 +216,14 @@ class DistributedDataParallel(nn.Module):
 
     # -- construction ------------------------------------------------------------------------
 
-    def _sync_module_states(self) -> None:
-        """Every parameter and buffer takes group rank 0's values."""
+    def _sync_module_states(self, src: int | None = None) -> None:
+        """Every parameter and buffer takes the values of global rank ``src`` (default: group rank 0)."""
+        self._broadcast([*self.module.parameters(), *self.module.buffers()], src)
+
+    def _broadcast(self, tensors: list, src: int | None = None) -> None:
         with torch.no_grad():
-            for t in [*self.module.parameters(), *self.module.buffers()]:
-                api.broadcast(t.data, src=self._root, group=self.process_group)
+            for t in tensors:
+                api.broadcast(t.data, src=self._root if src is None else src, group=self.process_group)
 
     def _make_buckets(self, bucket_cap_mb: float | None) -> list[_Bucket]:
         cap = int((DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb) * 1024 * 1024)
@@ -250,9 +253,7 @@ class DistributedDataParallel(nn.Module):
         return out
 
     def _sync_buffers(self) -> None:
-        with torch.no_grad():
-            for b in self.module.buffers():
-                api.broadcast(b.data, src=self._root, group=self.process_group)
+        self._broadcast(list(self.module.buffers()))
 
     # -- backward ----------------------------------------------------------------------------
 
@@ -430,9 +431,7 @@ class _JoinState:
         t = torch.tensor([api.get_rank(ddp.process_group) if last else -1], dtype=torch.int64)
         api.all_reduce(t, op=ReduceOp.MAX, group=ddp.process_group)
         src = api.get_global_rank(ddp.process_group, int(t.item())) if ddp.process_group is not None else int(t.item())
-        with torch.no_grad():
-            for x in [*ddp.module.parameters(), *ddp.module.buffers()]:
-                api.broadcast(x.data, src=src, group=ddp.process_group)
+        ddp._sync_module_states(src)
 
 
 def _simulated_backward(seconds: float) -> None:

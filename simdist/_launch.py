@@ -67,6 +67,7 @@ def enumerate_schedules(
     The first failing schedule raises its error (with its token).
     """
     from simdist.backends.sim import simulate as run
+    from simdist.backends.sim._strategies import next_schedule
 
     if options.get("schedule") is not None or options.get("strategy") is not None:
         raise ValueError("enumerate_schedules chooses the schedules itself; do not pass schedule or strategy")
@@ -74,14 +75,9 @@ def enumerate_schedules(
     for _ in range(max_runs):
         res = run(fn, nprocs, args, schedule=list(prefix), **options)
         yield res
-        widths = res.option_counts
-        choices = res.choices
-        i = len(choices) - 1
-        while i >= 0 and choices[i] + 1 >= widths[i]:
-            i -= 1
-        if i < 0:
+        prefix = next_schedule(res.choices, res.option_counts)
+        if prefix is None:
             return
-        prefix = choices[:i] + [choices[i] + 1]
     warnings.warn(
         f"enumerate_schedules stopped after max_runs={max_runs} runs; some schedules were not tried",
         stacklevel=2,

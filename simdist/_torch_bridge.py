@@ -20,6 +20,7 @@ Supported torch versions: :data:`SUPPORTED`; with another torch, the first
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -33,6 +34,7 @@ _state: dict[str, Any] = {}
 _registered = False
 
 
+@functools.cache
 def supported() -> str | None:
     """``None`` if this torch can run torch.distributed code on simulated ranks, else why not."""
     version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
@@ -56,6 +58,7 @@ def supported() -> str | None:
 # -- per-thread torch worlds ------------------------------------------------------------------------------
 
 
+@functools.cache
 def _rank_world_class() -> type:
     from torch.distributed import distributed_c10d as c10d
 

@@ -32,6 +32,7 @@ __all__ = [
     "make_strategy",
     "encode_choices",
     "decode_choices",
+    "next_schedule",
 ]
 
 
@@ -197,6 +198,17 @@ def decode_choices(text: str) -> list[int]:
             out.append(v)
             v, shift = 0, 0
     return out
+
+
+def next_schedule(choices: Sequence[int], widths: Sequence[int]) -> list[int] | None:
+    """The schedule after ``choices`` in depth-first order: the last choice that has options left, bumped.
+
+    ``widths[i]`` is how many options choice ``i`` had; ``None`` once every schedule has been tried.
+    """
+    i = len(choices) - 1
+    while i >= 0 and choices[i] + 1 >= widths[i]:
+        i -= 1
+    return None if i < 0 else list(choices[:i]) + [choices[i] + 1]
 
 
 def make_strategy(strategy: object = None, seed: int | None = None, schedule: object = None) -> Strategy:

@@ -68,7 +68,7 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
 
         run(fn, nprocs, args=args, **options)
         return ExploreSummary(1, 1, "replay", False)
-    from simdist.backends.sim._strategies import PCTStrategy, RandomStrategy
+    from simdist.backends.sim._strategies import PCTStrategy, RandomStrategy, next_schedule
 
     show = sys.stderr.isatty() if progress is None else bool(progress)
     base = 0 if seed is None else seed
@@ -98,7 +98,7 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
             if strategy == "pct" and i == 0:
                 steps = max(len(res.choices), depth)  # PCT's change points fall among this many decisions
             if strategy == "exhaustive":
-                prefix = _next_prefix(res.choices, res.option_counts)
+                prefix = next_schedule(res.choices, res.option_counts)
                 if prefix is None:
                     complete = True
                     break
@@ -106,14 +106,6 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
         if show:
             print(file=sys.stderr, flush=True)
     return ExploreSummary(runs, len(seen), strategy, complete)
-
-
-def _next_prefix(choices: list[int], widths: list[int]) -> list[int] | None:
-    """The next schedule depth first: bump the last choice that has options left (``None``: all tried)."""
-    i = len(choices) - 1
-    while i >= 0 and choices[i] + 1 >= widths[i]:
-        i -= 1
-    return None if i < 0 else choices[:i] + [choices[i] + 1]
 
 
 def minimize(fn: Callable, nprocs: int, args: tuple, err: DistError, options: dict,
