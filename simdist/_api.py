@@ -20,7 +20,7 @@ from ._entry import library_call
 from ._checks import check_int, check_list, check_splits, resolve, root_of, same_kind, to_group_rank
 from ._group import GroupMember, Options
 from ._reduce_op import ReduceOp, as_reduce_op
-from ._registry import BACKEND_ENV, TORCH_NAMES, backend_spec
+from ._registry import BACKEND_ENV, backend_spec
 from ._work import Work
 from ._world import current_world, require_world
 
@@ -97,22 +97,24 @@ def init_process_group(
     if world is not None and world.initialized:
         raise ValueError("trying to initialize the default process group twice (call destroy_process_group first)")
     if world is None:
-        world = _process_world(backend)
+        world = _process_world(backend, init_method, store)
     world.init(backend, init_method=init_method, timeout=timeout, world_size=world_size, rank=rank, store=store)
 
 
-def _process_world(backend: str | None) -> Any:
+def _process_world(backend: str | None, init_method: str | None, store: Any) -> Any:
     """A new world for this process: the launcher's backend (``SIMDIST_BACKEND``), else the one named."""
     name = os.environ.get(BACKEND_ENV) or backend
-    if name is not None and name not in TORCH_NAMES:
-        world_type = backend_spec(name).load()
-        if getattr(world_type, "process_world", False):
+    launched = init_method not in (None, "env://") or store is not None or "MASTER_ADDR" in os.environ
+    if name is not None:
+        world_type = backend_spec(name).load()  # ValueError naming the known backends
+        if launched and getattr(world_type, "process_world", False):
             return world_type()
     raise RuntimeError(
-        f"init_process_group(backend={backend!r}) was called outside a simulation, and no process "
-        "backend serves that name here; run the function on simulated ranks with "
-        "simdist.spawn(fn, args=(world_size,), nprocs=world_size, backend='sim') or simdist.simulate(fn, nprocs), "
-        "or on real processes with backend='socket'"
+        f"init_process_group(backend={backend!r}) was called outside a simulation, and nothing launched this "
+        "process as a rank (no MASTER_ADDR in the environment, no init_method): run the function on simulated "
+        "ranks with simdist.spawn(fn, args=(world_size,), nprocs=world_size, backend='sim') or "
+        "simdist.simulate(fn, nprocs), or start real processes with `simdist run --backend socket script.py` "
+        "(or 'gloo', 'nccl', ...), simdist.spawn(..., backend='socket') or torchrun"
     )
 
 
@@ -254,13 +256,22 @@ def compute(seconds: float) -> None:
 
 
 def _p2p(fn: str, tensor: Any, peer: Any, group: Any, tag: Any, group_peer: Any, kind: str) -> tuple:
+    """Check a point-to-point call and start it: ``(group, work)``, or ``(None, None)`` outside the group."""
+    pg, target, opts = _p2p_args(fn, tensor, peer, group, tag, group_peer, kind)
+    if pg is None:
+        return None, None
+    return pg, (pg.send(tensor, target, opts) if kind == "send" else pg.recv(tensor, target, opts))
+
+
+def _p2p_args(fn: str, tensor: Any, peer: Any, group: Any, tag: Any, group_peer: Any, kind: str) -> tuple:
+    """The group, the peer's group rank and the Options of a checked point-to-point call."""
     world, pg = resolve(fn, group)
     A.check_array(tensor, "tensor")
     if kind == "recv":
         A.check_writable(tensor, "tensor")
     tag = check_int(tag, "tag", 0)
     if pg is None:
-        return None, None
+        return None, None, None
     argname = "dst" if kind == "send" else "src"
     if peer is None and group_peer is None:
         if kind == "send":
@@ -271,7 +282,7 @@ def _p2p(fn: str, tensor: Any, peer: Any, group: Any, tag: Any, group_peer: Any,
         if target == pg.rank:
             raise ValueError(f"{fn}: {argname}={pg.ranks[target]} is this rank itself; a rank cannot {kind} to itself")
     opts = Options(tag=tag, call_site=user_call_site(), async_op=fn in ("isend", "irecv"))
-    return pg, (pg.send(tensor, target, opts) if kind == "send" else pg.recv(tensor, target, opts))
+    return pg, target, opts
 
 
 @library_call
@@ -335,21 +346,23 @@ class P2POp:
 
 @library_call
 def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
-    """Start every operation of the list; return their Works (wait on each)."""
+    """Start every operation of the list; return their Works (wait on each).
+
+    The operations on one group start together (on NCCL, in one NCCL group), so two ranks
+    that each send to the other before receiving do not wait on each other.
+    """
     if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
         raise ValueError(f"p2p_op_list must be a non-empty list of P2POp, got {p2p_op_list!r:.60}")
     for i, p in enumerate(p2p_op_list):
         if not isinstance(p, P2POp):
             raise TypeError(f"p2p_op_list[{i}] must be a P2POp, got {type(p).__name__} ({p!r:.60})")
-    works = []
+    batches: dict[int, tuple[Any, list]] = {}  # per group, in the order of the list
     for p in p2p_op_list:
-        peer_kw = (
-            {"dst": p.peer, "group_dst": p.group_peer} if p.op is isend else {"src": p.peer, "group_src": p.group_peer}
-        )
-        work = p.op(p.tensor, group=p.group, tag=p.tag, **peer_kw)
-        if work is not None:
-            works.append(work)
-    return works
+        fn, kind = ("isend", "send") if p.op is isend else ("irecv", "recv")
+        pg, target, opts = _p2p_args(fn, p.tensor, p.peer, p.group, p.tag, p.group_peer, kind)
+        if pg is not None:
+            batches.setdefault(id(pg), (pg, []))[1].append((kind, p.tensor, target, opts))
+    return [work for pg, ops in batches.values() for work in pg.batch_p2p(ops)]
 
 
 # --- collectives ------------------------------------------------------------------------------

@@ -1,9 +1,13 @@
 """The array adapter: the only module that switches on the array type.
 
 Backends and algorithms see *flat buffers*: contiguous one-dimensional arrays (torch
-tensors or numpy arrays) that share memory with what the user passed, or a staging
-copy that is written back when the operation completes. Everything that depends on
-the array type lives here: dtype names, views, copies and the reductions.
+tensors, numpy arrays or cupy arrays) that share memory with what the user passed, or a
+staging copy that is written back when the operation completes. Everything that depends
+on the array type lives here: dtype names, views, copies and the reductions.
+
+cupy arrays follow numpy's interface, so they take numpy's paths, with cupy's module
+(:func:`_xp`) where a function makes or combines arrays. cupy is never imported here:
+a cupy array can only exist once its user has imported cupy.
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ __all__ = [
     "empty",
     "zeros",
     "narrow",
+    "byte_view",
+    "host_bytes",
+    "on_host",
+    "host_empty",
+    "as_tensor",
     "copy_",
     "snapshot",
     "reduce_",
@@ -42,21 +51,36 @@ __all__ = [
     "uint8_from_bytes",
 ]
 
-Array = Any  # torch.Tensor | numpy.ndarray
+Array = Any  # torch.Tensor | numpy.ndarray | cupy.ndarray
 
 _FLOATS = {"float16", "bfloat16", "float32", "float64"}
 _BITWISE = {ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR}
 
 
+def _is_cupy(x: object) -> bool:
+    return type(x).__module__.startswith("cupy") and type(x).__name__ == "ndarray"
+
+
+def _xp(x: Array) -> Any:
+    """The array module of a numpy or cupy array: ``numpy``, or ``cupy`` for a device array."""
+    if _is_cupy(x):
+        import cupy
+
+        return cupy
+    return np
+
+
 def is_array(x: object) -> bool:
-    """True if ``x`` is an array simdist can communicate (a torch tensor or a numpy array)."""
-    return isinstance(x, (torch.Tensor, np.ndarray))
+    """True if ``x`` is an array simdist can communicate (a torch tensor, a numpy or a cupy array)."""
+    return isinstance(x, (torch.Tensor, np.ndarray)) or _is_cupy(x)
 
 
 def check_array(x: object, argname: str) -> None:
     """Raise ``TypeError`` naming ``argname`` unless ``x`` is a supported array."""
     if not is_array(x):
-        raise TypeError(f"{argname} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__} ({x!r:.60})")
+        raise TypeError(
+            f"{argname} must be a torch.Tensor, numpy.ndarray or cupy.ndarray, got {type(x).__name__} ({x!r:.60})"
+        )
     if isinstance(x, torch.Tensor):
         if x.layout is torch.strided and not x.is_quantized and not x.is_meta:
             return
@@ -119,8 +143,10 @@ def nbytes(x: Array) -> int:
 
 
 def device_of(x: Array) -> str:
-    """``'cpu'`` for numpy arrays and CPU tensors, else the tensor's device (``'cuda:0'``)."""
-    return str(x.device) if isinstance(x, torch.Tensor) else "cpu"
+    """``'cpu'`` for numpy arrays and CPU tensors, else the array's device (``'cuda:0'``)."""
+    if isinstance(x, torch.Tensor):
+        return str(x.device)
+    return f"cuda:{x.device.id}" if _is_cupy(x) else "cpu"
 
 
 def _is_contiguous(x: Array) -> bool:
@@ -152,7 +178,7 @@ def stage_in(x: Array) -> Array:
         return flat(x)
     if isinstance(x, torch.Tensor):
         return x.detach().contiguous().view(-1)
-    return np.ascontiguousarray(x).reshape(-1)
+    return _xp(x).ascontiguousarray(x).reshape(-1)
 
 
 def _byte_bounds(x: Array) -> tuple[int, int] | None:
@@ -164,7 +190,7 @@ def _byte_bounds(x: Array) -> tuple[int, int] | None:
         ptr, strides = x.data_ptr(), [s * size for s in x.stride()]
     else:
         size = x.itemsize
-        ptr, strides = x.__array_interface__["data"][0], list(x.strides)
+        ptr, strides = x.__array_interface__["data"][0] if not _is_cupy(x) else x.data.ptr, list(x.strides)
     low = ptr + sum(st * (n - 1) for st, n in zip(strides, x.shape) if st < 0)
     high = ptr + sum(st * (n - 1) for st, n in zip(strides, x.shape) if st > 0) + size
     return low, high
@@ -191,14 +217,14 @@ def stage_out(x: Array) -> tuple[Array, Callable[[], None] | None]:
     if isinstance(x, torch.Tensor):
         target = x.detach()
         return buf, lambda: target.copy_(buf.view(target.shape))
-    return buf, lambda: np.copyto(x, buf.reshape(x.shape))
+    return buf, lambda: _xp(x).copyto(x, buf.reshape(x.shape))
 
 
 def empty(like: Array, n: int) -> Array:
     """A new flat buffer of ``n`` uninitialized elements of ``like``'s kind, dtype and device."""
     if isinstance(like, torch.Tensor):
         return torch.empty(n, dtype=like.dtype, device=like.device)
-    return np.empty(n, dtype=like.dtype)
+    return _xp(like).empty(n, dtype=like.dtype)
 
 
 def zeros(like: Array, n: int) -> Array:
@@ -208,7 +234,7 @@ def zeros(like: Array, n: int) -> Array:
     """
     if isinstance(like, torch.Tensor):
         return torch.zeros(n, dtype=like.dtype, device=like.device)
-    return np.zeros(n, dtype=like.dtype)
+    return _xp(like).zeros(n, dtype=like.dtype)
 
 
 def narrow(buf: Array, start: int, length: int) -> Array:
@@ -216,23 +242,70 @@ def narrow(buf: Array, start: int, length: int) -> Array:
     return buf[start : start + length]
 
 
-def _bytes(buf: Array) -> np.ndarray:
+def byte_view(buf: Array) -> Array:
+    """Flat buffer ``buf`` seen as ``uint8`` bytes (same memory, same array kind and device)."""
     if isinstance(buf, torch.Tensor):
-        if buf.dtype == torch.bool:
-            buf = buf.view(torch.uint8)
+        return buf.view(torch.uint8)
+    return buf.view(np.uint8)
+
+
+def host_bytes(buf: Array) -> np.ndarray:
+    """The bytes of a flat buffer in host memory, as a numpy uint8 array sharing its memory."""
+    if isinstance(buf, torch.Tensor):
         return buf.view(torch.uint8).numpy()
     return buf.view(np.uint8)
 
 
+def on_host(buf: Array) -> Array:
+    """``buf`` itself if it is in host memory, else a host copy of it (for a transport that sends host bytes)."""
+    if device_of(buf) == "cpu":
+        return buf
+    return buf.cpu() if isinstance(buf, torch.Tensor) else buf.get()
+
+
+def host_empty(like: Array) -> Array:
+    """A flat host buffer of ``like``'s dtype and length (to receive what goes to device buffer ``like``)."""
+    if isinstance(like, torch.Tensor):
+        return torch.empty(like.numel(), dtype=like.dtype)
+    return np.empty(like.size, dtype=like.dtype)
+
+
+def as_tensor(flat: Array) -> torch.Tensor:
+    """Flat buffer ``flat`` as a torch tensor sharing its memory (a copy for a read-only numpy array)."""
+    if isinstance(flat, torch.Tensor):
+        return flat
+    if _is_cupy(flat):
+        return torch.from_dlpack(flat)
+    return torch.from_numpy(flat if flat.flags.writeable else flat.copy())
+
+
+def _bytes(buf: Array) -> Any:
+    """The bytes of a numpy or cupy flat buffer, as an array of the same module."""
+    return buf.view(np.uint8)
+
+
+def _torch_bytes(buf: Array) -> torch.Tensor:
+    """The bytes of any flat buffer as a uint8 tensor on its device (sharing its memory)."""
+    if isinstance(buf, torch.Tensor):
+        return buf.view(torch.uint8)
+    if _is_cupy(buf):
+        return torch.from_dlpack(buf.view(np.uint8))
+    return torch.from_numpy(buf.view(np.uint8))
+
+
 def copy_(dst: Array, src: Array) -> None:
-    """Copy the bytes of flat buffer ``src`` into flat buffer ``dst`` (same byte size)."""
-    if isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor):
-        if dst.dtype == src.dtype:
+    """Copy the bytes of flat buffer ``src`` into flat buffer ``dst`` (same byte size, any devices)."""
+    if isinstance(dst, torch.Tensor) or isinstance(src, torch.Tensor):
+        if isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor) and dst.dtype == src.dtype:
             dst.copy_(src)
         else:
-            dst.view(torch.uint8).copy_(src.view(torch.uint8))
+            _torch_bytes(dst).copy_(_torch_bytes(src))
         return
-    np.copyto(_bytes(dst), _bytes(src))
+    d, s = _bytes(dst), _bytes(src)
+    if isinstance(d, np.ndarray) and not isinstance(s, np.ndarray):
+        s.get(out=d)  # cupy device memory to host
+    else:
+        _xp(d).copyto(d, _xp(d).asarray(s))
 
 
 def snapshot(buf: Array, limit: int = 64) -> list:
@@ -252,6 +325,8 @@ def to_numpy(x: Array) -> np.ndarray:
         if x.dtype == torch.bfloat16:
             x = x.float()
         return x.numpy().copy()
+    if _is_cupy(x):
+        return x.get()
     return np.array(x, copy=True)
 
 
@@ -344,7 +419,11 @@ def reduce_(dst: Array, src: Array, op: ReduceOp) -> None:
         if isinstance(src, torch.Tensor):
             src = src.numpy()
         table = _NUMPY_BOOL_OPS if dst.dtype == np.bool_ else _NUMPY_OPS
-        table[op](dst, src, out=dst)
+        ufunc = table[op]
+        xp = _xp(dst)
+        if xp is not np:  # the same ufunc by name in cupy
+            ufunc = getattr(xp, ufunc.__name__)
+        ufunc(dst, src, out=dst)
 
 
 def average_(buf: Array, count: int) -> None:
@@ -352,4 +431,4 @@ def average_(buf: Array, count: int) -> None:
     if isinstance(buf, torch.Tensor):
         buf.div_(count)
     else:
-        np.divide(buf, count, out=buf)
+        _xp(buf).divide(buf, count, out=buf)

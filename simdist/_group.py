@@ -124,6 +124,13 @@ class ProcessGroup(ABC):
     @abstractmethod
     def barrier(self, opts: Options) -> Work: ...
 
+    def batch_p2p(self, ops: Sequence[tuple[str, Any, int, Options]]) -> list[Work]:
+        """Start ``(kind, tensor, peer, opts)`` sends and receives together (``kind``: ``'send'``/``'recv'``).
+
+        Here: one after the other, which is together for backends whose operations never block.
+        """
+        return [self.send(t, peer, opts) if kind == "send" else self.recv(t, peer, opts) for kind, t, peer, opts in ops]
+
     def destroy(self) -> None:
         """Release what the group holds (connections, buffers)."""
 

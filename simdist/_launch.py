@@ -36,7 +36,9 @@ def spawn(
 ) -> list:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks, as ``torch.multiprocessing.spawn``; return their values.
 
-    ``backend="sim"`` runs the ranks on the simulator (``options`` go to :func:`simulate`).
+    ``backend="sim"`` runs the ranks on the simulator (``options`` go to :func:`simulate`);
+    a process backend (``"socket"``, ``"gloo"``, ``"nccl"``, ``"torch-nccl"``, ``"mpi"``) runs
+    one process per rank on this machine, with torchrun's environment.
     ``join``, ``daemon`` and ``start_method`` are torch's; simulated ranks are threads that
     always run to completion inside ``spawn``, so ``join=False`` is refused. For process
     backends ``start_method=None`` picks ``forkserver`` where it exists, else ``spawn``.
@@ -51,7 +53,7 @@ def spawn(
     launcher = getattr(spec.load(), "spawn", None)
     if launcher is None:
         raise ValueError(f"backend={backend!r} cannot launch ranks; use backend='sim'")
-    return launcher(fn, args=args, nprocs=nprocs, daemon=daemon, start_method=start_method, **options)
+    return launcher(fn, args=args, nprocs=nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
 
 
 def enumerate_schedules(

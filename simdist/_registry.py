@@ -67,3 +67,8 @@ def backend_names() -> list[str]:
 
 register_backend(BackendSpec("sim", "simdist.backends.sim:SimWorld", (), "the deterministic in-process simulator"))
 register_backend(BackendSpec("socket", "simdist.backends.socket:SocketWorld", (), "real processes over TCP"))
+register_backend(BackendSpec("nccl", "simdist.backends.nccl:NcclWorld", ("cupy",), "NCCL on GPUs, through cupy"))
+register_backend(BackendSpec("gloo", "simdist.backends.torchdist:GlooWorld", (), "torch.distributed's gloo"))
+register_backend(BackendSpec("torch-nccl", "simdist.backends.torchdist:TorchNcclWorld", (),
+                             "torch.distributed's NCCL for CUDA tensors (gloo for CPU tensors)"))
+register_backend(BackendSpec("mpi", "simdist.backends.torchdist:MpiWorld", (), "torch.distributed's MPI"))

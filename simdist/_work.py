@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from typing import Any, Callable
+
 from ._future import Future
 
-__all__ = ["Work", "CompletedWork"]
+__all__ = ["Work", "CompletedWork", "DeferredWork"]
 
 
 class Work(ABC):
@@ -67,3 +69,47 @@ class CompletedWork(Work):
 
     def _outputs(self) -> list:
         return self._out
+
+
+class DeferredWork(Work):
+    """A work that completes by ``finish(timeout)`` (run once) and reports progress by ``done()``.
+
+    ``source`` is, for a receive, the sender's global rank or a function that gives it once done.
+    """
+
+    def __init__(self, finish: Callable[[float | None], None], done: Callable[[], bool], outputs: list,
+                 source: Any = None):
+        self._finish = finish
+        self._done = done
+        self._finished = False
+        self._error: BaseException | None = None
+        self.outs = outputs
+        self.source = source
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._finished:
+            try:
+                self._finish(timeout)
+            except BaseException as exc:
+                self._error = exc
+                raise
+            finally:
+                self._finished = True
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._finished or self._done()
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def source_rank(self) -> int:
+        self.wait()
+        if self.source is None:
+            return super().source_rank()
+        return self.source() if callable(self.source) else self.source
+
+    def _outputs(self) -> list:
+        return self.outs

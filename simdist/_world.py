@@ -50,6 +50,16 @@ class World(ABC):
     def destroy(self, group: ProcessGroup | None) -> None:
         """Destroy ``group``, or every group and the default group when ``None``."""
 
+    def destroy_subgroup(self, group: ProcessGroup | None) -> bool:
+        """Destroy ``group`` if it is a group other than the default one; whether it was."""
+        if group is None or group is self.default_group:
+            return False
+        groups = getattr(self, "groups", [])
+        if group in groups:
+            groups.remove(group)
+            group.destroy()
+        return True
+
 
 _local = threading.local()
 _process_world: World | None = None

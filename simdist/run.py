@@ -1,8 +1,9 @@
-"""``simdist run``: a torchrun-compatible launcher for the socket backend and the simulator.
+"""``simdist run``: a torchrun-compatible launcher for simdist's process backends and the simulator.
 
     simdist run --nproc-per-node 4 train.py --epochs 3                # 4 processes on this machine
     simdist run --nnodes 2 --node-rank 0 --master-addr HOST --master-port 29500 --nproc-per-node 2 train.py
     simdist run --nproc-per-node 4 --backend sim train.py             # the same script on the simulator
+    simdist run --nproc-per-node 8 --backend nccl train.py            # on GPUs (or torch-nccl, gloo, mpi)
 
 Each rank runs the script as ``__main__`` with torchrun's environment (RANK, LOCAL_RANK,
 WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), plus SIMDIST_SECRET and
@@ -31,6 +32,7 @@ GRACE_SECONDS = 5.0
 """How long ranks get between SIGTERM and SIGKILL once the job is being stopped."""
 
 DEFAULT_PORT = 29500
+PROCESS_BACKENDS = ("socket", "nccl", "gloo", "torch-nccl", "mpi")
 
 # A rank process: the script becomes __main__, sys.argv is the script and its arguments, and the
 # script's folder comes first on sys.path, as with ``python script.py``. It does not import simdist.
@@ -62,9 +64,10 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
                    help="address of node 0, where rank 0 serves the rendezvous store (default 127.0.0.1)")
     p.add_argument("--master-port", "--master_port", type=int, default=None, metavar="P",
                    help=f"port of the rendezvous store (default: a free port on one node, {DEFAULT_PORT} on several)")
-    p.add_argument("--backend", choices=("socket", "sim"), default="socket",
-                   help="'socket': one process per rank (default); 'sim': every rank of the job as a "
-                   "simulated rank in this process, each running the script in a fresh namespace")
+    p.add_argument("--backend", choices=PROCESS_BACKENDS + ("sim",), default="socket",
+                   help="'socket': one process per rank over TCP (default); 'nccl': one process per rank on "
+                   "GPUs; 'gloo', 'torch-nccl', 'mpi': torch.distributed's own backends; 'sim': every rank "
+                   "of the job as a simulated rank in this process, each running the script in a fresh namespace")
     p.add_argument("--log-dir", "--log_dir", default=None, metavar="DIR",
                    help="write each rank's stdout and stderr to DIR/rank_R.log instead of this terminal "
                    "(socket backend only)")
@@ -95,7 +98,7 @@ def _check(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         if opts.node_rank != 0:
             parser.error("--backend sim runs every node's ranks in this one process; leave --node-rank at 0")
         if opts.log_dir is not None:
-            parser.error("--log-dir is supported with --backend socket only")
+            parser.error("--log-dir is supported with the process backends only, not --backend sim")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -121,7 +124,7 @@ def cli() -> int:
     return 2
 
 
-# --- socket backend: one process per rank -------------------------------------------------------
+# --- process backends: one process per rank -----------------------------------------------------
 
 
 def _rank_env(opts: argparse.Namespace, local: int, port: int, secret: str) -> dict[str, str]:
@@ -136,7 +139,7 @@ def _rank_env(opts: argparse.Namespace, local: int, port: int, secret: str) -> d
         MASTER_ADDR=opts.master_addr,
         MASTER_PORT=str(port),
         SIMDIST_SECRET=secret,
-        SIMDIST_BACKEND="socket",
+        SIMDIST_BACKEND=opts.backend,
     )
     if opts.timeout is not None:
         env["SIMDIST_TIMEOUT"] = str(opts.timeout)

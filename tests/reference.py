@@ -65,10 +65,19 @@ def values(
     return rng.integers(info.min, info.max, shape, dtype=dt, endpoint=True)
 
 
+TORCH_KINDS = ("torch", "cuda")
+"""Array kinds that are torch tensors: on the CPU, or on the current CUDA device (GPU tests only)."""
+
+
 def _make(kind: str, dtype: str, vals: np.ndarray) -> Any:
     if kind == "numpy":
         return np.array(vals, dtype=dtype, copy=True)
-    return torch.from_numpy(np.array(vals, copy=True)).to(getattr(torch, dtype))
+    if kind == "cupy":
+        import cupy
+
+        return cupy.asarray(np.array(vals, dtype=dtype, copy=True))
+    t = torch.from_numpy(np.array(vals, copy=True)).to(getattr(torch, dtype))
+    return t.cuda() if kind == "cuda" else t
 
 
 def build(kind: str, dtype: str, vals: np.ndarray, layout: str = "contig") -> Any:
@@ -81,7 +90,7 @@ def build(kind: str, dtype: str, vals: np.ndarray, layout: str = "contig") -> An
     vals = np.asarray(vals)
     if layout == "transposed" and vals.ndim >= 2:
         base = _make(kind, dtype, np.ascontiguousarray(np.swapaxes(vals, -1, -2)))
-        return base.transpose(-1, -2) if kind == "torch" else np.swapaxes(base, -1, -2)
+        return base.transpose(-1, -2) if kind in TORCH_KINDS else base.swapaxes(-1, -2)
     if layout in ("strided", "transposed") and vals.ndim >= 1:
         big = np.zeros((2 * vals.shape[0], *vals.shape[1:]), dtype=vals.dtype)
         big[::2] = vals
@@ -104,10 +113,12 @@ def is_contiguous(x: Any) -> bool:
 def to_np(x: Any) -> np.ndarray:
     """A numpy copy of a tensor or array (bfloat16 as float32, gradients detached)."""
     if isinstance(x, torch.Tensor):
-        x = x.detach()
+        x = x.detach().cpu()
         if x.dtype == torch.bfloat16:
             x = x.float()
         return x.numpy().copy()
+    if type(x).__module__.startswith("cupy"):
+        return x.get()
     return np.array(x, copy=True)
 
 

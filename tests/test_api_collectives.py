@@ -12,9 +12,10 @@ make sure every (op, algorithm) pair and every array type runs at world sizes 1,
 works, subgroups (and ranks outside them), ``group_src``/``group_dst``, tensors that
 require grad and torch's own ``ReduceOp`` values.
 
-The same cases run on real processes of the socket backend at world sizes 1 to 5 (every
-pair, array type and reduce op, subgroups, and a shorter hypothesis run), compared with the
-same reference exactly, so both backends agree bit for bit.
+The same cases run on real processes of the socket backend and of torch's gloo (through
+simdist's API) at world sizes 1 to 5 (every pair, array type and reduce op, subgroups, and a
+shorter hypothesis run), compared with the same reference exactly, so the backends agree
+bit for bit.
 """
 
 from __future__ import annotations
@@ -494,9 +495,10 @@ def test_every_array_type(kind: str, dtype: str, world: int) -> None:
         check([replace(c, detail=detail) for c in _dtype_batch(kind, dtype, world)], world, detail, seed=world)
 
 
-# -- the same cases on real processes (socket backend), worlds 1 to 5 ----------------------------------
+# -- the same cases on real processes (socket backend, torch's gloo), worlds 1 to 5 ---------------------
 
-SOCKET_WORLDS = [1, 2, 3, 4, 5]
+PROCESS_WORLDS = [1, 2, 3, 4, 5]
+PROCESS_BACKENDS = ["socket", "gloo"]
 
 
 def _subgroup_batch(world: int) -> list[Case]:
@@ -510,24 +512,31 @@ def _subgroup_batch(world: int) -> list[Case]:
     ]
 
 
+def _own_algorithms(backend: str) -> list[tuple[str, str | None]]:
+    """The (op, algorithm) pairs a backend runs: every pair on socket; gloo chooses its own algorithms."""
+    return PAIRS if backend == "socket" else [(op, None) for op in OPS]
+
+
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("world", SOCKET_WORLDS)
-def test_every_algorithm_and_array_type_on_socket(world: int) -> None:
+@pytest.mark.parametrize("backend", PROCESS_BACKENDS)
+@pytest.mark.parametrize("world", PROCESS_WORLDS)
+def test_every_algorithm_and_array_type_on_processes(world: int, backend: str) -> None:
     """The smoke batches above, plus subgroups, in one run of ``world`` real processes; exact results."""
-    batch = [c for op, algorithm in PAIRS for c in _algorithm_batch(op, algorithm, world)]
+    batch = [c for op, algorithm in _own_algorithms(backend) for c in _algorithm_batch(op, algorithm, world)]
     batch += [c for kind, dtype in ARRAY_TYPES for c in _dtype_batch(kind, dtype, world)]
     batch += _subgroup_batch(world)
-    check(batch, world, "messages", backend="socket")
+    check(batch, world, "messages", backend=backend)
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", PROCESS_BACKENDS)
 @pytest.mark.parametrize("layout", ["transposed", "strided"])
-def test_one_element_views_with_any_stride_on_socket(layout: str) -> None:
+def test_one_element_views_with_any_stride_on_processes(layout: str, backend: str) -> None:
     """torch calls a one-element view contiguous whatever its stride; its bytes must still go on the wire."""
     ops = ("broadcast", "all_reduce", "all_gather_into_tensor", "scatter")
     batch = [Case(op=op, dtype=dtype, world=3, shape=(1,), layout=layout, rop=R.SUM if op in REDUCING else None)
              for op in ops for dtype in ("float16", "int64")]
-    check(batch, 3, "messages", backend="socket")
+    check(batch, 3, "messages", backend=backend)
 
 
 @pytest.mark.timeout(300)
@@ -536,6 +545,16 @@ def test_one_element_views_with_any_stride_on_socket(layout: str) -> None:
 def test_collectives_match_numpy_reference_on_socket(case: Case) -> None:
     """The hypothesis cross product on real processes (fewer examples: each starts a job)."""
     check([case], case.world, case.detail, case.seed, backend="socket")
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(max_world=5))
+def test_collectives_match_numpy_reference_on_gloo(case: Case) -> None:
+    """The hypothesis cross product on torch's gloo, through simdist's API (algorithm= is ignored there)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        check([replace(case, algorithm=None)], case.world, case.detail, case.seed, backend="gloo")
 
 
 def test_every_reduce_op_and_dtype_is_drawn() -> None:

@@ -452,7 +452,10 @@ def test_message_size_mismatch_is_an_error(backend: str) -> None:
         else:
             dist.recv(torch.zeros(2), src=0)
 
-    with pytest.raises(dist.DistError, match="size mismatch"):
+    # torch's gloo ends the receiving process on a size mismatch (its own "Received data size
+    # doesn't match expected size"): the run still fails, as a rank that died or lost its peer.
+    match = None if backend == "gloo" else "size mismatch"
+    with pytest.raises(dist.DistError, match=match):
         simulate(body, 2, backend, leaks="ignore")
 
 

@@ -328,7 +328,7 @@ TABLE = [
         "all_reduce of a list",
         "dist.all_reduce([1.0, 2.0])",
         TypeError,
-        r"tensor must be a torch\.Tensor or numpy\.ndarray, got list \(\[1\.0, 2\.0\]\)",
+        r"tensor must be a torch\.Tensor, numpy\.ndarray or cupy\.ndarray, got list \(\[1\.0, 2\.0\]\)",
     ),
     Bad(
         "broadcast of a number",
@@ -346,7 +346,7 @@ TABLE = [
         "all_gather list of numbers",
         "dist.all_gather([1, 2, 3], t)",
         TypeError,
-        r"tensor_list\[0\] must be a torch\.Tensor or numpy\.ndarray, got int \(1\)",
+        r"tensor_list\[0\] must be a torch\.Tensor, numpy\.ndarray or cupy\.ndarray, got int \(1\)",
     ),
     Bad(
         "all_to_all_single input not a tensor",

@@ -195,12 +195,10 @@ class SimWorld(World):
         me.clock += seconds
 
     def destroy(self, group) -> None:
-        if group is None or group is self.default_group:
-            for g in self.groups:
-                g.destroy()
-            self.groups = []
-            self.default_group = None
-            self.backend = None
-        elif group in self.groups:
-            self.groups.remove(group)
-            group.destroy()
+        if self.destroy_subgroup(group):
+            return
+        for g in self.groups:
+            g.destroy()
+        self.groups = []
+        self.default_group = None
+        self.backend = None

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from simdist import _arrays as A
 from simdist import algorithms
 from simdist._algorithmic import AlgorithmicGroup, CollectiveCall
 from simdist._errors import DistTimeoutError
 from simdist._group import Options
-from simdist._work import Work
+from simdist._work import DeferredWork, Work
 
-__all__ = ["SocketGroup", "SocketWork"]
+__all__ = ["SocketGroup"]
 
 _P2P = 0
 
@@ -23,49 +23,8 @@ def _ctx(group_id: int, seq: int) -> int:
     return (group_id << 40) | seq
 
 
-class SocketWork(Work):
-    """A work that completes by ``finish(timeout)`` (run once) and reports progress by ``done()``."""
-
-    def __init__(self, finish: Callable[[float | None], None], done: Callable[[], bool], outputs: list,
-                 source: Any = None):
-        self._finish = finish
-        self._done = done
-        self._finished = False
-        self._error: BaseException | None = None
-        self.outs = outputs
-        self.source = source
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if not self._finished:
-            try:
-                self._finish(timeout)
-            except BaseException as exc:
-                self._error = exc
-                raise
-            finally:
-                self._finished = True
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def is_completed(self) -> bool:
-        return self._finished or self._done()
-
-    def exception(self) -> BaseException | None:
-        return self._error
-
-    def source_rank(self) -> int:
-        self.wait()
-        if self.source is None:
-            return super().source_rank()
-        return self.source() if callable(self.source) else self.source
-
-    def _outputs(self) -> list:
-        return self.outs
-
-
-def _completed(outputs: list) -> SocketWork:
-    return SocketWork(lambda timeout: None, lambda: True, outputs)
+def _completed(outputs: list) -> DeferredWork:
+    return DeferredWork(lambda timeout: None, lambda: True, outputs)
 
 
 class SocketGroup(AlgorithmicGroup):
@@ -120,7 +79,7 @@ class SocketGroup(AlgorithmicGroup):
         if self.worker is None:
             self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"simdist-group-{self.group_id}")
         future = self.worker.submit(run)
-        return SocketWork(future.result, future.done, call.outputs)
+        return DeferredWork(future.result, future.done, call.outputs)
 
     def send(self, tensor: Any, dst: int, opts: Options) -> Work:
         buf = A.stage_in(tensor)
@@ -142,7 +101,7 @@ class SocketGroup(AlgorithmicGroup):
             if back is not None:
                 back()
 
-        return SocketWork(finish, lambda: bool(getattr(handle, "done", False)), outputs, source)
+        return DeferredWork(finish, lambda: bool(getattr(handle, "done", False)), outputs, source)
 
     def destroy(self) -> None:
         if self.worker is not None:

@@ -73,15 +73,13 @@ class _Goodbye(Exception):
 
 
 def _byte_view(buf: Any, argname: str = "buf") -> memoryview:
-    """A 1-D byte view of flat buffer ``buf``, sharing its memory."""
+    """A 1-D byte view of flat host buffer ``buf``, sharing its memory."""
     A.check_array(buf, argname)
-    if A.device_of(buf) != "cpu":
-        raise ValueError(f"{argname} is on {A.device_of(buf)}; the socket transport sends CPU buffers only")
     try:
         flat = A.flat(buf)
     except ValueError:
         raise ValueError(f"{argname} must be contiguous (shape {A.shape_of(buf)})") from None
-    return memoryview(A._bytes(flat)).cast("B")
+    return memoryview(A.host_bytes(flat)).cast("B")
 
 
 def _as_int(value: Any, low: int, high: int, name: str) -> int:
@@ -101,7 +99,7 @@ def _make_error(cls: type, message: str, rank: int | None) -> DistError:
 class Handle:
     """One posted send or receive. ``done`` turns true when it completed or failed."""
 
-    __slots__ = ("ctx", "done", "error", "kind", "nbytes", "peer", "seq", "source", "state", "tag", "view")
+    __slots__ = ("ctx", "device", "done", "error", "kind", "nbytes", "peer", "seq", "source", "state", "tag", "view")
 
     def __init__(self, kind: str, peer: int | None, ctx: int, tag: int, view: memoryview):
         self.kind = kind
@@ -115,6 +113,7 @@ class Handle:
         self.done = False
         self.error: BaseException | None = None
         self.source = peer  # for a receive from any source: the rank it matched
+        self.device: tuple | None = None  # a receive into device memory: (device buffer, host buffer)
 
     def describe(self) -> str:
         where = f"to rank {self.peer}" if self.kind == "send" else (
@@ -238,8 +237,9 @@ class PeerNetwork:
             raise DistError(f"{what} on rank {self.rank}: the peer network is closed")
 
     def isend(self, buf: Any, peer: int, ctx: int, tag: int) -> Handle:
-        """Post a send of flat CPU buffer ``buf`` to global rank ``peer``; ``buf`` must not
-        change until the handle completes (its bytes are written to the connection).
+        """Post a send of flat buffer ``buf`` to global rank ``peer``; ``buf`` must not
+        change until the handle completes (its bytes are written to the connection). A
+        buffer in device memory (CUDA) is copied to the host first.
 
         A small send to an idle, connected peer is written here and now (the handle comes
         back done or failed); any other is queued for the peer's sender thread.
@@ -249,7 +249,7 @@ class PeerNetwork:
             DistError: the network is closed.
         """
         peer, ctx, tag = self._check(peer, ctx, tag, "isend")
-        op = Handle("send", peer, ctx, tag, _byte_view(buf))
+        op = Handle("send", peer, ctx, tag, _byte_view(A.on_host(buf)))
         with self._cond:
             self._check_open("isend")
             p = self._peers[peer]
@@ -273,19 +273,23 @@ class PeerNetwork:
         return op
 
     def irecv(self, buf: Any, peer: int | None, ctx: int, tag: int) -> Handle:
-        """Post a receive from global rank ``peer`` (``None``: any source) into flat CPU buffer
+        """Post a receive from global rank ``peer`` (``None``: any source) into flat buffer
         ``buf``, which must be exactly the size of the message (else :meth:`wait` raises
         :class:`~simdist.ProtocolError`). ``handle.source`` tells the sender once matched.
+        A buffer in device memory (CUDA) receives through a host buffer, copied in by :meth:`wait`.
 
         Raises:
             ValueError: a bad peer, ctx or tag, or a buffer that is read-only or not contiguous.
             DistError: the network is closed.
         """
         peer, ctx, tag = self._check(peer, ctx, tag, "irecv")
-        view = _byte_view(buf)
+        host = buf if A.device_of(buf) == "cpu" else A.host_empty(buf)
+        view = _byte_view(host)
         if view.readonly:
             raise ValueError("irecv: buf is read-only; results cannot be written into it")
         op = Handle("recv", peer, ctx, tag, view)
+        if host is not buf:
+            op.device = (buf, host)
         key = (ctx, tag)
         with self._cond:
             self._check_open("irecv")
@@ -409,7 +413,7 @@ class PeerNetwork:
                     break
                 pending = [op for op in handles if not op.done]
                 if not pending:
-                    return
+                    break
                 gone = next((q for q in group or () if self._peers[q].lost), None)
                 if gone is not None:
                     raise PeerLostError(
@@ -423,7 +427,12 @@ class PeerNetwork:
                     self._probe({*(group or ()), *(op.peer for op in pending)} - {None, self.rank})
                     probe_at = now + _PROBE_INTERVAL
                 self._cond.wait(min(deadline, probe_at) - now)
-        raise failed.error.with_traceback(None)
+        if failed is not None:
+            raise failed.error.with_traceback(None)
+        for op in handles:
+            if op.device is not None:  # received through host memory: copy into the device buffer
+                (dst, host), op.device = op.device, None
+                A.copy_(dst, host)
 
     def _probe(self, ranks: Iterable[int]) -> None:
         """Find peers that died while this rank was not sending to them (the lock is held).

@@ -82,8 +82,11 @@ def _stop(procs: list) -> None:
 
 
 def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, daemon: bool = False, start_method: str | None = None,
-          timeout: float | None = None, **options: Any) -> list:
-    """Run ``fn(rank, *args)`` in ``nprocs`` processes joined by the socket backend; return their values.
+          timeout: float | None = None, backend: str = "socket", **options: Any) -> list:
+    """Run ``fn(rank, *args)`` in ``nprocs`` processes joined by ``backend``; return their values.
+
+    ``backend`` is a process backend: ``"socket"``, or torch's (``"gloo"``, ``"torch-nccl"``),
+    whose ranks start the same way.
 
     Each process sees the caller's environment as it is at the call, plus MASTER_ADDR,
     MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE and a fresh SIMDIST_SECRET, as under torchrun,
@@ -96,7 +99,7 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, daemon: bool = False,
     survive ``fork()`` and the first parallel torch operation would hang.
     """
     if options:
-        raise TypeError(f"spawn(backend='socket') got unexpected keyword arguments {sorted(options)}")
+        raise TypeError(f"spawn(backend={backend!r}) got unexpected keyword arguments {sorted(options)}")
     from ._auth import new_secret
 
     env = {
@@ -106,7 +109,7 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, daemon: bool = False,
         "WORLD_SIZE": str(nprocs),
         "LOCAL_WORLD_SIZE": str(nprocs),
         "SIMDIST_SECRET": new_secret(),
-        BACKEND_ENV: "socket",
+        BACKEND_ENV: backend,
     }
     if timeout is not None:
         env["SIMDIST_TIMEOUT"] = str(timeout)

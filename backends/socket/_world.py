@@ -137,46 +137,34 @@ class SocketWorld(World):
 
     def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
         from ._peers import PeerNetwork
+
+        self.timeout = _seconds(timeout)
+        host, port, rank, world_size, secret = self.connect_store(init_method, rank, world_size)
+        listen = "127.0.0.1" if is_loopback(host) else _address_towards(host, port)
+        self.network = PeerNetwork(rank, world_size, self.store, secret, host=listen, timeout=self.timeout)
+        self.rank, self.size, self.backend = rank, world_size, backend or "socket"
+        self.recorder = FlightRecorder(self.store, rank)
+        self.default_group = self._group(list(range(world_size)), 0)
+        self.groups = [self.default_group]
+        set_process_world(self)
+
+    def connect_store(self, init_method: str | None, rank: int, world_size: int) -> tuple[str, int, int, int, bytes]:
+        """Rendezvous: rank 0 serves the store, every rank connects to it.
+
+        Sets ``server`` (rank 0) and ``store``; returns ``(host, port, rank, world_size, secret)``.
+        """
         from ._store import StoreClient, StoreServer
 
         host, port, rank, world_size = rendezvous(init_method, rank, world_size)
         secret = shared_secret(host)
-        self.timeout = _seconds(timeout)
-        loopback = is_loopback(host)
         if rank == 0:
-            self.server = StoreServer("127.0.0.1" if loopback else "0.0.0.0", port, secret)
+            self.server = StoreServer("127.0.0.1" if is_loopback(host) else "0.0.0.0", port, secret)
         self.store = StoreClient(host, port, secret, timeout=self.timeout)
-        listen = "127.0.0.1" if loopback else _address_towards(host, port)
-        self.network = PeerNetwork(rank, world_size, self.store, secret, host=listen, timeout=self.timeout)
-        self.rank, self.size, self.backend = rank, world_size, backend or "socket"
-        self.recorder = FlightRecorder(self.store, rank)
-        self.default_group = SocketGroup(self.network, rank, range(world_size), 0, self.timeout, self.recorder)
-        self.groups = [self.default_group]
-        set_process_world(self)
+        return host, port, rank, world_size, secret
 
-    def new_group(self, ranks: Sequence[int], *, backend, timeout) -> Any:
-        self.group_count += 1
-        if self.rank not in ranks:
-            return GroupMember.NON_GROUP_MEMBER
-        group = SocketGroup(
-            self.network, list(ranks).index(self.rank), ranks, self.group_count, self.timeout, self.recorder
-        )
-        self.groups.append(group)
-        return group
-
-    def destroy(self, group) -> None:
-        if group is not None and group is not self.default_group:
-            if group in self.groups:
-                self.groups.remove(group)
-                group.destroy()
-            return
-        for g in self.groups:
-            g.destroy()
-        self.groups, self.default_group, self.backend = [], None, None
-        self.recorder.close()
-        self.network.close()
-        # Rank 0 serves the store: it stops only once every rank has said goodbye. The
-        # server counts a goodbye before answering it, so a rank whose connection closes
+    def goodbye(self) -> None:
+        """Leave the store; rank 0 serves it until every rank has left."""
+        # The server counts a goodbye before answering it, so a rank whose connection closes
         # during its own goodbye was counted: rank 0 saw everyone and shut down.
         try:
             self.store.add("simdist/destroyed", 1)
@@ -187,4 +175,29 @@ class SocketWorld(World):
             _wait_count(self.store, "simdist/destroyed", self.size, self.timeout)
             self.server.close()
         self.store.close()
+
+    def new_group(self, ranks: Sequence[int], *, backend, timeout) -> Any:
+        self.group_count += 1
+        if self.rank not in ranks:
+            return GroupMember.NON_GROUP_MEMBER
+        group = self._group(list(ranks), self.group_count)
+        self.groups.append(group)
+        return group
+
+    def _group(self, ranks: list[int], group_id: int) -> Any:
+        """This rank's group of ``ranks`` (global ranks in group-rank order)."""
+        return SocketGroup(self.network, ranks.index(self.rank), ranks, group_id, self.timeout, self.recorder)
+
+    def _close_network(self) -> None:
+        self.recorder.close()
+        self.network.close()
+
+    def destroy(self, group) -> None:
+        if self.destroy_subgroup(group):
+            return
+        for g in self.groups:
+            g.destroy()
+        self.groups, self.default_group, self.backend = [], None, None
+        self._close_network()
+        self.goodbye()
         set_process_world(None)

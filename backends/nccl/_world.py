@@ -1,0 +1,74 @@
+"""The process world of the NCCL backend: the socket backend's store, NCCL communicators."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from simdist._world import set_process_world
+from simdist.backends.socket._world import SocketWorld, _seconds
+
+from ._group import NcclGroup
+
+__all__ = ["NcclWorld", "nccl_unavailable", "encode_unique_id", "decode_unique_id"]
+
+
+def nccl_unavailable() -> str | None:
+    """Why ``backend="nccl"`` cannot run here (``None`` if it can): no cupy or NCCL, no CUDA torch, no GPU."""
+    try:
+        from cupy.cuda import nccl  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - ImportError, or cupy failing to load NCCL's library
+        return f"cupy's NCCL bindings are not importable ({type(exc).__name__}: {exc}); pip install 'simdist[nccl]'"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device (torch.cuda.is_available() is False)"
+    return None
+
+
+def encode_unique_id(uid: Sequence[int]) -> bytes:
+    """NCCL's unique id (cupy gives 128 signed chars) as bytes for the store."""
+    return bytes(b & 0xFF for b in uid)
+
+
+def decode_unique_id(data: bytes) -> tuple[int, ...]:
+    return tuple(b - 256 if b > 127 else b for b in data)
+
+
+class NcclWorld(SocketWorld):
+    """This process's place in an NCCL job: the socket backend's store for rendezvous and
+    unique ids, and one NCCL communicator per group on this process's current CUDA device."""
+
+    def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
+        import torch
+
+        reason = nccl_unavailable()
+        if reason is not None:
+            raise RuntimeError(f"backend='nccl' cannot run here: {reason}. Without a GPU, the same code runs "
+                               "on backend='sim' (simulated) or on real processes with 'socket' or 'gloo'")
+        self.timeout = _seconds(timeout)
+        _, _, rank, world_size, _ = self.connect_store(init_method, rank, world_size)
+        self.rank, self.size, self.backend = rank, world_size, backend or "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.default_group = self._group(list(range(world_size)), 0)
+        self.groups = [self.default_group]
+        set_process_world(self)
+
+    def _group(self, ranks: list[int], group_id: int) -> NcclGroup:
+        """A communicator of ``ranks``: the first member makes the unique id, the others read it."""
+        from cupy.cuda import nccl
+
+        key = f"simdist/nccl/{group_id}"
+        if self.rank == ranks[0]:
+            self.store.set(key, encode_unique_id(nccl.get_unique_id()))
+        uid = decode_unique_id(self.store.get(key))
+        with self._cuda_device():
+            comm = nccl.NcclCommunicator(len(ranks), uid, ranks.index(self.rank))
+        return NcclGroup(comm, self.device, ranks.index(self.rank), ranks, group_id, self.timeout)
+
+    def _cuda_device(self) -> Any:
+        import torch
+
+        return torch.cuda.device(self.device)
+
+    def _close_network(self) -> None:
+        """Nothing beyond the groups: NCCL's communicators are destroyed with them."""

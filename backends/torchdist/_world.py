@@ -1,0 +1,97 @@
+"""The process world of torch's backends: ``torch.distributed.init_process_group`` and its groups."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Sequence
+
+import torch.distributed as td
+
+from simdist._group import GroupMember
+from simdist._world import World, set_process_world
+
+from ._group import TorchGroup
+
+__all__ = ["TorchWorld", "GlooWorld", "TorchNcclWorld", "MpiWorld"]
+
+
+class TorchWorld(World):
+    """This process's place in a job whose groups are torch.distributed groups.
+
+    Subclasses name simdist's backend (``name``) and torch's (``torch_backend``).
+    """
+
+    process_world = True
+    name = "?"
+    torch_backend = "?"
+
+    def __init__(self) -> None:
+        self.groups: list[TorchGroup] = []
+        self.group_count = 0
+
+    @classmethod
+    def check_available(cls) -> None:
+        """``RuntimeError`` saying so if this build of torch lacks the backend."""
+
+    def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
+        from simdist.backends.socket._world import _seconds
+
+        self.check_available()
+        self.timeout = datetime.timedelta(seconds=_seconds(timeout))
+        td.init_process_group(self.torch_backend, init_method=init_method, timeout=self.timeout,
+                              world_size=world_size, rank=rank, store=store)
+        self.rank, self.size, self.backend = td.get_rank(), td.get_world_size(), backend or self.name
+        self.default_group = TorchGroup(self.name, td.group.WORLD, self.rank, range(self.size), 0)
+        self.groups = [self.default_group]
+        set_process_world(self)
+
+    def new_group(self, ranks: Sequence[int], *, backend, timeout) -> Any:
+        self.group_count += 1
+        # simdist has already put the ranks in group-rank order: torch keeps it.
+        pg = td.new_group(list(ranks), timeout=self.timeout, sort_ranks=False)
+        if self.rank not in ranks:
+            return GroupMember.NON_GROUP_MEMBER
+        group = TorchGroup(self.name, pg, list(ranks).index(self.rank), ranks, self.group_count)
+        self.groups.append(group)
+        return group
+
+    def destroy(self, group) -> None:
+        if self.destroy_subgroup(group):
+            return
+        # Rank 0 serves torch's store: leaving before the others have finished would break
+        # their connections to it (torch's destroy_process_group does not wait).
+        td.barrier()
+        td.destroy_process_group()
+        self.groups, self.default_group, self.backend = [], None, None
+        set_process_world(None)
+
+
+class GlooWorld(TorchWorld):
+    """``backend="gloo"``: torch's gloo (CPU tensors; CUDA tensors are staged by gloo itself)."""
+
+    name = torch_backend = "gloo"
+
+
+class TorchNcclWorld(TorchWorld):
+    """``backend="torch-nccl"``: torch's ProcessGroupNCCL for CUDA tensors, gloo for CPU tensors and numpy arrays."""
+
+    name = "torch-nccl"
+    torch_backend = "cpu:gloo,cuda:nccl"
+
+    @classmethod
+    def check_available(cls) -> None:
+        if not td.is_nccl_available():
+            raise RuntimeError("backend='torch-nccl' needs a build of torch with NCCL; this torch has none "
+                               "(a CPU build): use backend='gloo', or 'sim' to simulate")
+
+
+class MpiWorld(TorchWorld):
+    """``backend="mpi"``: torch's MPI backend (a torch built with MPI, ranks started by ``mpirun``)."""
+
+    name = torch_backend = "mpi"
+
+    @classmethod
+    def check_available(cls) -> None:
+        if not td.is_mpi_available():
+            raise RuntimeError("backend='mpi' needs a build of torch with MPI; this torch has none "
+                               "(pip's builds do not): use backend='gloo', or 'sim' to simulate")
