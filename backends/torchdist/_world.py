@@ -47,11 +47,14 @@ class TorchWorld(World):
 
     def new_group(self, ranks: Sequence[int], *, backend, timeout) -> Any:
         self.group_count += 1
-        # simdist has already put the ranks in group-rank order: torch keeps it.
-        pg = td.new_group(list(ranks), timeout=self.timeout, sort_ranks=False)
+        ranks = list(ranks)  # in group-rank order already: sorted, unless sort_ranks=False
+        if ranks == sorted(ranks):
+            pg = td.new_group(ranks, timeout=self.timeout)
+        else:  # torch keeps the given order only when asked (a newer argument of new_group)
+            pg = td.new_group(ranks, timeout=self.timeout, sort_ranks=False)
         if self.rank not in ranks:
             return GroupMember.NON_GROUP_MEMBER
-        group = TorchGroup(self.name, pg, list(ranks).index(self.rank), ranks, self.group_count)
+        group = TorchGroup(self.name, pg, ranks.index(self.rank), ranks, self.group_count)
         self.groups.append(group)
         return group
 

@@ -9,8 +9,13 @@
 # test log, the benchmark's table and its JSON to OUT_DIR (default gpu-results/).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:-gpu-results}
-mkdir -p "$out"
+out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
+# cupy finds NCCL's library through the loader: point it at the one pip's nvidia-nccl wheel holds.
+nccl_lib=$(python3 -c 'import importlib.util as u, os; s = u.find_spec("nvidia.nccl")
+print(os.path.join(list(s.submodule_search_locations)[0], "lib") if s else "")' 2>/dev/null || true)
+if [ -n "$nccl_lib" ] && [ -d "$nccl_lib" ]; then
+  export LD_LIBRARY_PATH="$nccl_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
   python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__,
@@ -18,7 +23,16 @@ mkdir -p "$out"
   python3 -c 'import cupy; from cupy.cuda import nccl; print("cupy", cupy.__version__, "nccl", nccl.get_version())' \
     || echo "cupy's NCCL bindings are not importable"
 } 2>&1 | tee "$out/machine.txt"
-python3 -m pip install -q --no-deps --no-build-isolation --no-index . || exit 1
+if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index . >"$out/install.log" 2>&1; then
+  # No build tools: put the sources on the path as the package layout maps them.
+  echo "pip could not install simdist (see $out/install.log); using the sources through PYTHONPATH"
+  site="$out/site"
+  rm -rf "$site" && mkdir -p "$site/simdist"
+  ln -s "$PWD"/simdist/* "$site/simdist/"
+  ln -s "$PWD/backends" "$site/simdist/backends"
+  ln -s "$PWD/visualize" "$site/simdist/visualize"
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 python3 -m pytest tests/gpu -v -rs -p no:cacheprovider 2>&1 | tee "$out/gpu-tests.log"
 status=${PIPESTATUS[0]}
 python3 benchmarks/bench_nccl.py --json "$out/bench-nccl.json" 2>&1 | tee "$out/bench-nccl.md"
