@@ -80,8 +80,15 @@ def init_process_group(
     it names, so code written for ``"gloo"`` or ``"nccl"`` runs unchanged; ``rank`` and
     ``world_size``, if given, must match the simulated rank.
 
+    In a process, the launcher's backend (``SIMDIST_BACKEND``, set by ``simdist run`` and
+    ``simdist.spawn``) wins, else ``backend`` names one: ``"socket"``, ``"nccl"`` (GPUs,
+    through cupy), or torch's own ``"gloo"``, ``"torch-nccl"``, ``"mpi"``. Rendezvous is
+    ``env://`` (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) or ``init_method="tcp://host:port"``.
+
     Raises:
         ValueError: double initialization, a bad ``rank``/``world_size`` or an unknown backend.
+        RuntimeError: a process that nothing launched (no MASTER_ADDR, no ``init_method``),
+            or a backend this machine cannot run (``"nccl"`` without a GPU), with the reason.
     """
     if backend is not None and not isinstance(backend, str):
         raise TypeError(
@@ -107,6 +114,7 @@ def _process_world(backend: str | None, init_method: str | None, store: Any) -> 
     launched = init_method not in (None, "env://") or store is not None or "MASTER_ADDR" in os.environ
     if name is not None:
         world_type = backend_spec(name).load()  # ValueError naming the known backends
+        launched = launched or not getattr(world_type, "needs_rendezvous", True)
         if launched and getattr(world_type, "process_world", False):
             return world_type()
     raise RuntimeError(

@@ -22,6 +22,8 @@ class TorchWorld(World):
     """
 
     process_world = True
+    needs_rendezvous = True
+    """Whether the process needs ``env://`` or ``init_method`` to find its peers (MPI's launcher does that)."""
     name = "?"
     torch_backend = "?"
 
@@ -92,6 +94,7 @@ class MpiWorld(TorchWorld):
     """``backend="mpi"``: torch's MPI backend (a torch built with MPI, ranks started by ``mpirun``)."""
 
     name = torch_backend = "mpi"
+    needs_rendezvous = False
 
     @classmethod
     def check_available(cls) -> None:
