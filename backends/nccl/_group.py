@@ -49,10 +49,10 @@ _OPS = {ReduceOp.SUM: "NCCL_SUM", ReduceOp.PRODUCT: "NCCL_PROD", ReduceOp.MIN: "
 class NcclHandle:
     """A CUDA event recorded after an NCCL call on the caller's stream."""
 
-    def __init__(self, group: "NcclGroup", host_sync: bool = False):
+    def __init__(self, group: "NcclGroup", stream: Any, host_sync: bool = False):
         self.group = group
         self.event = torch.cuda.Event()
-        self.event.record(torch.cuda.current_stream(group.device))
+        self.event.record(stream)
         self.host_sync = host_sync
 
     def wait(self, timeout: float | None = None) -> None:
@@ -117,8 +117,9 @@ class NcclGroup(LibraryGroup):
         """(pointer, count, NCCL datatype) of a flat device buffer."""
         return buf.data_ptr(), buf.numel(), getattr(_nccl(), _DTYPES[buf.dtype])
 
-    def _stream(self) -> int:
-        return torch.cuda.current_stream(self.device).cuda_stream
+    def _stream(self) -> Any:
+        """The caller's current stream on this group's device (a ``torch.cuda.Stream``)."""
+        return torch.cuda.current_stream(self.device)
 
     @contextlib.contextmanager
     def _grouped(self) -> Iterator[None]:
@@ -129,51 +130,57 @@ class NcclGroup(LibraryGroup):
         finally:
             nccl.groupEnd()
 
-    def _handle(self, host_sync: bool = False) -> Handle:
-        return NcclHandle(self, host_sync)
+    def _handle(self, stream: Any, host_sync: bool = False) -> Handle:
+        return NcclHandle(self, stream, host_sync)
 
     # --- primitives ----------------------------------------------------------------------
 
     def _lib_all_reduce(self, buf: Any, op: ReduceOp) -> Handle:
         ptr, n, dt = self._args(buf)
-        self.comm.allReduce(ptr, ptr, n, dt, getattr(_nccl(), _OPS[op]), self._stream())
-        return self._handle()
+        stream = self._stream()
+        self.comm.allReduce(ptr, ptr, n, dt, getattr(_nccl(), _OPS[op]), stream.cuda_stream)
+        return self._handle(stream)
 
     def _lib_broadcast(self, buf: Any, root: int) -> Handle:
         ptr, n, dt = self._args(buf)
-        self.comm.broadcast(ptr, ptr, n, dt, root, self._stream())
-        return self._handle()
+        stream = self._stream()
+        self.comm.broadcast(ptr, ptr, n, dt, root, stream.cuda_stream)
+        return self._handle(stream)
 
     def _lib_reduce(self, buf: Any, op: ReduceOp, root: int) -> Handle:
         ptr, n, dt = self._args(buf)
+        stream = self._stream()
         # NCCL writes the receive buffer on the root only: the others keep their values.
-        self.comm.reduce(ptr, ptr, n, dt, getattr(_nccl(), _OPS[op]), root, self._stream())
-        return self._handle()
+        self.comm.reduce(ptr, ptr, n, dt, getattr(_nccl(), _OPS[op]), root, stream.cuda_stream)
+        return self._handle(stream)
 
     def _lib_all_gather(self, out: Any, inp: Any) -> Handle:
         ptr, n, dt = self._args(inp)
-        self.comm.allGather(ptr, out.data_ptr(), n, dt, self._stream())
-        return self._handle()
+        stream = self._stream()
+        self.comm.allGather(ptr, out.data_ptr(), n, dt, stream.cuda_stream)
+        return self._handle(stream)
 
     def _lib_reduce_scatter(self, out: Any, inp: Any, op: ReduceOp) -> Handle:
         ptr, n, dt = self._args(out)
-        self.comm.reduceScatter(inp.data_ptr(), ptr, n, dt, getattr(_nccl(), _OPS[op]), self._stream())
-        return self._handle()
+        stream = self._stream()
+        self.comm.reduceScatter(inp.data_ptr(), ptr, n, dt, getattr(_nccl(), _OPS[op]), stream.cuda_stream)
+        return self._handle(stream)
 
     def _exchange(self, sends: list[tuple[int, Any]], recvs: list[tuple[int, Any]]) -> Handle:
         """Grouped point-to-point: ``(peer, buffer)`` pairs; a rank's own block is copied locally."""
         stream = self._stream()
+        handle = stream.cuda_stream
         mine = {peer: buf for peer, buf in sends if peer == self.rank}
         with self._grouped():
             for peer, buf in sends:
                 if peer != self.rank and buf.numel():
-                    self.comm.send(*self._args(buf), peer, stream)
+                    self.comm.send(*self._args(buf), peer, handle)
             for peer, buf in recvs:
                 if peer == self.rank:
                     buf.copy_(mine[peer])
                 elif buf.numel():
-                    self.comm.recv(*self._args(buf), peer, stream)
-        return self._handle()
+                    self.comm.recv(*self._args(buf), peer, handle)
+        return self._handle(stream)
 
     def _blocks(self, buf: Any) -> list:
         n = buf.numel() // self.size
@@ -213,7 +220,7 @@ class NcclGroup(LibraryGroup):
     def _lib_barrier(self) -> Handle:
         one = torch.zeros(1, device=self.device)
         self._lib_all_reduce(one, ReduceOp.SUM)
-        return self._handle(host_sync=True)
+        return self._handle(self._stream(), host_sync=True)
 
     def destroy(self) -> None:
         if self.comm is not None:

@@ -97,7 +97,7 @@ class TorchGroup(LibraryGroup):
         return TorchHandle(td.broadcast(buf, self.ranks[root], group=self.pg, async_op=True))
 
     def _lib_reduce(self, buf: Any, op: ReduceOp, root: int) -> Handle:
-        target = buf if self.rank == root else buf.clone()  # torch may write into the other ranks' tensors
+        target = buf if self.rank == root else buf.clone()  # gloo writes into the other ranks' tensors
         return TorchHandle(td.reduce(target, self.ranks[root], _TORCH_OPS[op], group=self.pg, async_op=True))
 
     def _lib_all_gather(self, out: Any, inp: Any) -> Handle:
@@ -115,6 +115,8 @@ class TorchGroup(LibraryGroup):
         return TorchHandle(td.scatter(out, blocks, self.ranks[root], group=self.pg, async_op=True))
 
     def _lib_all_to_all(self, out: Any, recv: list[int], inp: Any, send: list[int]) -> Handle:
+        if len(set(recv)) == 1 and len(set(send)) == 1:  # equal blocks: torch's faster path without splits
+            recv = send = None
         return TorchHandle(td.all_to_all_single(out, inp, recv, send, group=self.pg, async_op=True))
 
     def _lib_send(self, buf: Any, peer: int, tag: int) -> Handle:

@@ -35,6 +35,6 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index . >"$ou
 fi
 python3 -m pytest tests/gpu -v -rs -p no:cacheprovider 2>&1 | tee "$out/gpu-tests.log"
 status=${PIPESTATUS[0]}
-python3 benchmarks/bench_nccl.py --json "$out/bench-nccl.json" 2>&1 | tee "$out/bench-nccl.md"
-python3 benchmarks/bench_nccl.py --world 2 --json "$out/bench-nccl-world2.json" 2>&1 | tee "$out/bench-nccl-world2.md"
+python3 benchmarks/bench_library.py --backend nccl --json "$out/bench-nccl.json" 2>&1 | tee "$out/bench-nccl.md"
+python3 benchmarks/bench_library.py --backend nccl --world 2 --json "$out/bench-nccl-world2.json" 2>&1 | tee "$out/bench-nccl-world2.md"
 exit "$status"
