@@ -18,7 +18,7 @@ from . import _arrays as A
 from . import algorithms
 from ._group import Options, ProcessGroup
 from ._reduce_op import ReduceOp
-from ._work import Work
+from ._work import Work, chain
 
 __all__ = ["AlgorithmicGroup", "CollectiveCall"]
 
@@ -51,44 +51,6 @@ class CollectiveCall:
     snapshot: Any = None
     args: dict[str, Any] = field(default_factory=dict)
     call_site: str | None = None
-
-
-def _chain(*steps: Callable[[], None] | None) -> Callable[[], None]:
-    live = [s for s in steps if s is not None]
-
-    def run() -> None:
-        for s in live:
-            s()
-
-    return run
-
-
-def _concat(arrays: Sequence[Any]) -> Any:
-    """One flat buffer holding ``arrays`` back to back."""
-    first = A.stage_in(arrays[0])
-    out = A.empty(first, sum(A.numel(a) for a in arrays))
-    pos = 0
-    for a in arrays:
-        n = A.numel(a)
-        A.copy_(A.narrow(out, pos, n), A.stage_in(a))
-        pos += n
-    return out
-
-
-def _split_into(flat: Any, arrays: Sequence[Any]) -> Callable[[], None]:
-    """A write-back copying consecutive pieces of ``flat`` into ``arrays``."""
-
-    def run() -> None:
-        pos = 0
-        for a in arrays:
-            n = A.numel(a)
-            buf, back = A.stage_out(a)
-            A.copy_(buf, A.narrow(flat, pos, n))
-            if back is not None:
-                back()
-            pos += n
-
-    return run
 
 
 class AlgorithmicGroup(ProcessGroup):
@@ -156,7 +118,7 @@ class AlgorithmicGroup(ProcessGroup):
             A.nbytes(buf),
             make=lambda fn, t: fn(t, buf, base),
             oneshot=lambda calls: algorithms.oneshot.all_reduce([c.args["buf"] for c in calls], base),
-            finish=_chain(avg, back),
+            finish=chain(avg, back),
             outputs=[tensor],
             snapshot=buf,
             args={"buf": buf},
@@ -172,7 +134,7 @@ class AlgorithmicGroup(ProcessGroup):
             A.nbytes(buf),
             make=lambda fn, t: fn(t, buf, root),
             oneshot=lambda calls: algorithms.oneshot.broadcast([c.args["buf"] for c in calls], root),
-            finish=_chain(back),
+            finish=chain(back),
             outputs=[tensor],
             snapshot=buf,
             args={"buf": buf},
@@ -194,7 +156,7 @@ class AlgorithmicGroup(ProcessGroup):
             A.nbytes(buf),
             make=lambda fn, t: fn(t, buf, base, root),
             oneshot=lambda calls: algorithms.oneshot.reduce([c.args["buf"] for c in calls], base, root),
-            finish=_chain(avg, back),
+            finish=chain(avg, back),
             outputs=[tensor],
             snapshot=buf,
             args={"buf": buf},
@@ -203,12 +165,12 @@ class AlgorithmicGroup(ProcessGroup):
     def all_gather(self, output_list: list, tensor: Any, opts: Options) -> Work:
         inp = A.stage_in(tensor)
         out = A.zeros(inp, A.numel(inp) * self.size)
-        return self._gathered("all_gather", opts, tensor, inp, out, _split_into(out, output_list), output_list)
+        return self._gathered("all_gather", opts, tensor, inp, out, A.split_into(out, output_list), output_list)
 
     def all_gather_into_tensor(self, output: Any, input: Any, opts: Options) -> Work:
         inp = A.stage_in(input)
         out, back = A.stage_out(output)
-        return self._gathered("all_gather", opts, input, inp, out, _chain(back), [output])
+        return self._gathered("all_gather", opts, input, inp, out, chain(back), [output])
 
     def _gathered(self, op, opts, x, inp, out, finish, outputs):
         return self._call(
@@ -230,7 +192,7 @@ class AlgorithmicGroup(ProcessGroup):
         root = opts.root
         inp = A.stage_in(tensor)
         out = A.zeros(inp, A.numel(inp) * self.size) if self.rank == root else None
-        finish = _split_into(out, gather_list) if out is not None else _chain()
+        finish = A.split_into(out, gather_list) if out is not None else chain()
         return self._call(
             "gather",
             opts,
@@ -249,7 +211,7 @@ class AlgorithmicGroup(ProcessGroup):
     def scatter(self, tensor: Any, scatter_list: list | None, opts: Options) -> Work:
         root = opts.root
         out, back = A.stage_out(tensor)
-        inp = _concat(scatter_list) if self.rank == root else None
+        inp = A.concat(scatter_list) if self.rank == root else None
         return self._call(
             "scatter",
             opts,
@@ -259,7 +221,7 @@ class AlgorithmicGroup(ProcessGroup):
             oneshot=lambda calls: algorithms.oneshot.scatter(
                 calls[root].args["inp"], [c.args["out"] for c in calls], root
             ),
-            finish=_chain(back),
+            finish=chain(back),
             outputs=[tensor],
             snapshot=out,
             args={"inp": inp, "out": out},
@@ -268,7 +230,7 @@ class AlgorithmicGroup(ProcessGroup):
     def reduce_scatter(self, output: Any, input_list: list, opts: Options) -> Work:
         # Outputs may differ in size between ranks (uneven counts); the counts, which every
         # rank must agree on, stand for the shape in the cross-rank check.
-        return self._reduce_scatter(output, _concat(input_list), [A.numel(x) for x in input_list], opts, shape=None)
+        return self._reduce_scatter(output, A.concat(input_list), [A.numel(x) for x in input_list], opts, shape=None)
 
     def reduce_scatter_tensor(self, output: Any, input: Any, opts: Options) -> Work:
         return self._reduce_scatter(output, A.stage_in(input), [A.numel(output)] * self.size, opts)
@@ -288,7 +250,7 @@ class AlgorithmicGroup(ProcessGroup):
             oneshot=lambda calls: algorithms.oneshot.reduce_scatter(
                 [c.args["inp"] for c in calls], [c.args["out"] for c in calls], counts, base
             ),
-            finish=_chain(avg, back),
+            finish=chain(avg, back),
             outputs=[output],
             snapshot=out,
             args={"inp": inp, "out": out},
@@ -297,25 +259,25 @@ class AlgorithmicGroup(ProcessGroup):
         )
 
     def all_to_all(self, output_list: list, input_list: list, opts: Options) -> Work:
-        inp = _concat(input_list)
+        inp = A.concat(input_list)
         out = A.zeros(inp, sum(A.numel(x) for x in output_list))
         send = [A.numel(x) for x in input_list]
         recv = [A.numel(x) for x in output_list]
         # Only counts known to be equal on every rank may let the automatic choice pick Bruck:
         # a rank cannot see the other ranks' lists, so lists never count as equal.
         return self._all_to_all(
-            output_list[0], inp, out, send, recv, _split_into(out, output_list), output_list, opts, equal=False
+            output_list[0], inp, out, send, recv, A.split_into(out, output_list), output_list, opts, equal=False
         )
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts) -> Work:
         inp = A.stage_in(input)
         if A.may_overlap(input, output):  # in place: the algorithms would overwrite blocks not yet sent
-            inp = _concat([inp])
+            inp = A.concat([inp])
         out, back = A.stage_out(output)
-        send = _split_counts(input, input_split_sizes, self.size)
-        recv = _split_counts(output, output_split_sizes, self.size)
+        send = A.split_counts(input, input_split_sizes, self.size)
+        recv = A.split_counts(output, output_split_sizes, self.size)
         equal = output_split_sizes is None and input_split_sizes is None
-        return self._all_to_all(output, inp, out, send, recv, _chain(back), [output], opts, equal)
+        return self._all_to_all(output, inp, out, send, recv, chain(back), [output], opts, equal)
 
     def _all_to_all(self, x, inp, out, send, recv, finish, outputs, opts, equal):
         return self._call(
@@ -347,7 +309,7 @@ class AlgorithmicGroup(ProcessGroup):
             0,
             make=lambda fn, t: fn(t, scratch),
             oneshot=lambda calls: None,
-            finish=_chain(),
+            finish=chain(),
             outputs=[],
             snapshot=None,
             args={},
@@ -367,12 +329,3 @@ def _check_bruck(send: Sequence[int], recv: Sequence[int]) -> None:
 
 _BARRIER_SCRATCH = np.zeros(1, dtype=np.uint8)
 """What barrier messages are cut from (they carry zero bytes of it, so it is never written)."""
-
-
-def _split_counts(x: Any, splits: Sequence[int] | None, size: int) -> list[int]:
-    """Element counts per rank for ``all_to_all_single`` split sizes (counted in dim-0 rows)."""
-    rows = A.shape_of(x)[0] if A.shape_of(x) else 1
-    per_row = A.numel(x) // rows if rows else 0
-    if splits is None:
-        return [rows // size * per_row] * size
-    return [int(s) * per_row for s in splits]

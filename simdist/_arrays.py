@@ -12,7 +12,7 @@ a cupy array can only exist once its user has imported cupy.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -49,6 +49,9 @@ __all__ = [
     "check_reduce_op",
     "to_numpy",
     "uint8_from_bytes",
+    "concat",
+    "split_into",
+    "split_counts",
 ]
 
 Array = Any  # torch.Tensor | numpy.ndarray | cupy.ndarray
@@ -432,3 +435,43 @@ def average_(buf: Array, count: int) -> None:
         buf.div_(count)
     else:
         _xp(buf).divide(buf, count, out=buf)
+
+
+# --- list arguments as one flat buffer ---------------------------------------------------
+
+
+def concat(arrays: Sequence[Any]) -> Any:
+    """One flat buffer holding ``arrays`` back to back."""
+    first = stage_in(arrays[0])
+    out = empty(first, sum(numel(a) for a in arrays))
+    pos = 0
+    for a in arrays:
+        n = numel(a)
+        copy_(narrow(out, pos, n), stage_in(a))
+        pos += n
+    return out
+
+
+def split_into(flat: Any, arrays: Sequence[Any]) -> Callable[[], None]:
+    """A write-back copying consecutive pieces of ``flat`` into ``arrays``."""
+
+    def run() -> None:
+        pos = 0
+        for a in arrays:
+            n = numel(a)
+            buf, back = stage_out(a)
+            copy_(buf, narrow(flat, pos, n))
+            if back is not None:
+                back()
+            pos += n
+
+    return run
+
+
+def split_counts(x: Any, splits: Sequence[int] | None, size: int) -> list[int]:
+    """Element counts per rank for ``all_to_all_single`` split sizes (counted in dim-0 rows)."""
+    rows = shape_of(x)[0] if shape_of(x) else 1
+    per_row = numel(x) // rows if rows else 0
+    if splits is None:
+        return [rows // size * per_row] * size
+    return [int(s) * per_row for s in splits]

@@ -24,11 +24,10 @@ from abc import abstractmethod
 from typing import Any, Callable, Protocol, Sequence
 
 from . import _arrays as A
-from ._algorithmic import _chain, _concat, _split_counts, _split_into
 from ._callsite import user_call_site
 from ._group import Options, ProcessGroup
 from ._reduce_op import ReduceOp
-from ._work import DeferredWork, Work
+from ._work import DeferredWork, Work, chain
 
 __all__ = ["LibraryGroup", "Handle"]
 
@@ -128,7 +127,7 @@ class LibraryGroup(ProcessGroup):
         """A library buffer holding ``x``'s values, and the steps that write results back into ``x``."""
         flat, back = A.stage_out(x)
         buf, lib_back = self.library_buffer(flat, written=True)
-        return buf, _chain(lib_back, back)
+        return buf, chain(lib_back, back)
 
     def _reduction(self, buf: Any, op: ReduceOp) -> tuple[ReduceOp | None, Callable[[], None] | None]:
         """The op to give the library for ``buf`` (``None``: reduce locally), and a step to run after."""
@@ -154,7 +153,7 @@ class LibraryGroup(ProcessGroup):
     def _work(self, handles: Sequence[Handle], *steps: Callable[[], None] | None, outputs: list,
               source: Callable[[], int] | None = None) -> Work:
         """A Work that waits for ``handles``, then runs ``steps`` (write-backs) once."""
-        after = _chain(*steps)
+        after = chain(*steps)
 
         def finish(timeout: float | None) -> None:
             for h in handles:
@@ -221,7 +220,7 @@ class LibraryGroup(ProcessGroup):
         inp = self._input(tensor)
         out = A.empty(inp, A.numel(inp) * self.size)
         handle = self._lib_all_gather(A.byte_view(out), A.byte_view(inp))
-        return self._work([handle], _split_into(out, output_list), outputs=output_list)
+        return self._work([handle], A.split_into(out, output_list), outputs=output_list)
 
     def all_gather_into_tensor(self, output: Any, input: Any, opts: Options) -> Work:
         self.note_algorithm("all_gather", opts)
@@ -236,19 +235,19 @@ class LibraryGroup(ProcessGroup):
             return self._work([self._lib_gather(None, A.byte_view(inp), opts.root)], outputs=[])
         out = A.empty(inp, A.numel(inp) * self.size)
         handle = self._lib_gather(A.byte_view(out), A.byte_view(inp), opts.root)
-        return self._work([handle], _split_into(out, gather_list), outputs=list(gather_list))
+        return self._work([handle], A.split_into(out, gather_list), outputs=list(gather_list))
 
     def scatter(self, tensor: Any, scatter_list: list | None, opts: Options) -> Work:
         self.note_algorithm("scatter", opts)
         out, back = self._output(tensor)
         inp = None
         if self.rank == opts.root:
-            inp = A.byte_view(self.library_buffer(_concat(scatter_list), written=False)[0])
+            inp = A.byte_view(self.library_buffer(A.concat(scatter_list), written=False)[0])
         return self._work([self._lib_scatter(A.byte_view(out), inp, opts.root)], back, outputs=[tensor])
 
     def reduce_scatter(self, output: Any, input_list: list, opts: Options) -> Work:
         counts = [A.numel(x) for x in input_list]
-        return self._reduce_scatter(output, _concat(input_list), counts, opts)
+        return self._reduce_scatter(output, A.concat(input_list), counts, opts)
 
     def reduce_scatter_tensor(self, output: Any, input: Any, opts: Options) -> Work:
         return self._reduce_scatter(output, A.stage_in(input), [A.numel(output)] * self.size, opts)
@@ -273,23 +272,23 @@ class LibraryGroup(ProcessGroup):
 
     def all_to_all(self, output_list: list, input_list: list, opts: Options) -> Work:
         self.note_algorithm("all_to_all", opts)
-        inp = self.library_buffer(_concat(input_list), written=False)[0]
+        inp = self.library_buffer(A.concat(input_list), written=False)[0]
         out = A.empty(inp, sum(A.numel(x) for x in output_list))
         size = A.itemsize(inp)
         handle = self._lib_all_to_all(A.byte_view(out), [A.numel(x) * size for x in output_list],
                                       A.byte_view(inp), [A.numel(x) * size for x in input_list])
-        return self._work([handle], _split_into(out, output_list), outputs=output_list)
+        return self._work([handle], A.split_into(out, output_list), outputs=output_list)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts) -> Work:
         self.note_algorithm("all_to_all", opts)
         flat_in = A.stage_in(input)
         if A.may_overlap(input, output):  # in place: keep what is sent apart from what is received
-            flat_in = _concat([flat_in])
+            flat_in = A.concat([flat_in])
         inp = self.library_buffer(flat_in, written=False)[0]
         out, back = self._output(output)
         size = A.itemsize(inp)
-        send = [c * size for c in _split_counts(input, input_split_sizes, self.size)]
-        recv = [c * size for c in _split_counts(output, output_split_sizes, self.size)]
+        send = [c * size for c in A.split_counts(input, input_split_sizes, self.size)]
+        recv = [c * size for c in A.split_counts(output, output_split_sizes, self.size)]
         handle = self._lib_all_to_all(A.byte_view(out), recv, A.byte_view(inp), send)
         return self._work([handle], back, outputs=[output])
 

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from ._future import Future
 
-__all__ = ["Work", "CompletedWork", "DeferredWork"]
+__all__ = ["Work", "CompletedWork", "DeferredWork", "chain"]
 
 
 class Work(ABC):
@@ -113,3 +113,14 @@ class DeferredWork(Work):
 
     def _outputs(self) -> list:
         return self.outs
+
+
+def chain(*steps: Callable[[], None] | None) -> Callable[[], None]:
+    """One step that runs ``steps`` in order, skipping ``None`` (a work's write-backs, say)."""
+    live = [s for s in steps if s is not None]
+
+    def run() -> None:
+        for s in live:
+            s()
+
+    return run

@@ -8,6 +8,7 @@ simulator's own.
 
 from __future__ import annotations
 
+import faulthandler
 import warnings
 
 import numpy as np
@@ -447,6 +448,8 @@ def test_eager_send_buffers_its_data(backend: str) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_message_size_mismatch_is_an_error(backend: str) -> None:
     def body(rank):
+        if backend == "gloo":  # gloo aborts the receiving process (forked): no stack dump in the test log
+            faulthandler.disable()
         if rank == 0:
             dist.send(torch.zeros(3), dst=1)
         else:
