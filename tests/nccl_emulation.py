@@ -4,7 +4,8 @@ Run as a script (``python tests/nccl_emulation.py [WORLD ...]``), never imported
 process: it replaces ``cupy.cuda.nccl`` and torch's CUDA streams and events in its own
 process, then runs the collectives suite's batches (every op, every dtype with every
 reduce op, subgroups, non-contiguous layouts, async works) and point-to-point on
-``backend="nccl"`` at each world size, compared with the numpy reference.
+``backend="nccl"`` at each world size, compared with the numpy reference, and three DDP
+steps compared with the simulator's.
 
 What this checks is simdist's side only: ``NcclGroup`` and ``NcclWorld`` (unique ids
 through the store, staging, grouped send/recv for gather, scatter, all_to_all and p2p,
@@ -194,6 +195,24 @@ def _point_to_point(rank: int) -> list:
     return [out.tolist(), works[1].source_rank(), got.tolist(), src, objects, any_source]
 
 
+def _ddp_steps(rank: int) -> list:
+    """Three DDP steps with small buckets (async all-reduces, futures), as in tests/gpu."""
+    dist.init_process_group("nccl")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.001)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(100 + rank)
+    for _ in range(3):
+        x, y = torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    out = [p.detach().clone() for p in model.parameters()]
+    dist.destroy_process_group()
+    return out
+
+
 def main(worlds: list[int]) -> None:
     install()
     import test_api_collectives as suite
@@ -216,6 +235,12 @@ def main(worlds: list[int]) -> None:
     assert got[1][:5] == [[0.0] * 4, 0, [1.0, 1.0], 0, [{"rank": 0}, {"rank": 1}]], got[1]
     assert "no receive from any source" in got[0][5], got[0][5]
     print("point-to-point: ok", flush=True)
+    want = dist.simulate(_ddp_steps, 3).values
+    got = dist.spawn(_ddp_steps, nprocs=3, start_method="fork", backend="nccl", timeout=60)
+    for rank in range(3):
+        for a, b in zip(got[rank], want[rank]):
+            torch.testing.assert_close(a, b)
+    print("DDP: ok", flush=True)
 
 
 if __name__ == "__main__":
