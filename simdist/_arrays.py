@@ -246,7 +246,7 @@ def narrow(buf: Array, start: int, length: int) -> Array:
 
 
 def byte_view(buf: Array) -> Array:
-    """Flat buffer ``buf`` seen as ``uint8`` bytes (same memory, same array kind and device)."""
+    """Flat buffer ``buf`` seen as ``uint8`` bytes (same memory, same array kind and device: torch, numpy, cupy)."""
     if isinstance(buf, torch.Tensor):
         return buf.view(torch.uint8)
     return buf.view(np.uint8)
@@ -282,11 +282,6 @@ def as_tensor(flat: Array) -> torch.Tensor:
     return torch.from_numpy(flat if flat.flags.writeable else flat.copy())
 
 
-def _bytes(buf: Array) -> Any:
-    """The bytes of a numpy or cupy flat buffer, as an array of the same module."""
-    return buf.view(np.uint8)
-
-
 def _torch_bytes(buf: Array) -> torch.Tensor:
     """The bytes of any flat buffer as a uint8 tensor on its device (sharing its memory)."""
     if isinstance(buf, torch.Tensor):
@@ -304,7 +299,7 @@ def copy_(dst: Array, src: Array) -> None:
         else:
             _torch_bytes(dst).copy_(_torch_bytes(src))
         return
-    d, s = _bytes(dst), _bytes(src)
+    d, s = byte_view(dst), byte_view(src)
     if isinstance(d, np.ndarray) and not isinstance(s, np.ndarray):
         s.get(out=d)  # cupy device memory to host
     else:

@@ -150,6 +150,14 @@ class LibraryGroup(ProcessGroup):
 
         return run
 
+    def _gathered_reduction(self, buf: Any, op: ReduceOp) -> tuple[Handle, Callable[[], None]]:
+        """For a reduction the library lacks: gather every rank's ``buf``; return the gather's
+        handle and the step that then reduces the copies into ``buf``."""
+        n = A.numel(buf)
+        everyone = A.empty(buf, n * self.size)
+        handle = self._lib_all_gather(A.byte_view(everyone), A.byte_view(buf))
+        return handle, self._reduce_blocks(buf, everyone, n, op)
+
     def _work(self, handles: Sequence[Handle], *steps: Callable[[], None] | None, outputs: list,
               source: Callable[[], int] | None = None) -> Work:
         """A Work that waits for ``handles``, then runs ``steps`` (write-backs) once."""
@@ -196,10 +204,8 @@ class LibraryGroup(ProcessGroup):
         lib_op, after = self._reduction(buf, op)
         if lib_op is not None:
             return self._work([self._lib_all_reduce(buf, lib_op)], after, back, outputs=[tensor])
-        n = A.numel(buf)
-        everyone = A.empty(buf, n * self.size)
-        handle = self._lib_all_gather(A.byte_view(everyone), A.byte_view(buf))
-        return self._work([handle], self._reduce_blocks(buf, everyone, n, op), back, outputs=[tensor])
+        handle, reduce_here = self._gathered_reduction(buf, op)
+        return self._work([handle], reduce_here, back, outputs=[tensor])
 
     def reduce(self, tensor: Any, opts: Options) -> Work:
         self.note_algorithm("reduce", opts)
@@ -209,11 +215,8 @@ class LibraryGroup(ProcessGroup):
         mine = self.rank == root
         if lib_op is not None:
             return self._work([self._lib_reduce(buf, lib_op, root)], after if mine else None, back, outputs=[tensor])
-        n = A.numel(buf)
-        everyone = A.empty(buf, n * self.size)
-        handle = self._lib_all_gather(A.byte_view(everyone), A.byte_view(buf))
-        return self._work([handle], self._reduce_blocks(buf, everyone, n, op) if mine else None, back,
-                          outputs=[tensor])
+        handle, reduce_here = self._gathered_reduction(buf, op)
+        return self._work([handle], reduce_here if mine else None, back, outputs=[tensor])
 
     def all_gather(self, output_list: list, tensor: Any, opts: Options) -> Work:
         self.note_algorithm("all_gather", opts)

@@ -25,12 +25,14 @@ class World(ABC):
         size: the number of ranks.
         backend: the backend name given to ``init_process_group``, once initialized.
         default_group: the group of all ranks, once initialized.
+        groups: the groups this rank belongs to, the default group first.
     """
 
     rank: int = -1
     size: int = -1
     backend: str | None = None
     default_group: ProcessGroup | None = None
+    groups: list[ProcessGroup]
 
     @property
     def initialized(self) -> bool:
@@ -54,9 +56,8 @@ class World(ABC):
         """Destroy ``group`` if it is a group other than the default one; whether it was."""
         if group is None or group is self.default_group:
             return False
-        groups = getattr(self, "groups", [])
-        if group in groups:
-            groups.remove(group)
+        if group in self.groups:
+            self.groups.remove(group)
             group.destroy()
         return True
 

@@ -195,20 +195,21 @@ def _point_to_point(rank: int) -> list:
     return [out.tolist(), works[1].source_rank(), got.tolist(), src, objects, any_source]
 
 
-def _ddp_steps(rank: int) -> list:
-    """Three DDP steps with small buckets (async all-reduces, futures), as in tests/gpu."""
+def ddp_steps(rank: int, device: str = "cpu") -> list:
+    """Three DDP steps with small buckets (async all-reduces, futures) on ``"nccl"``; the
+    parameters, on the CPU. tests/gpu runs the same steps on a GPU."""
     dist.init_process_group("nccl")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(device)
     ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.001)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(100 + rank)
     for _ in range(3):
-        x, y = torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g)
+        x, y = torch.randn(5, 8, generator=g).to(device), torch.randn(5, 4, generator=g).to(device)
         opt.zero_grad()
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
-    out = [p.detach().clone() for p in model.parameters()]
+    out = [p.detach().cpu().clone() for p in model.parameters()]
     dist.destroy_process_group()
     return out
 
@@ -235,8 +236,8 @@ def main(worlds: list[int]) -> None:
     assert got[1][:5] == [[0.0] * 4, 0, [1.0, 1.0], 0, [{"rank": 0}, {"rank": 1}]], got[1]
     assert "no receive from any source" in got[0][5], got[0][5]
     print("point-to-point: ok", flush=True)
-    want = dist.simulate(_ddp_steps, 3).values
-    got = dist.spawn(_ddp_steps, nprocs=3, start_method="fork", backend="nccl", timeout=60)
+    want = dist.simulate(ddp_steps, 3).values
+    got = dist.spawn(ddp_steps, nprocs=3, start_method="fork", backend="nccl", timeout=60)
     for rank in range(3):
         for a, b in zip(got[rank], want[rank]):
             torch.testing.assert_close(a, b)

@@ -135,36 +135,32 @@ class NcclGroup(LibraryGroup):
 
     # --- primitives ----------------------------------------------------------------------
 
+    def _launch(self, call: Callable, *args: Any) -> Handle:
+        """``call(*args, stream)`` on the caller's current stream, and the handle on it."""
+        stream = self._stream()
+        call(*args, stream.cuda_stream)
+        return self._handle(stream)
+
     def _lib_all_reduce(self, buf: Any, op: ReduceOp) -> Handle:
         ptr, n, dt = self._args(buf)
-        stream = self._stream()
-        self.comm.allReduce(ptr, ptr, n, dt, getattr(_nccl(), _OPS[op]), stream.cuda_stream)
-        return self._handle(stream)
+        return self._launch(self.comm.allReduce, ptr, ptr, n, dt, getattr(_nccl(), _OPS[op]))
 
     def _lib_broadcast(self, buf: Any, root: int) -> Handle:
         ptr, n, dt = self._args(buf)
-        stream = self._stream()
-        self.comm.broadcast(ptr, ptr, n, dt, root, stream.cuda_stream)
-        return self._handle(stream)
+        return self._launch(self.comm.broadcast, ptr, ptr, n, dt, root)
 
     def _lib_reduce(self, buf: Any, op: ReduceOp, root: int) -> Handle:
         ptr, n, dt = self._args(buf)
-        stream = self._stream()
         # NCCL writes the receive buffer on the root only: the others keep their values.
-        self.comm.reduce(ptr, ptr, n, dt, getattr(_nccl(), _OPS[op]), root, stream.cuda_stream)
-        return self._handle(stream)
+        return self._launch(self.comm.reduce, ptr, ptr, n, dt, getattr(_nccl(), _OPS[op]), root)
 
     def _lib_all_gather(self, out: Any, inp: Any) -> Handle:
         ptr, n, dt = self._args(inp)
-        stream = self._stream()
-        self.comm.allGather(ptr, out.data_ptr(), n, dt, stream.cuda_stream)
-        return self._handle(stream)
+        return self._launch(self.comm.allGather, ptr, out.data_ptr(), n, dt)
 
     def _lib_reduce_scatter(self, out: Any, inp: Any, op: ReduceOp) -> Handle:
         ptr, n, dt = self._args(out)
-        stream = self._stream()
-        self.comm.reduceScatter(inp.data_ptr(), ptr, n, dt, getattr(_nccl(), _OPS[op]), stream.cuda_stream)
-        return self._handle(stream)
+        return self._launch(self.comm.reduceScatter, inp.data_ptr(), ptr, n, dt, getattr(_nccl(), _OPS[op]))
 
     def _exchange(self, sends: list[tuple[int, Any]], recvs: list[tuple[int, Any]]) -> Handle:
         """Grouped point-to-point: ``(peer, buffer)`` pairs; a rank's own block is copied locally."""

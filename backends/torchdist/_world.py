@@ -31,9 +31,15 @@ class TorchWorld(World):
         self.groups: list[TorchGroup] = []
         self.group_count = 0
 
+    requires: tuple[str, Any] | None = None
+    """``(library, torch's check)`` where the backend needs torch built with a library."""
+
     @classmethod
     def check_available(cls) -> None:
         """``RuntimeError`` saying so if this build of torch lacks the backend."""
+        if cls.requires is not None and not cls.requires[1]():
+            raise RuntimeError(f"backend={cls.name!r} needs a build of torch with {cls.requires[0]}; this torch "
+                               "has none: use backend='gloo', or 'sim' to simulate")
 
     def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
         from simdist.backends.socket._world import _seconds
@@ -82,12 +88,7 @@ class TorchNcclWorld(TorchWorld):
 
     name = "torch-nccl"
     torch_backend = "cpu:gloo,cuda:nccl"
-
-    @classmethod
-    def check_available(cls) -> None:
-        if not td.is_nccl_available():
-            raise RuntimeError("backend='torch-nccl' needs a build of torch with NCCL; this torch has none "
-                               "(a CPU build): use backend='gloo', or 'sim' to simulate")
+    requires = ("NCCL", td.is_nccl_available)
 
 
 class MpiWorld(TorchWorld):
@@ -95,9 +96,4 @@ class MpiWorld(TorchWorld):
 
     name = torch_backend = "mpi"
     needs_rendezvous = False
-
-    @classmethod
-    def check_available(cls) -> None:
-        if not td.is_mpi_available():
-            raise RuntimeError("backend='mpi' needs a build of torch with MPI; this torch has none "
-                               "(pip's builds do not): use backend='gloo', or 'sim' to simulate")
+    requires = ("MPI", td.is_mpi_available)  # pip's builds of torch have none

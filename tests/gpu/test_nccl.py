@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import torch
+from nccl_emulation import ddp_steps
 from reference import ARRAY_TYPES, TORCH_DTYPES
 from test_api_collectives import OPS, REDUCING, Case, _dtype_batch, _subgroup_batch, check
 
@@ -67,33 +67,18 @@ def test_cuda_tensors_and_cupy_arrays_on_the_simulator_and_the_socket_backend(ba
         check(batch, 3, "messages", backend="socket")
 
 
-def _ddp_step(rank: int, world: int, device: str) -> list[np.ndarray]:
-    dist.init_process_group("nccl")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(device)
-    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.001)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(100 + rank)
-    x, y = torch.randn(5, 8, generator=g).to(device), torch.randn(5, 4, generator=g).to(device)
-    torch.nn.functional.mse_loss(ddp(x), y).backward()
-    opt.step()
-    out = [p.detach().cpu().numpy().copy() for p in model.parameters()]
-    dist.destroy_process_group()
-    return out
-
-
 @pytest.mark.parametrize("world", [1, 2])
 def test_ddp_step_on_nccl_equals_the_simulator(world: int) -> None:
-    want = dist.simulate(_ddp_step, world, args=(world, "cpu")).values
+    want = dist.simulate(ddp_steps, world).values  # inside a simulation "nccl" binds to the simulator
     try:
-        got = dist.spawn(_ddp_step, args=(world, "cuda"), nprocs=world, backend="nccl", start_method="spawn")
+        got = dist.spawn(ddp_steps, args=("cuda",), nprocs=world, backend="nccl", start_method="spawn")
     except RankError as exc:
         if world > 1 and "Duplicate GPU" in f"{exc.__cause__}":
             pytest.skip(f"NCCL refuses {world} ranks on one GPU: {exc.__cause__}")
         raise
     for rank in range(world):
         for a, b in zip(got[rank], want[rank]):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def _stream_order(rank: int) -> float:
