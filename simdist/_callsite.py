@@ -34,11 +34,11 @@ def _is_library(code: CodeType) -> bool:
 
 
 def user_call_site(skip: tuple[str, ...] = ()) -> str:
-    """``'file:line'`` of the innermost frame outside simdist (and other skipped libraries, and ``skip``'s files)."""
+    """``'file:line'`` of the innermost frame outside simdist, other skipped libraries and the folders ``skip``."""
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
-        if not _is_library(code) and code.co_filename not in skip:
+        if not _is_library(code) and not (skip and code.co_filename.startswith(skip)):
             key = (code, frame.f_lasti)
             site = _SITES.get(key)
             if site is None:

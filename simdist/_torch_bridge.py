@@ -22,8 +22,10 @@ Which torch releases this was tested on, and what differs between them, is in
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import sysconfig
 import threading
 import warnings
 from typing import Any
@@ -144,6 +146,8 @@ def _creator(opts: Any, backend_options: Any = None) -> Any:
 
 # -- call sites, warnings and the exception hook ------------------------------------------------------------
 
+_INSTALLED = tuple(sorted({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
+"""Python's own library and installed packages: a warning raised there, on a rank, is shown at the user's line."""
 _SIMULATED_NCCL = "Attempted to get default timeout for nccl backend, but NCCL support is not compiled"
 
 
@@ -151,12 +155,43 @@ def _showwarning(message: Any, category: Any, filename: str, lineno: int, file: 
     """``warnings.showwarning`` during a simulation: a warning raised in library code on a rank shows the user's line."""
     if in_rank() and str(message).startswith(_SIMULATED_NCCL):
         return  # a GPU program's init_process_group("nccl") on a torch without NCCL: simulated, nothing to warn
-    if in_rank() and is_library_file(filename):
-        site = user_call_site(skip=(warnings.__file__,))
+    if in_rank() and (is_library_file(filename) or filename.startswith(_INSTALLED)):
+        site = user_call_site(skip=_INSTALLED)
         path, _, number = site.rpartition(":")
         if path and number.isdigit():
             filename, lineno, line = path, int(number), None
     _state["showwarning"](message, category, filename, lineno, file, line)
+
+
+# -- torch's profiler: one session at a time ---------------------------------------------------------------
+# Kineto, under every torch profiler, keeps one session per process: a second session opened by another
+# rank thread while the first is open kills the process (SIGSEGV). Each rank may profile, one at a time.
+
+
+def _prepare_trace(prof: Any) -> None:
+    """``profile._prepare_trace`` during a simulation: refuse a second open session with a clear error."""
+    owner = _state.get("profiling")
+    if owner is not None and owner[0] != threading.get_ident() and in_rank():
+        raise RuntimeError(
+            f"simdist: torch's profiler is already profiling {owner[1]} in this process, and simulated ranks "
+            "share one process, where one profiler session may be open at a time: profile one rank "
+            "(`if dist.get_rank() == 0:`) or ranks one after another"
+        )
+    _state["prepare_trace"](prof)
+    _state["profiling"] = (threading.get_ident(), _who())
+
+
+def _exit_profile(prof: Any, *exc: Any) -> Any:
+    if getattr(prof, "entered", False) and _state.get("profiling", (None,))[0] == threading.get_ident():
+        _state["profiling"] = None
+    return _state["exit_profile"](prof, *exc)
+
+
+def _who() -> str:
+    from ._world import current_world
+
+    world = current_world() if in_rank() else None
+    return f"rank {world.rank}" if world is not None else "a thread other than the ranks"
 
 
 # -- install / uninstall ----------------------------------------------------------------------------------
@@ -167,13 +202,21 @@ def install(engine: Any) -> None:
     global _registered
     import torch.distributed as tdist
 
+    from torch.autograd.profiler import profile
+
     skip_directory(os.path.dirname(torch.__file__))
-    _state.update(showwarning=warnings.showwarning, excepthook=sys.excepthook)
+    _state.update(showwarning=warnings.showwarning, excepthook=sys.excepthook, profiling=None,
+                  prepare_trace=profile._prepare_trace, exit_profile=profile.__exit__)
     warnings.showwarning = _showwarning
+    profile._prepare_trace, profile.__exit__ = _prepare_trace, _exit_profile
     reason = _torch_versions.unsupported()
-    if reason is not None:
-        _state["refused"] = (tdist, tdist.init_process_group)
-        tdist.init_process_group = _refuse(reason)
+    if reason is not None:  # torch's entry points refuse on rank threads, saying why and what to do
+        from torch.distributed import distributed_c10d as c10d
+
+        entries = [(m, n) for m in (tdist, c10d) for n in _ENTRIES if hasattr(m, n)]
+        _state["refused"] = [(m, n, getattr(m, n)) for m, n in entries]
+        for m, n in entries:
+            setattr(m, n, _refusing(getattr(m, n), reason))
         return
     from torch.distributed import distributed_c10d as c10d
 
@@ -195,11 +238,13 @@ def install(engine: Any) -> None:
 def uninstall(engine: Any) -> None:
     """Undo :func:`install`."""
     if "showwarning" in _state:
+        from torch.autograd.profiler import profile
+
         warnings.showwarning = _state["showwarning"]
         sys.excepthook = _state["excepthook"]
-    if "refused" in _state:
-        tdist, init = _state["refused"]
-        tdist.init_process_group = init
+        profile._prepare_trace, profile.__exit__ = _state["prepare_trace"], _state["exit_profile"]
+    for module, name, original in _state.get("refused", ()):
+        setattr(module, name, original)
     if "c10d" in _state:
         c10d = _state["c10d"]
         c10d._world = _state["world"]
@@ -212,18 +257,25 @@ def uninstall(engine: Any) -> None:
 
 def enter_rank() -> None:
     """Give the calling rank thread its own torch world."""
+    _local.rank = True
     if "c10d" in _state:
         _local.world = _state["rank_world"]()
 
 
 def leave_rank() -> None:
-    _local.world = None
-    _local.group = None
+    _local.world = _local.group = _local.rank = None
 
 
-def _refuse(reason: str) -> Any:
-    def init_process_group(*args: Any, **kwargs: Any) -> None:
-        raise RuntimeError(f"{reason}; torch.distributed code cannot run on simulated ranks with it "
-                           "(simdist's own API, `import simdist as dist`, still can)")
+_ENTRIES = ("init_process_group", "rendezvous", "_new_process_group_helper")
+"""torch's ways into a process group, refused on rank threads when this torch is not supported."""
 
-    return init_process_group
+
+def _refusing(original: Any, reason: str) -> Any:
+    @functools.wraps(original)
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_local, "rank", None):
+            raise RuntimeError(f"{reason}; torch.distributed code cannot run on simulated ranks with it "
+                               "(simdist's own API, `import simdist as dist`, still can)")
+        return original(*args, **kwargs)
+
+    return refuse

@@ -38,23 +38,6 @@ def _reduce_op(opts: Any, what: str) -> Any:
     raise ValueError(f"simdist: {what} with reduce op {op} is not simulated; use one of {', '.join(_REDUCE_OPS)}")
 
 
-def _dense(tensors: Any, what: str) -> None:
-    """Raise a clear error for sparse (or other non-strided) tensors, which simdist does not move."""
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.layout != torch.strided:
-            raise ValueError(
-                f"simdist: {what} got a tensor with layout {t.layout}; simulated ranks move dense (strided) "
-                "tensors only: convert it with .to_dense() (and back with .to_sparse()) around the call"
-            )
-
-
-def _flat(items: Any) -> list:
-    out: list = []
-    for x in items or ():
-        out.extend(_flat(x) if isinstance(x, (list, tuple)) else [x])
-    return out
-
-
 def _seconds(timeout: Any) -> float | None:
     if isinstance(timeout, timedelta):
         return timeout.total_seconds() or None
@@ -193,53 +176,45 @@ def bridge_classes() -> tuple[type, type]:
         # -- collectives ------------------------------------------------------------------------------------
 
         def allreduce(self, tensors, opts=None):
-            _dense(tensors, "all_reduce")
             op = _reduce_op(opts, "all_reduce")
             return self._start([api.all_reduce(t, op=op, group=self._g, async_op=True) for t in tensors], tensors)
 
         allreduce_coalesced = allreduce
 
         def broadcast(self, tensors, opts):
-            _dense(tensors, "broadcast")
             src = self._global(opts.rootRank)
             return self._start([api.broadcast(t, src=src, group=self._g, async_op=True) for t in tensors], tensors)
 
         def reduce(self, tensors, opts):
-            _dense(tensors, "reduce")
             dst, op = self._global(opts.rootRank), _reduce_op(opts, "reduce")
             return self._start(
                 [api.reduce(t, dst=dst, op=op, group=self._g, async_op=True) for t in tensors], tensors
             )
 
         def allgather(self, output_lists, inputs, opts=None):
-            _dense(_flat(output_lists) + list(inputs), "all_gather")
             works = [api.all_gather(outs, x, group=self._g, async_op=True) for outs, x in zip(output_lists, inputs)]
             return self._start(works, output_lists)
 
         allgather_coalesced = allgather
 
         def _allgather_base(self, output, input, opts=None):
-            _dense([output, input], "all_gather_into_tensor")
             return self._start([api.all_gather_into_tensor(output, input, group=self._g, async_op=True)], [output])
 
         all_gather_single = all_gather_into_tensor = _allgather_base
 
         def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-            _dense(list(outputs) + list(inputs), "all_gather_into_tensor")
             works = [api.all_gather_into_tensor(o, x, group=self._g, async_op=True) for o, x in zip(outputs, inputs)]
             return self._start(works, outputs)
 
         all_gather_single_coalesced = allgather_into_tensor_coalesced
 
         def reduce_scatter(self, outputs, input_lists, opts=None):
-            _dense(list(outputs) + _flat(input_lists), "reduce_scatter")
             op = _reduce_op(opts, "reduce_scatter")
             works = [api.reduce_scatter(o, xs, op=op, group=self._g, async_op=True)
                      for o, xs in zip(outputs, input_lists)]
             return self._start(works, outputs)
 
         def _reduce_scatter_base(self, output, input, opts=None):
-            _dense([output, input], "reduce_scatter_tensor")
             op = _reduce_op(opts, "reduce_scatter_tensor")
             return self._start(
                 [api.reduce_scatter_tensor(output, input, op=op, group=self._g, async_op=True)], [output]
@@ -248,7 +223,6 @@ def bridge_classes() -> tuple[type, type]:
         reduce_scatter_single = reduce_scatter_tensor = _reduce_scatter_base
 
         def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-            _dense(list(outputs) + list(inputs), "reduce_scatter_tensor")
             op = _reduce_op(opts, "reduce_scatter_tensor")
             works = [api.reduce_scatter_tensor(o, x, op=op, group=self._g, async_op=True)
                      for o, x in zip(outputs, inputs)]
@@ -257,7 +231,6 @@ def bridge_classes() -> tuple[type, type]:
         reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
         def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-            _dense([output, input], "all_to_all_single")
             work = api.all_to_all_single(output, input, list(output_split_sizes) or None,
                                          list(input_split_sizes) or None, group=self._g, async_op=True)
             return self._start([work], [output])
@@ -265,11 +238,9 @@ def bridge_classes() -> tuple[type, type]:
         all_to_all_single = alltoall_base
 
         def alltoall(self, outputs, inputs, opts=None):
-            _dense(list(outputs) + list(inputs), "all_to_all")
             return self._start([api.all_to_all(outputs, inputs, group=self._g, async_op=True)], outputs)
 
         def gather(self, output_lists, inputs, opts):
-            _dense(_flat(output_lists) + list(inputs), "gather")
             dst, root = self._global(opts.rootRank), self.rank() == opts.rootRank
             works = [api.gather(x, outs if root else None, dst=dst, group=self._g, async_op=True)
                      for outs, x in zip(output_lists or [None] * len(inputs), inputs)]
@@ -277,7 +248,6 @@ def bridge_classes() -> tuple[type, type]:
 
         def _gather_base(self, output, input, opts):
             """torch 2.14's ``gather_into_tensor``/``gather_single``: the root's ``output`` holds every input."""
-            _dense([output, input], "gather")
             root = self.rank() == opts.rootRank
             parts = list(output.chunk(self.size())) if root else None
             work = api.gather(input, parts, dst=self._global(opts.rootRank), group=self._g, async_op=True)
@@ -286,7 +256,6 @@ def bridge_classes() -> tuple[type, type]:
         gather_single = gather_into_tensor = _gather_base
 
         def scatter(self, outputs, input_lists, opts):
-            _dense(list(outputs) + _flat(input_lists), "scatter")
             src, root = self._global(opts.rootRank), self.rank() == opts.rootRank
             works = [api.scatter(o, xs if root else None, src=src, group=self._g, async_op=True)
                      for o, xs in zip(outputs, input_lists or [None] * len(outputs))]
@@ -302,17 +271,14 @@ def bridge_classes() -> tuple[type, type]:
         # -- point to point: posted at once, complete at wait() ------------------------------------------
 
         def send(self, tensors, dst, tag):
-            _dense(tensors, "send")
             works = [api.isend(t, group=self._g, group_dst=dst, tag=tag) for t in tensors]
             return self._start(works, tensors)
 
         def recv(self, tensors, src, tag):
-            _dense(tensors, "recv")
             works = [api.irecv(t, group=self._g, group_src=src, tag=tag) for t in tensors]
             return self._start(works, tensors)
 
         def recv_anysource(self, tensors, tag):
-            _dense(tensors, "recv")
             works = [api.irecv(t, None, group=self._g, tag=tag) for t in tensors]
             return self._start(works, tensors, source=(self._g, works[-1]) if works else None)
 
