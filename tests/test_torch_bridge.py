@@ -19,7 +19,7 @@ from torch import nn
 
 import simdist
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.torch_release]
 
 
 # -- the seed lesson's programs, as written there ---------------------------------------------------------

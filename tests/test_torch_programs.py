@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 import simdist
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.torch_release]
 
 
 # -- asynchronous point-to-point ------------------------------------------------------------------------------
