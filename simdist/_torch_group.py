@@ -25,16 +25,23 @@ __all__ = ["bridge_classes"]
 _REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 
 
-def _reduce_op(opts: Any, what: str) -> Any:
-    """simdist's ReduceOp for torch's ``opts.reduceOp``; a clear error for ops simdist lacks (PREMUL_SUM)."""
+def _reduction(opts: Any, what: str) -> tuple[Any, Any]:
+    """simdist's ReduceOp for torch's ``opts.reduceOp``, and the factor of a PREMUL_SUM (else ``None``).
+
+    NCCL's PREMUL_SUM (which FSDP2 uses for a custom gradient divide factor) multiplies each
+    input by its factor and sums: the bridge scales the inputs, then sums.
+    """
     import torch.distributed as tdist
 
     from ._reduce_op import ReduceOp
 
-    op = getattr(getattr(opts, "reduceOp", None), "op", tdist.ReduceOp.SUM)
+    reduce_op = getattr(opts, "reduceOp", None)
+    op = getattr(reduce_op, "op", tdist.ReduceOp.SUM)
+    if op == tdist.ReduceOp.PREMUL_SUM:
+        return ReduceOp.SUM, reduce_op.__getstate__()[1]
     for name in _REDUCE_OPS:
         if op == getattr(tdist.ReduceOp, name):
-            return getattr(ReduceOp, name)
+            return getattr(ReduceOp, name), None
     raise ValueError(f"simdist: {what} with reduce op {op} is not simulated; use one of {', '.join(_REDUCE_OPS)}")
 
 
@@ -176,7 +183,9 @@ def bridge_classes() -> tuple[type, type]:
         # -- collectives ------------------------------------------------------------------------------------
 
         def allreduce(self, tensors, opts=None):
-            op = _reduce_op(opts, "all_reduce")
+            op, factor = _reduction(opts, "all_reduce")
+            for t in tensors if factor is not None else ():
+                t.mul_(factor)
             return self._start([api.all_reduce(t, op=op, group=self._g, async_op=True) for t in tensors], tensors)
 
         allreduce_coalesced = allreduce
@@ -186,7 +195,9 @@ def bridge_classes() -> tuple[type, type]:
             return self._start([api.broadcast(t, src=src, group=self._g, async_op=True) for t in tensors], tensors)
 
         def reduce(self, tensors, opts):
-            dst, op = self._global(opts.rootRank), _reduce_op(opts, "reduce")
+            dst, (op, factor) = self._global(opts.rootRank), _reduction(opts, "reduce")
+            for t in tensors if factor is not None else ():
+                t.mul_(factor)
             return self._start(
                 [api.reduce(t, dst=dst, op=op, group=self._g, async_op=True) for t in tensors], tensors
             )
@@ -209,13 +220,16 @@ def bridge_classes() -> tuple[type, type]:
         all_gather_single_coalesced = allgather_into_tensor_coalesced
 
         def reduce_scatter(self, outputs, input_lists, opts=None):
-            op = _reduce_op(opts, "reduce_scatter")
+            op, factor = _reduction(opts, "reduce_scatter")
+            if factor is not None:
+                input_lists = [[x * factor for x in xs] for xs in input_lists]
             works = [api.reduce_scatter(o, xs, op=op, group=self._g, async_op=True)
                      for o, xs in zip(outputs, input_lists)]
             return self._start(works, outputs)
 
         def _reduce_scatter_base(self, output, input, opts=None):
-            op = _reduce_op(opts, "reduce_scatter_tensor")
+            op, factor = _reduction(opts, "reduce_scatter_tensor")
+            input = input if factor is None else input * factor
             return self._start(
                 [api.reduce_scatter_tensor(output, input, op=op, group=self._g, async_op=True)], [output]
             )
@@ -223,7 +237,9 @@ def bridge_classes() -> tuple[type, type]:
         reduce_scatter_single = reduce_scatter_tensor = _reduce_scatter_base
 
         def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-            op = _reduce_op(opts, "reduce_scatter_tensor")
+            op, factor = _reduction(opts, "reduce_scatter_tensor")
+            if factor is not None:
+                inputs = [x * factor for x in inputs]
             works = [api.reduce_scatter_tensor(o, x, op=op, group=self._g, async_op=True)
                      for o, x in zip(outputs, inputs)]
             return self._start(works, outputs)

@@ -267,6 +267,23 @@ def test_get_backend_answers_the_name_the_program_gave():
         assert "layout torch.sparse_coo" in v["sparse"] and ".to_dense()" in v["sparse"]
 
 
+def premul_sum(rank: int) -> tuple:
+    dist.init_process_group("nccl")
+    t = torch.full((2,), rank + 1.0)
+    dist.all_reduce(t, op=dist.ReduceOp.PREMUL_SUM(0.5))
+    out = torch.zeros(1)
+    src = torch.tensor([1.0, 2.0]) * (rank + 1)
+    dist.reduce_scatter_tensor(out, src, op=dist.ReduceOp.PREMUL_SUM(2.0))
+    dist.destroy_process_group()
+    return t.tolist(), out.item(), src.tolist()
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_nccls_premul_sum_scales_then_sums():
+    # (1 + 2) * 0.5 on every rank; rank r's block of 2 * (1 * x + 2 * x): 6 and 12; the input is left alone
+    assert simdist.simulate(premul_sum, 2).values == [([1.5, 1.5], 6.0, [1.0, 2.0]), ([1.5, 1.5], 12.0, [2.0, 4.0])]
+
+
 def monitored_barrier_skipped(rank: int) -> None:
     dist.init_process_group("gloo")
     if rank == 0:
