@@ -301,7 +301,13 @@ def bridge_classes() -> tuple[type, type]:
         # -- life cycle ---------------------------------------------------------------------------------
 
         def shutdown(self) -> None:
-            """torch's ``destroy_process_group`` calls this for each group it destroys."""
+            """torch's ``destroy_process_group`` calls this for each group it destroys: destroy the simdist group."""
+            if not api.is_initialized() or getattr(self._g, "_simdist_destroyed", False):
+                return
+            if self._g.group_id == 0:  # the default group
+                api.destroy_process_group()
+            else:
+                api.destroy_process_group(self._g)
 
         def abort(self) -> None:
             pass

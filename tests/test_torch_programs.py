@@ -367,3 +367,23 @@ def test_an_untested_torch_release_is_refused_with_the_way_forward(monkeypatch):
     monkeypatch.setenv("SIMDIST_TORCH_UNTESTED", "1")
     assert _torch_versions.unsupported() is None
     assert simdist.simulate(ring_all_reduce, 2, args=(2,)).values == [[3.0] * 3] * 2
+
+
+def init_twice(rank: int, destroy: bool) -> float:
+    dist.init_process_group("gloo")
+    sub = dist.new_group([0, 1])
+    dist.all_reduce(torch.ones(1), group=sub)
+    dist.destroy_process_group(sub)
+    dist.destroy_process_group()
+    dist.init_process_group("gloo")  # a second world after the first is gone
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    if destroy:
+        dist.destroy_process_group()
+    return t.item()
+
+
+def test_destroy_process_group_destroys_the_simulated_groups():
+    assert simdist.simulate(init_twice, 2, args=(True,)).leaks == []
+    kept = simdist.simulate(init_twice, 2, args=(False,)).leaks
+    assert kept == ["ranks [0, 1]: the default process group was never destroyed (destroy_process_group)"]
