@@ -10,14 +10,16 @@
   baton to a thread on the same core is several times faster than waking another
   core (``pin_cpu``). torch's intra-op thread pool is created before any pinning, so
   it keeps every core.
-- On a machine without CUDA, tensors a rank moves to a GPU (``.to(rank)``,
-  ``.cuda()``, ``device='cuda:0'``) stay on the CPU, so GPU code runs unchanged under
-  the simulator (``cuda_as_cpu``).
+- With ``cuda_as_cpu`` (the default on a machine without CUDA), each rank sees a node of
+  ``gpus_per_node`` simulated GPUs backed by the CPU, so GPU code runs unchanged
+  (``simdist._torch_cuda``).
+- ``torch.multiprocessing.spawn`` on a rank raises a clear error (``simdist._torch_spawn``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import random
@@ -27,9 +29,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.overrides import TorchFunctionMode
 
-__all__ = ["enter", "leave", "enter_thread", "leave_thread", "save", "restore", "CudaAsCpu"]
+from simdist import _torch_cuda, _torch_spawn
+
+__all__ = ["enter", "leave", "enter_thread", "leave_thread", "save", "restore"]
 
 _running = threading.Lock()
 
@@ -47,6 +50,9 @@ def enter(engine: Any) -> tuple:
     from simdist import _torch_bridge
 
     _torch_bridge.install(engine)
+    _torch_spawn.install()
+    if engine.cuda_as_cpu:
+        _torch_cuda.install()
     return saved
 
 
@@ -54,6 +60,9 @@ def leave(engine: Any, saved: tuple) -> None:
     from simdist import _torch_bridge
 
     _torch_bridge.uninstall(engine)
+    _torch_spawn.uninstall()
+    if engine.cuda_as_cpu:
+        _torch_cuda.uninstall()
     py, npy, th, stdout = saved
     random.setstate(py)
     np.random.set_state(npy)
@@ -210,41 +219,15 @@ def enter_thread(engine: Any, rs: Any) -> None:
     if engine.pin_core is not None:
         os.sched_setaffinity(0, {engine.pin_core})
     if engine.cuda_as_cpu:
-        rs.cuda_mode = CudaAsCpu()
-        rs.cuda_mode.__enter__()
+        _torch_cuda.enter_thread(engine.gpus_per_node, functools.partial(engine.now, rs))
 
 
 def leave_thread(engine: Any, rs: Any) -> None:
     from simdist import _torch_bridge
 
     _torch_bridge.leave_rank()
-    mode = getattr(rs, "cuda_mode", None)
-    if mode is not None:
-        mode.__exit__(None, None, None)
-
-
-def _cpu(device: Any) -> Any:
-    if isinstance(device, int) and not isinstance(device, bool):
-        return "cpu"
-    if isinstance(device, str) and device.startswith("cuda"):
-        return "cpu"
-    if isinstance(device, torch.device) and device.type == "cuda":
-        return "cpu"
-    return device
-
-
-class CudaAsCpu(TorchFunctionMode):
-    """Keeps tensors on the CPU when code asks for a CUDA device (for machines without a GPU)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func is torch.Tensor.cuda:
-            return args[0]
-        if "device" in kwargs:
-            kwargs["device"] = _cpu(kwargs["device"])
-        if func is torch.Tensor.to and len(args) > 1:
-            args = (args[0], _cpu(args[1]), *args[2:])
-        return func(*args, **kwargs)
+    if engine.cuda_as_cpu:
+        _torch_cuda.leave_thread()
 
 
 class _Prefixed:
