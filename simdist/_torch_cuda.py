@@ -13,7 +13,8 @@ process of a ``simdist run --backend sim`` script that starts its own ranks) see
   is checked against ``count`` and becomes the CPU: tensors report ``device(type='cpu')``;
 - ``DistributedDataParallel(model, device_ids=[i], output_device=i)`` checks ``i`` and builds a
   CPU DDP (the ids are dropped, since the model is on the CPU);
-- ``torch.load`` keeps storages saved on, or mapped to, ``cuda...`` on the CPU.
+- ``torch.load`` keeps storages saved on, or mapped to, ``cuda...`` on the CPU, whatever form
+  ``map_location`` has (a string, a device, a dict, or a function calling ``storage.cuda(i)``).
 
 Every other thread (the main thread of a program that calls ``simdist.simulate``, threads a
 rank starts) sees the real ``torch.cuda``; :func:`uninstall` undoes everything but the inert
@@ -31,9 +32,12 @@ Touch points, measured on torch 2.13 (the versions of ``simdist._torch_bridge.SU
 - a ``TorchFunctionMode`` pushed on each such thread's mode stack (torch keeps that stack per
   thread): ``device=`` keyword arguments, the device of ``Tensor.to`` and of ``Module.to``'s
   argument parser (``torch._C._nn._parse_to``), ``Tensor.cuda``,
-  ``Tensor.pin_memory`` (DataLoader's ``pin_memory=True``), ``Tensor.record_stream``,
-  ``Tensor.type('torch.cuda.FloatTensor')``.
-- ``torch.nn.parallel.DistributedDataParallel.__init__``, wrapped while installed.
+  ``Tensor.pin_memory`` (DataLoader's ``pin_memory=True``), ``Tensor.type('torch.cuda.FloatTensor')``.
+- ``torch.nn.parallel.DistributedDataParallel.__init__``, the ``cuda`` methods of storages
+  (``_StorageBase``, ``TypedStorage``), DataLoader's ``_utils.pin_memory._pin_memory_loop``
+  (the thread ``pin_memory=True, num_workers>0`` starts) and ``torch.utils._device.DeviceContext``'s
+  constructor (the default-device mode), and ``Tensor.record_stream`` (whose argument parser
+  refuses a simulated stream before any mode sees it), wrapped while installed (:func:`_wrapped`).
 - ``torch.serialization.register_package`` (public API): a deserializer at priority 15, before
   CUDA's 20, registered once and inert outside threads with simulated GPUs.
 """
@@ -505,7 +509,6 @@ def _tensor_type(gpus: _Gpus, args: tuple, kwargs: dict) -> Any:
 _SPECIAL: dict[Any, Callable[[_Gpus, tuple, dict], Any]] = {
     torch.Tensor.cuda: _tensor_cuda,
     torch.Tensor.pin_memory: lambda gpus, args, kwargs: args[0],
-    torch.Tensor.record_stream: lambda gpus, args, kwargs: None,
     torch.Tensor.type: _tensor_type,
 }
 
@@ -535,24 +538,91 @@ class _OnCpu(TorchFunctionMode):
 
 
 def _name(func: Any) -> str:
-    return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    """How a user spells ``func``: ``Tensor.to``, ``torch.zeros``."""
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    if name.startswith(("TensorBase.", "_TensorBase.")):
+        return "Tensor." + name.split(".", 1)[1]
+    return name if "." in name else f"torch.{name}"
 
 
-# -- DistributedDataParallel and torch.load ---------------------------------------------------------------
+# -- methods wrapped while installed: DistributedDataParallel, storages; torch.load's deserializer ----------
 
 
-def _ddp_init(self: Any, module: Any, device_ids: Any = None, output_device: Any = None, *args: Any,
-              **kwargs: Any) -> None:
-    """torch's DDP constructor; on a thread with simulated GPUs, ``device_ids``/``output_device`` are checked and dropped."""
-    gpus = getattr(_local, "gpus", None)
-    if gpus is not None:
-        if device_ids is not None and len(device_ids) == 1 and gpus.names_gpu(device_ids[0]):
-            gpus.index(device_ids[0], "DistributedDataParallel(device_ids=...)")
-            device_ids = None
-        if output_device is not None and gpus.names_gpu(output_device):
-            gpus.index(output_device, "DistributedDataParallel(output_device=...)")
-            output_device = None
-    _saved["ddp_init"](self, module, device_ids, output_device, *args, **kwargs)
+def _ddp_init(original: Callable) -> Callable:
+    def __init__(self: Any, module: Any, device_ids: Any = None, output_device: Any = None, *args: Any,
+                 **kwargs: Any) -> None:
+        """torch's DDP constructor; with simulated GPUs, ``device_ids``/``output_device`` are checked, then dropped."""
+        gpus = getattr(_local, "gpus", None)
+        if gpus is not None:
+            if device_ids is not None and len(device_ids) == 1 and gpus.names_gpu(device_ids[0]):
+                gpus.index(device_ids[0], "DistributedDataParallel(device_ids=...)")
+                device_ids = None
+            if output_device is not None and gpus.names_gpu(output_device):
+                gpus.index(output_device, "DistributedDataParallel(output_device=...)")
+                output_device = None
+        original(self, module, device_ids, output_device, *args, **kwargs)
+
+    return __init__
+
+
+def _storage_cuda(original: Callable) -> Callable:
+    def cuda(self: Any, device: Any = None, non_blocking: bool = False) -> Any:
+        """torch's ``Storage.cuda``; with simulated GPUs, the storage itself (``map_location=lambda s, loc: s.cuda(r)``)."""
+        gpus = getattr(_local, "gpus", None)
+        if gpus is None:
+            return original(self, device, non_blocking)
+        gpus.index(device, "Storage.cuda(device=...)")
+        return self
+
+    return cuda
+
+
+def _device_context_init(original: Callable) -> Callable:
+    def __init__(self: Any, device: Any) -> None:
+        """torch's default-device mode (``with torch.device('cuda'):``, ``torch.set_default_device``); a simulated
+        GPU becomes the CPU. It sits below every other mode, so :class:`_OnCpu` cannot see what it adds."""
+        gpus = getattr(_local, "gpus", None)
+        original(self, device if gpus is None else gpus.cpu(device, "torch.set_default_device / torch.device"))
+
+    return __init__
+
+
+def _pin_memory_loop(original: Callable) -> Callable:
+    real_accelerator = _saved["accelerator"]
+
+    def _pin_memory_loop(in_queue: Any, out_queue: Any, device_id: int, done_event: Any, device: Any) -> None:
+        """DataLoader's pin-memory thread. Without a real accelerator, only a rank with simulated GPUs starts one
+        (``pin_memory=True, num_workers>0``): the thread then sees simulated GPUs too, and pinning keeps the batch."""
+        if real_accelerator.is_available():
+            return original(in_queue, out_queue, device_id, done_event, device)
+        enter_thread(device_id + 1)
+        try:
+            return original(in_queue, out_queue, device_id, done_event, device)
+        finally:
+            leave_thread()
+
+    return _pin_memory_loop
+
+
+def _record_stream(original: Callable) -> Callable:
+    def record_stream(self: Any, stream: Any) -> None:
+        """torch's ``Tensor.record_stream``; nothing to do for a simulated stream (torch's parser refuses one)."""
+        if isinstance(stream, Stream):
+            return None
+        return original(self, stream)
+
+    return record_stream
+
+
+def _wrapped() -> list[tuple[Any, str, Callable]]:
+    """What is replaced while installed: (class or module, attribute, wrapper of the original)."""
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils._device import DeviceContext
+    from torch.utils.data._utils import pin_memory
+
+    return [(DistributedDataParallel, "__init__", _ddp_init), (torch.storage._StorageBase, "cuda", _storage_cuda),
+            (torch.storage.TypedStorage, "cuda", _storage_cuda), (pin_memory, "_pin_memory_loop", _pin_memory_loop),
+            (DeviceContext, "__init__", _device_context_init), (torch.Tensor, "record_stream", _record_stream)]
 
 
 def _restore_on_cpu(storage: Any, location: str) -> Any:
@@ -573,24 +643,26 @@ def _no_tag(storage: Any) -> None:
 _lock = threading.Lock()
 _users = 0
 _saved: dict[str, Any] = {}
+_saved_methods: list[tuple[Any, str, Any]] = []
+_INHERITED = object()  # an attribute the owner inherits: uninstall deletes the wrapper
 _deserializer_registered = False
 
 
 def install() -> None:
     """Put the stand-ins in place (process-wide, counted: each call needs one :func:`uninstall`)."""
     global _users, _deserializer_registered
-    from torch.nn.parallel import DistributedDataParallel
-
     with _lock:
         _users += 1
         if _users > 1:
             return
-        _saved.update(cuda=torch.cuda, accelerator=torch.accelerator, ddp_init=DistributedDataParallel.__init__)
+        _saved.update(cuda=torch.cuda, accelerator=torch.accelerator)
         for name in ("cuda", "accelerator"):
             stand_in = _ThreadModule(_saved[name], CUDA if name == "cuda" else ACCELERATOR)
             setattr(torch, name, stand_in)
             sys.modules[f"torch.{name}"] = stand_in
-        DistributedDataParallel.__init__ = _ddp_init
+        for owner, name, wrap in _wrapped():
+            _saved_methods.append((owner, name, owner.__dict__.get(name, _INHERITED)))
+            setattr(owner, name, wrap(getattr(owner, name)))
         if not _deserializer_registered:
             torch.serialization.register_package(15, _no_tag, _restore_on_cpu)
             _deserializer_registered = True
@@ -599,8 +671,6 @@ def install() -> None:
 def uninstall() -> None:
     """Undo one :func:`install`; the last one puts torch back as it was."""
     global _users
-    from torch.nn.parallel import DistributedDataParallel
-
     with _lock:
         _users -= 1
         if _users > 0:
@@ -608,7 +678,12 @@ def uninstall() -> None:
         for name in ("cuda", "accelerator"):
             setattr(torch, name, _saved[name])
             sys.modules[f"torch.{name}"] = _saved[name]
-        DistributedDataParallel.__init__ = _saved["ddp_init"]
+        for owner, name, original in _saved_methods:
+            if original is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        _saved_methods.clear()
         _saved.clear()
 
 

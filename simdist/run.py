@@ -464,7 +464,7 @@ def _reimports(fn: Any, start_method: str) -> bool:
     """Whether ranks of a spawn import the script again: torch's 'spawn'/'forkserver', for a function of the script."""
     if start_method == "fork" or getattr(fn, "__module__", None) != "__main__":
         return False
-    if "<locals>" in getattr(fn, "__qualname__", "<locals>"):
+    if "<" in getattr(fn, "__qualname__", "<"):  # a lambda, or a function defined in a function
         raise ValueError(
             f"simdist: torch.multiprocessing.spawn got {fn!r}, which torch's '{start_method}' start method cannot "
             "send to a child process (it is pickled by name): define it at module level, or use "
