@@ -140,7 +140,7 @@ class _Gpus:
 def _here(call: str) -> _Gpus:
     gpus = getattr(_local, "gpus", None)
     if gpus is None:
-        raise RuntimeError(f"simdist: {call} was used outside the thread of a simulated rank")
+        raise RuntimeError(f"simdist: {call} was used on a thread without simulated GPUs (not a simulated rank)")
     return gpus
 
 
@@ -588,13 +588,9 @@ def _device_context_init(original: Callable) -> Callable:
 
 
 def _pin_memory_loop(original: Callable) -> Callable:
-    real_accelerator = _saved["accelerator"]
-
     def _pin_memory_loop(in_queue: Any, out_queue: Any, device_id: int, done_event: Any, device: Any) -> None:
-        """DataLoader's pin-memory thread. Without a real accelerator, only a rank with simulated GPUs starts one
-        (``pin_memory=True, num_workers>0``): the thread then sees simulated GPUs too, and pinning keeps the batch."""
-        if real_accelerator.is_available():
-            return original(in_queue, out_queue, device_id, done_event, device)
+        """DataLoader's pin-memory thread (``pin_memory=True, num_workers>0``), started by a thread with simulated
+        GPUs while they are installed: it sees simulated GPUs too, so pinning keeps the batch as it is."""
         enter_thread(device_id + 1)
         try:
             return original(in_queue, out_queue, device_id, done_event, device)

@@ -70,6 +70,7 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
         prog=prog,
         description="Run a script on several ranks, like torchrun: as real processes joined by simdist's "
         "socket backend, or as simulated ranks in this process.",
+        epilog="Like torchrun, when OMP_NUM_THREADS is unset and N > 1, the ranks get OMP_NUM_THREADS=1.",
         allow_abbrev=False,
     )
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, metavar="N",
@@ -85,7 +86,8 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=PROCESS_BACKENDS + ("sim",), default="socket",
                    help="'socket': one process per rank over TCP (default); 'nccl': one process per rank on "
                    "GPUs; 'gloo', 'torch-nccl', 'mpi': torch.distributed's own backends; 'sim': every rank "
-                   "of the job as a simulated rank in this process, each running the script in a fresh namespace")
+                   "of the job as a simulated rank in this process, each running the script in a fresh namespace "
+                   "(or the script once, starting its own ranks: see --launch)")
     p.add_argument("--log-dir", "--log_dir", default=None, metavar="DIR",
                    help="write each rank's stdout and stderr to DIR/rank_R.log instead of this terminal "
                    "(socket backend only)")

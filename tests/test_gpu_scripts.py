@@ -239,11 +239,14 @@ def test_object_collectives_after_init_nccl():
         dist.all_gather_object(gathered, {"rank": rank})
         objects = [f"from {rank}"]
         dist.broadcast_object_list(objects, src=2)
+        on_gpu = [rank]
+        dist.broadcast_object_list(on_gpu, src=1, device=torch.device("cuda", torch.cuda.current_device()))
+        dist.barrier(device_ids=[rank])
         dist.destroy_process_group()
-        return gathered, objects
+        return gathered, objects, on_gpu
 
     assert simdist.simulate(program, 3, **ON_CPU).values == [
-        ([{"rank": 0}, {"rank": 1}, {"rank": 2}], ["from 2"])] * 3
+        ([{"rank": 0}, {"rank": 1}, {"rank": 2}], ["from 2"], [1])] * 3
 
 
 @pytest.mark.timeout(180)
