@@ -453,7 +453,7 @@ class _PerThread:
 
 
 class _ThreadModule(types.ModuleType):
-    """Stands for ``torch.cuda`` (or ``torch.accelerator``): on a thread with simulated GPUs, its callables answer for them.
+    """Stands for ``torch.cuda`` (or ``torch.accelerator``): on a thread with simulated GPUs, its callables serve them.
 
     There, a public callable is a :class:`_PerThread` (the table's entry, or an error naming the
     call); submodules and plain values are torch's. Everywhere else, and for names starting
@@ -567,7 +567,7 @@ def _ddp_init(original: Callable) -> Callable:
 
 def _storage_cuda(original: Callable) -> Callable:
     def cuda(self: Any, device: Any = None, non_blocking: bool = False) -> Any:
-        """torch's ``Storage.cuda``; with simulated GPUs, the storage itself (``map_location=lambda s, loc: s.cuda(r)``)."""
+        """torch's ``Storage.cuda``; with simulated GPUs, the storage itself (``lambda s, loc: s.cuda(r)`` loads)."""
         gpus = getattr(_local, "gpus", None)
         if gpus is None:
             return original(self, device, non_blocking)

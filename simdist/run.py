@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Iterator, Sequence
 from queue import Empty, Queue
 from typing import IO, Any
 
@@ -343,40 +343,6 @@ def _supervise(procs: list[subprocess.Popen], pumps: list[list[threading.Thread]
 # --- sim backend: every rank a simulated thread in this process ---------------------------------
 
 
-class _RankEnviron(MutableMapping):
-    """``os.environ`` while the simulator runs: each rank thread sees and edits its own copy.
-
-    Rank threads are registered by thread id; any other thread (the launcher, threads a rank
-    starts) sees the real environment. Only Python-level reads see a rank's view: C code calling
-    ``getenv`` and subprocesses started without ``env=`` see the process environment.
-    """
-
-    def __init__(self, base: MutableMapping) -> None:
-        self.base = base
-        self.views: dict[int, dict[str, str]] = {}
-
-    def _env(self) -> MutableMapping:
-        return self.views.get(threading.get_ident(), self.base)
-
-    def __getitem__(self, key: str) -> str:
-        return self._env()[key]
-
-    def __setitem__(self, key: str, value: str) -> None:
-        self._env()[key] = value
-
-    def __delitem__(self, key: str) -> None:
-        del self._env()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(self._env()))
-
-    def __len__(self) -> int:
-        return len(self._env())
-
-    def copy(self) -> dict[str, str]:
-        return dict(self._env())
-
-
 def _spawn_line(path: str) -> int | None:
     """The line of the script's first call of torch.multiprocessing.spawn or start_processes, read, not run.
 
@@ -420,31 +386,40 @@ def _spawn_line(path: str) -> int | None:
     return min(lines) if lines else None
 
 
-def _as_rank(environ: _RankEnviron, env: dict[str, str], fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` with ``env`` as the calling thread's ``os.environ``; ``sys.exit(0)`` counts as returning."""
-    me = threading.get_ident()
-    environ.views[me] = env
+def _exit_ok(fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, where ``sys.exit(0)`` (or ``sys.exit()``) counts as returning ``None``, as for a process."""
     try:
         return fn(*args)
     except SystemExit as exc:
         if exc.code not in (None, 0):
             raise
         return None
-    finally:
-        del environ.views[me]
 
 
-def _spawned(rank: int, environ: _RankEnviron, env: dict[str, str], script: str | None, fn: Any, *args: Any) -> Any:
-    """Simulated rank ``rank`` of the parent's spawn: ``fn(rank, *args)`` in its own copy of the parent's environment.
+def _spawned(rank: int, script: str | None, fn: Any, *args: Any) -> Any:
+    """Simulated rank ``rank`` of the parent's spawn: ``fn(rank, *args)``.
 
     With ``script``, the rank first runs the script as ``__mp_main__`` and calls the ``fn`` of that
     fresh namespace, as the child processes of torch's 'spawn' start method do: its globals and
     the names it imports (``from torch.distributed import init_process_group``) are its own.
+    Its environment is its own copy of the parent's at the spawn (the simulator's isolation).
     """
     if script is not None:
-        namespace = _as_rank(environ, dict(env), runpy.run_path, script, None, "__mp_main__")
-        fn = _by_name(namespace, fn, script)
-    return _as_rank(environ, dict(env), fn, rank, *args)
+        fn = _by_name(_exit_ok(runpy.run_path, script, None, "__mp_main__"), fn, script)
+    return _exit_ok(fn, rank, *args)
+
+
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``extra`` added inside the block, and as it was before the block afterwards."""
+    before = dict(os.environ)
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k not in before]:
+            del os.environ[key]
+        os.environ.update(before)
 
 
 def _by_name(namespace: dict[str, Any], fn: Any, script: str) -> Any:
@@ -491,41 +466,36 @@ def _run_sim(opts: argparse.Namespace) -> int:
             "GPUs are --nproc-per-node), or --launch torchrun to run the script on every rank\n"
         )
         return 2
-    real_environ = os.environ
-    environ = _RankEnviron(real_environ)
-    base = {**real_environ, **_launch_env(opts)}
     cuda_as_cpu = opts.cuda_as_cpu or not torch.cuda.is_available()
     options: dict[str, Any] = {"prefix_output": not opts.no_prefix, "cuda_as_cpu": cuda_as_cpu, "gpus_per_node": n}
     if opts.timeout is not None:
         options["timeout"] = opts.timeout
 
     def rank_main(rank: int) -> None:  # torchrun style: the script itself, in a fresh namespace per rank
-        env = {
-            **base,
+        os.environ.update({  # this rank's own copy of the environment (the simulator's isolation)
             "RANK": str(rank), "LOCAL_RANK": str(rank % n), "WORLD_SIZE": str(world),
             "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": str(rank // n),
             "MASTER_ADDR": opts.master_addr, "MASTER_PORT": str(opts.master_port or DEFAULT_PORT),
-        }  # fmt: skip
-        _as_rank(environ, env, runpy.run_path, script, None, "__main__")
+        })  # fmt: skip
+        _exit_ok(runpy.run_path, script, None, "__main__")
 
     def start_ranks(fn: Any, args: Any, nprocs: int, start_method: str) -> None:  # a spawn of the parent
         main = script if _reimports(fn, start_method) else None
-        simdist.spawn(_spawned, args=(environ, dict(os.environ), main, fn, *args), nprocs=nprocs, backend="sim",
-                      **options)
+        simdist.spawn(_spawned, args=(main, fn, *args), nprocs=nprocs, backend="sim", **options)
 
     # runpy swaps sys.modules["__main__"] and sys.argv[0] in and out; with ranks interleaved
     # the swaps do not nest, so the launcher's own values are put back here.
     saved = (sys.argv, sys.modules.get("__main__"), list(sys.path))
     sys.argv = [script, *opts.script_args]
     sys.path.insert(0, os.path.dirname(script))
-    os.environ = environ  # type: ignore[assignment]  # noqa: B003 - a view, put back below
     try:
-        if not as_parent:
-            simdist.spawn(rank_main, nprocs=world, backend="sim", **options)
-        else:
-            gpus = _torch_cuda.simulated_gpus(n) if cuda_as_cpu else contextlib.nullcontext()
-            with gpus, _torch_spawn.starting_ranks(start_ranks):
-                _as_rank(environ, dict(base), runpy.run_path, script, None, "__main__")
+        with _environment(_launch_env(opts)):
+            if not as_parent:
+                simdist.spawn(rank_main, nprocs=world, backend="sim", **options)
+            else:
+                gpus = _torch_cuda.simulated_gpus(n) if cuda_as_cpu else contextlib.nullcontext()
+                with gpus, _torch_spawn.starting_ranks(start_ranks):
+                    _exit_ok(runpy.run_path, script, None, "__main__")
         return 0
     except RankError as err:
         cause = err.__cause__
@@ -551,7 +521,6 @@ def _run_sim(opts: argparse.Namespace) -> int:
         sys.stderr.write(f"simdist run: {opts.script} raised {type(exc).__name__}: {exc}\n")
         return 1
     finally:
-        os.environ = real_environ  # noqa: B003 - the real mapping again
         sys.argv, main_module, sys.path[:] = saved
         if main_module is not None:
             sys.modules["__main__"] = main_module

@@ -8,6 +8,7 @@ real gloo processes. The facade belongs to rank threads only and is gone when th
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import threading
@@ -381,3 +382,21 @@ def test_torch_spawn_on_a_simulated_rank_is_refused():
     message = str(info.value.__cause__)
     assert message.startswith("simdist: torch.multiprocessing.spawn was called on simulated rank")
     assert "simdist run --backend sim --launch spawn" in message
+
+
+def test_what_a_rank_sets_in_its_environment_stays_its_own(monkeypatch):
+    monkeypatch.setenv("SIMDIST_TEST_BEFORE", "caller")
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+
+    def program(rank):  # the DDP tutorial's setup() writes os.environ on every rank
+        before = os.environ.get("SIMDIST_TEST_BEFORE")
+        os.environ["MASTER_PORT"] = str(12355 + rank)
+        dist.init_process_group("gloo")
+        dist.barrier()
+        mine = os.environ["MASTER_PORT"]
+        dist.destroy_process_group()
+        return before, mine
+
+    assert simdist.simulate(program, 2).values == [("caller", "12355"), ("caller", "12356")]
+    assert "MASTER_PORT" not in os.environ
+    assert type(os.environ).__name__ == "_Environ"

@@ -162,6 +162,21 @@ def test_a_failing_spawned_rank_fails_the_run(tmp_path: Path) -> None:
     assert "KeyError: 'lost'" in proc.stderr and "rank 1" in proc.stderr, proc.stderr
 
 
+def test_the_fork_start_method_calls_the_parents_function(tmp_path: Path) -> None:
+    script = _script(tmp_path, """\
+        import torch
+        from torch.multiprocessing import start_processes
+        def work(rank, word):
+            print(word, rank, SET_BY_THE_PARENT, torch.cuda.device_count())  # fork: the parent's globals
+        if __name__ == "__main__":
+            SET_BY_THE_PARENT = "parent's"
+            start_processes(work, args=("forked",), nprocs=3, start_method="fork")
+        """)
+    proc = _simdist_run("--nproc-per-node", "3", "--no-prefix", script)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == [f"forked {r} parent's 3" for r in range(3)]
+
+
 def test_launch_arguments_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
         run.main(["--help"])

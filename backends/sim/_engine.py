@@ -123,6 +123,7 @@ class Engine:
         self.cpu_time = cpu_time
         self.cuda_as_cpu = cuda_as_cpu
         self.gpus_per_node = gpus_per_node
+        self.environ: Any = None  # os.environ while running, a copy per rank (set by _isolation.enter)
         self.algorithms = dict(algorithms or {})
         self.pin_core = _isolation.pin_target() if pin_cpu else None
         self.timeout = timeout
@@ -177,7 +178,7 @@ class Engine:
         return [rs.value for rs in self.ranks]
 
     def now(self, rs: RankState) -> float:
-        """Rank ``rs``'s virtual time in seconds (with ``cpu_time``, its CPU time since its last scheduling point too)."""
+        """Rank ``rs``'s virtual time in seconds (with ``cpu_time``, plus its CPU time since its last switch)."""
         if self.cpu_time and rs is self.current:
             return rs.clock + time.thread_time() - rs.cpu_mark
         return rs.clock
