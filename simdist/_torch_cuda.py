@@ -7,8 +7,8 @@ process of a ``simdist run --backend sim`` script that starts its own ranks) see
 - ``torch.cuda`` and ``torch.accelerator`` answer from the tables :data:`CUDA` and
   :data:`ACCELERATOR` (``is_available()`` is True, ``device_count()`` is ``count``, the current
   device starts at 0 and ``set_device`` changes it, streams and events exist, an event's time is
-  the rank's virtual clock). Any other public name raises :class:`NotSimulatedError`, naming
-  simdist and the call;
+  the rank's virtual clock). Any other public function or class raises :class:`NotSimulatedError`
+  when called, naming simdist and the call (submodules and constants are torch's);
 - a device argument that names a GPU (``3``, ``'cuda'``, ``'cuda:3'``, ``torch.device('cuda', 3)``)
   is checked against ``count`` and becomes the CPU: tensors report ``device(type='cpu')``;
 - ``DistributedDataParallel(model, device_ids=[i], output_device=i)`` checks ``i`` and builds a
