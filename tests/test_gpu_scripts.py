@@ -25,6 +25,7 @@ import simdist
 from simdist import _torch_cuda
 
 pytestmark = [
+    pytest.mark.torch_release,
     pytest.mark.timeout(120),
     pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is unavailable"),
 ]

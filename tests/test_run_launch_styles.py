@@ -18,7 +18,7 @@ import pytest
 
 from simdist import run
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.torch_release]
 
 SPAWN_STYLE = """\
 import os

@@ -238,7 +238,11 @@ def backends_and_checks(rank: int, name: str | None) -> dict:
         dist.init_process_group()
     else:
         dist.init_process_group(name)
-    out = {"backend": dist.get_backend(), "config": dist.get_backend_config()}
+    from torch.distributed.distributed_c10d import Backend, BackendConfig
+
+    # torch's own choice for this rank's devices (its simulated GPUs: "undefined" means NCCL on torch 2.14)
+    torch_config = str(BackendConfig(Backend(name or "undefined")))
+    out = {"backend": dist.get_backend(), "config": dist.get_backend_config(), "torch_config": torch_config}
     if name == "gloo":
         dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=True)
         lists = [[torch.zeros(2), torch.zeros(1)] for _ in range(2)]  # lists[r]: rank r's inputs
@@ -256,10 +260,10 @@ def backends_and_checks(rank: int, name: str | None) -> dict:
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_get_backend_answers_the_name_the_program_gave():
-    for name, config in (("gloo", "cpu:gloo,cuda:gloo"), ("nccl", "cuda:nccl"), (None, "cpu:gloo")):
+    for name, config in (("gloo", "cpu:gloo,cuda:gloo"), ("nccl", "cuda:nccl"), (None, None)):
         values = simdist.simulate(backends_and_checks, 2, args=(name,)).values
-        for v in values:  # torch's own names: "undefined" when no backend is given, as on gloo
-            assert (v["backend"], v["config"]) == (name or "undefined", config)
+        for v in values:  # torch's own names: "undefined" when no backend is given, as torch answers
+            assert (v["backend"], v["config"]) == (name or "undefined", config or v["torch_config"])
     values = simdist.simulate(backends_and_checks, 2, args=("gloo",)).values
     for v in values:
         assert v["coalesced"] == [[[0.0, 0.0], [10.0]], [[1.0, 1.0], [11.0]]]
