@@ -96,8 +96,14 @@ class _Gpus:
         return isinstance(device, torch.device) and device.type == "cuda"
 
     def index(self, device: Any, call: str) -> int:
-        """The GPU index ``device`` names (``None``: the current GPU); ``ValueError`` naming ``call`` if none."""
-        if device is None:
+        """The GPU index ``device`` names; ``ValueError`` naming ``call`` if none.
+
+        ``None`` and the CPU name the current GPU: tensors on simulated GPUs report the CPU, so
+        code that passes on a tensor's device (``torch.cuda.synchronize(t.device)``) means it.
+        """
+        cpu = (isinstance(device, str) and device.split(":")[0] == "cpu") or (
+            isinstance(device, torch.device) and device.type == "cpu")
+        if device is None or cpu:
             return self.current
         if not self.names_gpu(device):
             raise ValueError(f"simdist: {call} got {device!r}; expected a GPU: an int, 'cuda', 'cuda:N' or "

@@ -74,12 +74,11 @@ def bridge_classes() -> tuple[type, type]:
     class BridgeWork(tdist.Work):
         """One op's simdist works as a torch Work: complete once every one of them is (at ``wait()``)."""
 
-        def __init__(self, works: list, outputs: Any, source: Any = None, event: Any = None):
+        def __init__(self, works: list, outputs: Any, source: Any = None):
             super().__init__()
             self._works = [w for w in works if w is not None]
             self._outputs = outputs
             self._source = source  # a receive from any source: the simdist work that knows the sender
-            self._event = event  # the profiler's record of this op, ended once the op completes
             self._error: BaseException | None = None
 
         def wait(self, timeout: Any = None) -> bool:
@@ -89,10 +88,6 @@ def bridge_classes() -> tuple[type, type]:
             except BaseException as exc:
                 self._error = exc
                 raise
-            finally:
-                if self._event is not None:
-                    _torch_profiler.end_op_event(self._event)
-                    self._event = None
             return True
 
         def is_completed(self) -> bool:
@@ -183,12 +178,12 @@ def bridge_classes() -> tuple[type, type]:
         def _global(self, group_rank: int) -> int:
             return self._g.ranks[group_rank]
 
-        def _event(self, op: str, inputs: list) -> Any:
-            """The profiler's record of ``op`` (named as torch's own backend names it), while a profiler runs."""
-            return _torch_profiler.start_op_event(f"{self._backend_name}:{op}", inputs)
+        def _record(self, op: str, inputs: list) -> None:
+            """Record ``op`` for torch's profiler as torch's own backend names it (while a rank profiles)."""
+            _torch_profiler.record_op(f"{self._backend_name}:{op}", inputs)
 
-        def _start(self, event: Any, works: list, outputs: Any, source: Any = None) -> Any:
-            work = BridgeWork(works, outputs, source, event)
+        def _start(self, works: list, outputs: Any, source: Any = None) -> Any:
+            work = BridgeWork(works, outputs, source)
             if self._coalescing is not None:
                 self._coalescing.append(work)
             return work
@@ -205,12 +200,12 @@ def bridge_classes() -> tuple[type, type]:
         # -- collectives ------------------------------------------------------------------------------------
 
         def allreduce(self, tensors, opts=None):
-            event = self._event("all_reduce", tensors)
+            self._record("all_reduce", tensors)
             op, factor = _reduction(opts, "all_reduce")
             if any(t.layout == torch.sparse_coo for t in tensors):
-                return self._start(event, self._sparse_sum(tensors, op), tensors)
+                return self._start(self._sparse_sum(tensors, op), tensors)
             works = [api.all_reduce(_scaled(t, factor), op=op, group=self._g, async_op=True) for t in tensors]
-            return self._start(event, works, tensors)
+            return self._start(works, tensors)
 
         def _sparse_sum(self, tensors: list, op: Any) -> list:
             """gloo's sparse all_reduce: each sparse COO tensor becomes the sum of every rank's (nnz may differ)."""
@@ -228,107 +223,107 @@ def bridge_classes() -> tuple[type, type]:
         allreduce_coalesced = allreduce
 
         def broadcast(self, tensors, opts):
-            event = self._event("broadcast", tensors)
+            self._record("broadcast", tensors)
             src = self._global(opts.rootRank)
             works = [api.broadcast(t, src=src, group=self._g, async_op=True) for t in tensors]
-            return self._start(event, works, tensors)
+            return self._start(works, tensors)
 
         def reduce(self, tensors, opts):
-            event = self._event("reduce", tensors)
+            self._record("reduce", tensors)
             dst, (op, factor) = self._global(opts.rootRank), _reduction(opts, "reduce")
             works = [api.reduce(_scaled(t, factor), dst=dst, op=op, group=self._g, async_op=True) for t in tensors]
-            return self._start(event, works, tensors)
+            return self._start(works, tensors)
 
         def allgather(self, output_lists, inputs, opts=None):
-            event = self._event("all_gather", inputs)
+            self._record("all_gather", inputs)
             works = [api.all_gather(outs, x, group=self._g, async_op=True) for outs, x in zip(output_lists, inputs)]
-            return self._start(event, works, output_lists)
+            return self._start(works, output_lists)
 
         def allgather_coalesced(self, output_lists, inputs, opts=None):
             """``output_lists[r][i]`` receives rank r's ``inputs[i]``."""
-            event = self._event("all_gather_coalesced", inputs)
+            self._record("all_gather", inputs)
             works = [api.all_gather([outs[i] for outs in output_lists], x, group=self._g, async_op=True)
                      for i, x in enumerate(inputs)]
-            return self._start(event, works, output_lists)
+            return self._start(works, output_lists)
 
         def _allgather_base(self, output, input, opts=None):
-            event = self._event("all_gather_into_tensor", [input])
+            self._record("all_gather", [input])
             work = api.all_gather_into_tensor(output, input, group=self._g, async_op=True)
-            return self._start(event, [work], [output])
+            return self._start([work], [output])
 
         all_gather_single = all_gather_into_tensor = _allgather_base
 
         def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-            event = self._event("all_gather_into_tensor_coalesced", inputs)
+            self._record("all_gather", inputs)
             works = [api.all_gather_into_tensor(o, x, group=self._g, async_op=True) for o, x in zip(outputs, inputs)]
-            return self._start(event, works, outputs)
+            return self._start(works, outputs)
 
         all_gather_single_coalesced = allgather_into_tensor_coalesced
 
         def reduce_scatter(self, outputs, input_lists, opts=None):
-            event = self._event("reduce_scatter", [x for xs in input_lists for x in xs])
+            self._record("reduce_scatter", [x for xs in input_lists for x in xs])
             op, factor = _reduction(opts, "reduce_scatter")
             works = [api.reduce_scatter(o, [_scaled(x, factor, copy=True) for x in xs], op=op, group=self._g,
                                         async_op=True) for o, xs in zip(outputs, input_lists)]
-            return self._start(event, works, outputs)
+            return self._start(works, outputs)
 
         def _reduce_scatter_base(self, output, input, opts=None):
-            event = self._event("reduce_scatter_tensor", [input])
+            self._record("all_reduce", [input])  # gloo's own title for it
             op, factor = _reduction(opts, "reduce_scatter_tensor")
             work = api.reduce_scatter_tensor(output, _scaled(input, factor, copy=True), op=op, group=self._g,
                                              async_op=True)
-            return self._start(event, [work], [output])
+            return self._start([work], [output])
 
         reduce_scatter_single = reduce_scatter_tensor = _reduce_scatter_base
 
         def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-            event = self._event("reduce_scatter_tensor_coalesced", inputs)
+            self._record("reduce_scatter_tensor_coalesced", inputs)
             op, factor = _reduction(opts, "reduce_scatter_tensor")
             works = [api.reduce_scatter_tensor(o, _scaled(x, factor, copy=True), op=op, group=self._g, async_op=True)
                      for o, x in zip(outputs, inputs)]
-            return self._start(event, works, outputs)
+            return self._start(works, outputs)
 
         reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
         def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-            event = self._event("all_to_all", [input])
+            self._record("all_to_all", [input])
             work = api.all_to_all_single(output, input, list(output_split_sizes) or None,
                                          list(input_split_sizes) or None, group=self._g, async_op=True)
-            return self._start(event, [work], [output])
+            return self._start([work], [output])
 
         all_to_all_single = alltoall_base
 
         def alltoall(self, outputs, inputs, opts=None):
-            event = self._event("all_to_all", inputs)
-            return self._start(event, [api.all_to_all(outputs, inputs, group=self._g, async_op=True)], outputs)
+            self._record("all_to_all", inputs)
+            return self._start([api.all_to_all(outputs, inputs, group=self._g, async_op=True)], outputs)
 
         def gather(self, output_lists, inputs, opts):
-            event = self._event("gather", inputs)
+            self._record("gather", inputs)
             dst, root = self._global(opts.rootRank), self.rank() == opts.rootRank
             works = [api.gather(x, outs if root else None, dst=dst, group=self._g, async_op=True)
                      for outs, x in zip(output_lists or [None] * len(inputs), inputs)]
-            return self._start(event, works, output_lists)
+            return self._start(works, output_lists)
 
         def _gather_base(self, output, input, opts):
-            event = self._event("gather", [input])
+            self._record("gather", [input])
             """torch 2.14's ``gather_into_tensor``/``gather_single``: the root's ``output`` holds every input."""
             root = self.rank() == opts.rootRank
             parts = list(output.chunk(self.size())) if root else None
             work = api.gather(input, parts, dst=self._global(opts.rootRank), group=self._g, async_op=True)
-            return self._start(event, [work], [output])
+            return self._start([work], [output])
 
         gather_single = gather_into_tensor = _gather_base
 
         def scatter(self, outputs, input_lists, opts):
-            event = self._event("scatter", outputs)
+            self._record("scatter", [x for xs in input_lists or () for x in xs])
             src, root = self._global(opts.rootRank), self.rank() == opts.rootRank
             works = [api.scatter(o, xs if root else None, src=src, group=self._g, async_op=True)
                      for o, xs in zip(outputs, input_lists or [None] * len(outputs))]
-            return self._start(event, works, outputs)
+            return self._start(works, outputs)
 
         def barrier(self, opts=None):
-            event = self._event("barrier", [])
-            return self._start(event, [api.barrier(group=self._g, async_op=True)], [])
+            self._record("barrier", [])
+            return self._start([api.barrier(group=self._g, async_op=True)], [])
 
         def monitored_barrier(self, timeout=None, wait_all_ranks=False):
             """gloo's monitored barrier, its timeout in virtual time: group rank 0 waits for every other rank.
@@ -373,19 +368,19 @@ def bridge_classes() -> tuple[type, type]:
         # -- point to point: posted at once, complete at wait() ------------------------------------------
 
         def send(self, tensors, dst, tag):
-            event = self._event("send", tensors)
+            self._record("send", tensors)
             works = [api.isend(t, group=self._g, group_dst=dst, tag=tag) for t in tensors]
-            return self._start(event, works, tensors)
+            return self._start(works, tensors)
 
         def recv(self, tensors, src, tag):
-            event = self._event("recv", tensors)
+            self._record("recv", tensors)
             works = [api.irecv(t, group=self._g, group_src=src, tag=tag) for t in tensors]
-            return self._start(event, works, tensors)
+            return self._start(works, tensors)
 
         def recv_anysource(self, tensors, tag):
-            event = self._event("recvAnySource", tensors)
+            self._record("recvAnySource", tensors)
             works = [api.irecv(t, None, group=self._g, tag=tag) for t in tensors]
-            return self._start(event, works, tensors, source=(self._g, works[-1]) if works else None)
+            return self._start(works, tensors, source=(self._g, works[-1]) if works else None)
 
         # -- life cycle ---------------------------------------------------------------------------------
 

@@ -11,8 +11,9 @@ rank's profiler then holds the events of its own thread from the moment it was o
 if the rank had the process to itself.
 
 Each op the bridge forwards is recorded as torch's own backends record theirs: an event
-named ``"<backend>:<op>"`` (``gloo:all_reduce``) with the op's input shapes, started when
-the op starts and ended, on another thread, when it completes: asynchronous, as gloo's are.
+named ``"<backend>:<op>"`` (``gloo:all_reduce``) with the op's input shapes, asynchronous
+as gloo's are. It marks the op's start: the op's real duration on the simulator says
+nothing about a real run (virtual time in the trace does).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["install", "uninstall", "start_op_event", "end_op_event"]
+__all__ = ["install", "uninstall", "record_op"]
 
 _MARK = "simdist.profiler_opened"
 _members: dict[int, Any] = {}  # id(profile) -> the profiles open on rank threads, sharing the session
@@ -40,15 +41,16 @@ def _on_kineto_thread(fn: Any, *args: Any) -> Any:
     return _kineto_thread.submit(fn, *args).result()
 
 
-def start_op_event(name: str, inputs: list) -> Any:
-    """Start the profiler's record of an op on this thread (``None`` while no rank profiles)."""
+def record_op(name: str, inputs: list) -> None:
+    """Record an op's start in the profiler, as torch's own backends do (nothing while no rank profiles).
+
+    The record is ended at once, on another thread (so it is asynchronous, as gloo's are):
+    an op's record left open while a rank waits for the baton would still be open when
+    another rank stops the shared session, which Kineto does not survive.
+    """
     if not _members:
-        return None
-    return torch.autograd._record_function_with_args_enter(name, *inputs)
-
-
-def end_op_event(handle: Any) -> None:
-    """End an op's record on another thread, as a backend's worker thread does."""
+        return
+    handle = torch.autograd._record_function_with_args_enter(name, *inputs)
     ender = threading.Thread(target=torch.autograd._record_function_with_args_exit, args=(handle,))
     ender.start()
     ender.join()

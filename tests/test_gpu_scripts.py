@@ -401,3 +401,16 @@ def test_what_a_rank_sets_in_its_environment_stays_its_own(monkeypatch):
     assert simdist.simulate(program, 2).values == [("caller", "12355"), ("caller", "12356")]
     assert "MASTER_PORT" not in os.environ
     assert type(os.environ).__name__ == "_Environ"
+
+
+def cpu_device_means_the_current_gpu(rank):
+    torch.cuda.set_device(rank)
+    t = torch.ones(2).cuda()
+    torch.cuda.synchronize(t.device)  # the tensor reports the CPU: the current simulated GPU is meant
+    with torch.cuda.device(t.device):
+        inside = torch.cuda.current_device()
+    return str(t.device), inside
+
+
+def test_a_simulated_gpu_tensors_cpu_device_names_the_current_gpu():
+    assert simdist.simulate(cpu_device_means_the_current_gpu, 2, **ON_CPU).values == [("cpu", 0), ("cpu", 1)]
