@@ -6,7 +6,7 @@ import os
 import sys
 from types import CodeType
 
-__all__ = ["user_call_site", "skip_directory"]
+__all__ = ["user_call_site", "skip_directory", "is_library_file"]
 
 _SKIP: list[str] = []
 _LIBRARY: dict[CodeType, bool] = {}
@@ -21,19 +21,24 @@ def skip_directory(path: str) -> None:
         _LIBRARY.clear()
 
 
+def is_library_file(filename: str) -> bool:
+    """Whether ``filename`` lies in simdist or another library skipped for call sites."""
+    return filename.startswith(tuple(_SKIP))
+
+
 def _is_library(code: CodeType) -> bool:
     lib = _LIBRARY.get(code)
     if lib is None:
-        lib = _LIBRARY[code] = code.co_filename.startswith(tuple(_SKIP))
+        lib = _LIBRARY[code] = is_library_file(code.co_filename)
     return lib
 
 
-def user_call_site() -> str:
-    """``'file:line'`` of the innermost frame outside simdist (and other skipped libraries)."""
+def user_call_site(skip: tuple[str, ...] = ()) -> str:
+    """``'file:line'`` of the innermost frame outside simdist, other skipped libraries and the folders ``skip``."""
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
-        if not _is_library(code):
+        if not _is_library(code) and not (skip and code.co_filename.startswith(skip)):
             key = (code, frame.f_lasti)
             site = _SITES.get(key)
             if site is None:

@@ -1,64 +1,51 @@
-"""Unmodified ``torch.distributed`` code on simulated ranks: every torch-internal touch point lives here.
+"""Unmodified ``torch.distributed`` code on simulated ranks: where the bridge touches torch's internals.
 
 While a simulation runs (:func:`install` at its start, :func:`uninstall` at its end):
 
 - torch's process-group bookkeeping (``distributed_c10d._world``) becomes per thread, so
   each rank thread has its own default group and group registries (torch's thread
   isolation mode on), and autograd's device threads are off;
-- ``torch.distributed.init_process_group`` and ``new_group``, called from a rank thread,
-  join the rank's simdist world first and then create torch groups of backend
-  ``"simdist"`` whatever backend name the program gives (``"gloo"``, ``"nccl"``, ...);
-  ``destroy_process_group`` leaves both;
-- a :class:`BridgeGroup` (a Python ``torch.distributed.ProcessGroup``) forwards every op
-  torch can call to the rank's simdist group and returns a completed work whose future
-  holds the tensors it modified in place (what torch's DDP reads).
+- on a rank thread, torch's rendezvous (``env://``, ``tcp://``, ``file://``, a given store)
+  becomes a store shared by the simulation, and every group torch creates
+  (``init_process_group``, ``new_group``, ``DeviceMesh``'s groups) is first created in
+  simdist and then, in torch, as a :class:`~simdist._torch_group` bridge group, whatever
+  backend the program names; ``get_backend()`` still answers the name the program gave
+  (``"gloo"``, ``"nccl"``). Both hooks sit under torch's public functions, so a
+  ``from torch.distributed import init_process_group`` made before the simulation works too;
+- torch's own folder is library code for call sites, and warnings raised on rank threads
+  point at the user's line; torch's ``[rankN]:`` exception hook is undone at the end.
 
 So a rank's torch calls become simdist calls: scheduled, checked, traced and replayable.
-Supported torch versions: :data:`SUPPORTED`; with another torch, the first
-``torch.distributed.init_process_group`` in a simulation raises a clear error.
+Which torch releases this was tested on, and what differs between them, is in
+:mod:`simdist._torch_versions`.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import sys
+import sysconfig
 import threading
+import warnings
 from typing import Any
 
 import torch
 
-__all__ = ["BridgeGroup", "SUPPORTED", "install", "uninstall", "enter_rank", "leave_rank", "supported"]
+from . import _torch_versions
+from ._callsite import is_library_file, skip_directory, user_call_site
 
-SUPPORTED = ((2, 13),)  # (major, minor) versions of torch this module was tested against
+__all__ = ["install", "uninstall", "enter_rank", "leave_rank", "in_rank"]
+
 _OWN = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "tags_to_pg", "pg_to_tag")
 _state: dict[str, Any] = {}
 _registered = False
-
-
-@functools.cache
-def supported() -> str | None:
-    """``None`` if this torch can run torch.distributed code on simulated ranks, else why not."""
-    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    if version not in SUPPORTED:
-        wanted = ", ".join(f"{a}.{b}" for a, b in SUPPORTED)
-        return f"torch {torch.__version__} is not supported by simdist's torch.distributed bridge (supported: {wanted})"
-    import torch.distributed as tdist
-
-    if not tdist.is_available():
-        return "this torch build has no torch.distributed"
-    from torch.distributed import distributed_c10d as c10d
-
-    missing = [name for name, ok in (
-        ("distributed_c10d._World", hasattr(c10d, "_World")),
-        ("_set_thread_isolation_mode", hasattr(torch._C._distributed_c10d, "_set_thread_isolation_mode")),
-        ("_create_work_from_future", hasattr(torch._C._distributed_c10d, "_create_work_from_future")),
-    ) if not ok]
-    return f"torch {torch.__version__} lacks {', '.join(missing)}" if missing else None
+_local = threading.local()  # .world: the rank's torch world; .group: the simdist group being bridged
 
 
 # -- per-thread torch worlds ------------------------------------------------------------------------------
 
 
-@functools.cache
 def _rank_world_class() -> type:
     from torch.distributed import distributed_c10d as c10d
 
@@ -67,7 +54,7 @@ def _rank_world_class() -> type:
 
         def __init__(self) -> None:
             super().__init__()
-            self._own = {k: {} for k in _OWN}
+            self._own: dict[str, dict] = {k: {} for k in _OWN}
             self._count = 0
 
     for key in _OWN:
@@ -80,206 +67,131 @@ class _WorldProxy:
     """Stands for ``distributed_c10d._world``: the calling rank thread's world, or the process's."""
 
     def __init__(self, fallback: Any):
-        object.__setattr__(self, "_local", threading.local())
         object.__setattr__(self, "_fallback", fallback)
 
-    def _world(self) -> Any:
-        return getattr(self._local, "world", None) or self._fallback
-
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._world(), name)
+        return getattr(getattr(_local, "world", None) or self._fallback, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._world(), name, value)
+        setattr(getattr(_local, "world", None) or self._fallback, name, value)
 
 
-# -- the process group torch sees ------------------------------------------------------------------------
+def in_rank() -> bool:
+    """Whether the calling thread is a rank thread of a running simulation with the bridge installed."""
+    return getattr(_local, "world", None) is not None
 
 
-def _done(result: Any) -> Any:
-    fut = torch.futures.Future()
-    fut.set_result(result)
-    return torch._C._distributed_c10d._create_work_from_future(fut)
+# -- torch's hooks, on rank threads -------------------------------------------------------------------------
 
 
-def _reduce_op(opts: Any) -> Any:
-    import torch.distributed as tdist
+def _rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs: Any) -> Any:
+    """torch's ``rendezvous`` on a rank thread: the simulation's store, this rank, the simulated world size."""
+    if not in_rank():
+        yield from _state["rendezvous"](url, rank, world_size, **kwargs)
+        return
+    from . import _api as api
 
-    from ._reduce_op import ReduceOp
-
-    op = getattr(getattr(opts, "reduceOp", None), "op", tdist.ReduceOp.SUM)
-    names = {tdist.ReduceOp.SUM: "SUM", tdist.ReduceOp.AVG: "AVG", tdist.ReduceOp.PRODUCT: "PRODUCT",
-             tdist.ReduceOp.MIN: "MIN", tdist.ReduceOp.MAX: "MAX", tdist.ReduceOp.BAND: "BAND",
-             tdist.ReduceOp.BOR: "BOR", tdist.ReduceOp.BXOR: "BXOR"}
-    if op not in names:
-        raise ValueError(f"reduce op {op} has no simdist equivalent")
-    return getattr(ReduceOp, names[op])
+    _join_simdist(rank, world_size, kwargs.get("timeout"))
+    yield _state["store"], api.get_rank(), api.get_world_size()
 
 
-def _make_bridge_class() -> type:
-    import torch.distributed as tdist
+def _join_simdist(rank: int, world_size: int, timeout: Any) -> None:
+    """Initialize the rank's simdist world (once); ``rank``/``world_size`` must match the simulation."""
+    from . import _api as api
+
+    if not api.is_initialized():
+        api.init_process_group("sim", rank=rank, world_size=world_size, timeout=timeout)
+
+
+def _new_process_group_helper(group_size: int, group_rank: Any, global_ranks: list, backend: Any, store: Any,
+                              *args: Any, **kwargs: Any) -> Any:
+    """torch's group factory on a rank thread: the simdist group first, then torch's bridge group over it."""
+    if not in_rank():
+        return _state["helper"](group_size, group_rank, global_ranks, backend, store, *args, **kwargs)
+    from torch.distributed import distributed_c10d as c10d
 
     from . import _api as api
 
-    class BridgeGroup(tdist.ProcessGroup):
-        """A torch ProcessGroup whose every op runs on a simdist group (blocking; the work is complete)."""
-
-        def __init__(self, rank: int, size: int, group: Any):
-            super().__init__(rank, size)
-            self._g = group
-            self._name = f"simdist:{group.group_id}"
-
-        @property
-        def group_name(self) -> str:
-            return self._name
-
-        def _set_group_name(self, name: str) -> None:
-            self._name = name
-
-        def getBackendName(self) -> str:  # noqa: N802 - torch's name
-            return "simdist"
-
-        def _global(self, group_rank: int) -> int:
-            return self._g.ranks[group_rank]
-
-        def allreduce(self, tensors, opts=None):
-            for t in tensors:
-                api.all_reduce(t, op=_reduce_op(opts), group=self._g)
-            return _done(tensors)
-
-        def allreduce_coalesced(self, tensors, opts=None):
-            return self.allreduce(tensors, opts)
-
-        def broadcast(self, tensors, opts):
-            for t in tensors:
-                api.broadcast(t, src=self._global(opts.rootRank), group=self._g)
-            return _done(tensors)
-
-        def reduce(self, tensors, opts):
-            for t in tensors:
-                api.reduce(t, dst=self._global(opts.rootRank), op=_reduce_op(opts), group=self._g)
-            return _done(tensors)
-
-        def allgather(self, output_lists, inputs, opts=None):
-            for outs, x in zip(output_lists, inputs):
-                api.all_gather(outs, x, group=self._g)
-            return _done(output_lists)
-
-        def _allgather_base(self, output, input, opts=None):
-            api.all_gather_into_tensor(output, input, group=self._g)
-            return _done([output])
-
-        all_gather_into_tensor = _allgather_base
-
-        def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-            for o, x in zip(outputs, inputs):
-                api.all_gather_into_tensor(o, x, group=self._g)
-            return _done(outputs)
-
-        def reduce_scatter(self, outputs, input_lists, opts=None):
-            for o, xs in zip(outputs, input_lists):
-                api.reduce_scatter(o, xs, op=_reduce_op(opts), group=self._g)
-            return _done(outputs)
-
-        def _reduce_scatter_base(self, output, input, opts=None):
-            api.reduce_scatter_tensor(output, input, op=_reduce_op(opts), group=self._g)
-            return _done([output])
-
-        reduce_scatter_tensor = _reduce_scatter_base
-
-        def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-            for o, x in zip(outputs, inputs):
-                api.reduce_scatter_tensor(o, x, op=_reduce_op(opts), group=self._g)
-            return _done(outputs)
-
-        def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-            api.all_to_all_single(output, input, output_split_sizes or None, input_split_sizes or None,
-                                  group=self._g)
-            return _done([output])
-
-        all_to_all_single = alltoall_base
-
-        def alltoall(self, outputs, inputs, opts=None):
-            api.all_to_all(outputs, inputs, group=self._g)
-            return _done(outputs)
-
-        def gather(self, output_lists, inputs, opts):
-            dst = self._global(opts.rootRank)
-            for outs, x in zip(output_lists or [None] * len(inputs), inputs):
-                api.gather(x, outs if self.rank() == opts.rootRank else None, dst=dst, group=self._g)
-            return _done(output_lists)
-
-        def scatter(self, outputs, input_lists, opts):
-            src = self._global(opts.rootRank)
-            for o, xs in zip(outputs, input_lists or [None] * len(outputs)):
-                api.scatter(o, xs if self.rank() == opts.rootRank else None, src=src, group=self._g)
-            return _done(outputs)
-
-        def barrier(self, opts=None):
-            api.barrier(group=self._g)
-            return _done([])
-
-        def send(self, tensors, dst, tag):
-            for t in tensors:
-                api.send(t, self._global(dst), group=self._g, tag=tag)
-            return _done(tensors)
-
-        def recv(self, tensors, src, tag):
-            for t in tensors:
-                api.recv(t, self._global(src), group=self._g, tag=tag)
-            return _done(tensors)
-
-        def recv_anysource(self, tensors, tag):
-            src = [api.recv(t, None, group=self._g, tag=tag) for t in tensors]
-            return _AnySourceWork(tensors, self._g.group_rank(src[-1]) if src else -1)
-
-    class _AnySourceWork(tdist.Work):
-        """A completed receive from any source: torch asks it which rank sent (``_source_rank``)."""
-
-        def __init__(self, tensors: list, source: int):
-            super().__init__()
-            self._tensors, self._source = tensors, source
-
-        def wait(self, timeout=None):
-            return True
-
-        def is_completed(self):
-            return True
-
-        def _source_rank(self):
-            return self._source
-
-        source_rank = _source_rank
-
-        def get_future(self):
-            fut = torch.futures.Future()
-            fut.set_result(self._tensors)
-            return fut
-
-    return BridgeGroup
-
-
-BridgeGroup: Any = None
+    if not global_ranks:  # the default group
+        _join_simdist(group_rank, group_size, kwargs.get("timeout"))
+        _local.group = ("default", None)
+    else:
+        _local.group = ("new", api.new_group(list(global_ranks), sort_ranks=False))
+    try:
+        pg, pg_store = _state["helper"](group_size, group_rank, global_ranks, "simdist", store, *args, **kwargs)
+    finally:
+        _local.group = None
+    if pg is not c10d.GroupMember.NON_GROUP_MEMBER:
+        name = str(backend)
+        c10d._world.pg_map[pg] = (name, pg_store)
+        c10d._world.pg_backend_config[pg] = str(c10d.BackendConfig(c10d.Backend(name)))
+        pg._set_backend_name(name)
+    return pg, pg_store
 
 
 def _creator(opts: Any, backend_options: Any = None) -> Any:
-    """torch's backend factory (extended API): the bridge to the simdist group of the same global ranks."""
+    """torch's backend factory (extended API) for ``"simdist"``: a bridge group over the pending simdist group."""
+    from . import _api as api
+    from ._torch_group import bridge_classes
     from ._world import current_world
 
-    world = current_world()
-    ranks = list(getattr(opts, "global_ranks_in_group", None) or range(opts.group_size))
-    group = _lookup_group(world, ranks)
-    return BridgeGroup(opts.group_rank, opts.group_size, group)
+    pending = getattr(_local, "group", None)
+    if pending is None:
+        raise RuntimeError("simdist: the 'simdist' torch backend is created by simdist's simulator only")
+    group = current_world().default_group if pending[0] == "default" else pending[1]
+    if group is None or api.get_rank(group) < 0:
+        raise RuntimeError(f"simdist: no simdist group for ranks {list(opts.global_ranks_in_group)}")
+    return bridge_classes()[0](opts.group_rank, opts.group_size, group)
 
 
-def _lookup_group(world: Any, ranks: list[int]) -> Any:
-    if len(ranks) == world.size and ranks == sorted(ranks):
-        return world.default_group
-    pending = _state["new_groups"].get(threading.get_ident(), {})
-    group = pending.pop(tuple(sorted(ranks)), None)
-    if group is None:
-        raise RuntimeError(f"no simdist group for ranks {ranks}: create it with torch.distributed.new_group")
-    return group
+# -- call sites, warnings and the exception hook ------------------------------------------------------------
+
+_INSTALLED = tuple(sorted({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
+"""Python's own library and installed packages: a warning raised there, on a rank, is shown at the user's line."""
+_SIMULATED_NCCL = "Attempted to get default timeout for nccl backend, but NCCL support is not compiled"
+
+
+def _showwarning(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+    """``warnings.showwarning`` during a simulation: a warning raised in library code on a rank shows the user's line."""
+    if in_rank() and str(message).startswith(_SIMULATED_NCCL):
+        return  # a GPU program's init_process_group("nccl") on a torch without NCCL: simulated, nothing to warn
+    if in_rank() and (is_library_file(filename) or filename.startswith(_INSTALLED)):
+        site = user_call_site(skip=_INSTALLED)
+        path, _, number = site.rpartition(":")
+        if path and number.isdigit():
+            filename, lineno, line = path, int(number), None
+    _state["showwarning"](message, category, filename, lineno, file, line)
+
+
+# -- torch's profiler: one session at a time ---------------------------------------------------------------
+# Kineto, under every torch profiler, keeps one session per process: a second session opened by another
+# rank thread while the first is open kills the process (SIGSEGV). Each rank may profile, one at a time.
+
+
+def _prepare_trace(prof: Any) -> None:
+    """``profile._prepare_trace`` during a simulation: refuse a second open session with a clear error."""
+    owner = _state.get("profiling")
+    if owner is not None and owner[0] != threading.get_ident() and in_rank():
+        raise RuntimeError(
+            f"simdist: torch's profiler is already profiling {owner[1]} in this process, and simulated ranks "
+            "share one process, where one profiler session may be open at a time: profile one rank "
+            "(`if dist.get_rank() == 0:`) or ranks one after another"
+        )
+    _state["prepare_trace"](prof)
+    _state["profiling"] = (threading.get_ident(), _who())
+
+
+def _exit_profile(prof: Any, *exc: Any) -> Any:
+    if getattr(prof, "entered", False) and _state.get("profiling", (None,))[0] == threading.get_ident():
+        _state["profiling"] = None
+    return _state["exit_profile"](prof, *exc)
+
+
+def _who() -> str:
+    from ._world import current_world
+
+    world = current_world() if in_rank() else None
+    return f"rank {world.rank}" if world is not None else "a thread other than the ranks"
 
 
 # -- install / uninstall ----------------------------------------------------------------------------------
@@ -287,114 +199,83 @@ def _lookup_group(world: Any, ranks: list[int]) -> Any:
 
 def install(engine: Any) -> None:
     """Make torch.distributed per rank thread and route it to simdist, for the simulation of ``engine``."""
-    global BridgeGroup, _registered
+    global _registered
     import torch.distributed as tdist
 
-    reason = supported()
-    if reason is not None:
-        _state["unsupported"] = (tdist, tdist.init_process_group)
-        tdist.init_process_group = _refuse(reason)
+    from torch.autograd.profiler import profile
+
+    skip_directory(os.path.dirname(torch.__file__))
+    _state.update(showwarning=warnings.showwarning, excepthook=sys.excepthook, profiling=None,
+                  prepare_trace=profile._prepare_trace, exit_profile=profile.__exit__)
+    warnings.showwarning = _showwarning
+    profile._prepare_trace, profile.__exit__ = _prepare_trace, _exit_profile
+    reason = _torch_versions.unsupported()
+    if reason is not None:  # torch's entry points refuse on rank threads, saying why and what to do
+        from torch.distributed import distributed_c10d as c10d
+
+        entries = [(m, n) for m in (tdist, c10d) for n in _ENTRIES if hasattr(m, n)]
+        _state["refused"] = [(m, n, getattr(m, n)) for m, n in entries]
+        for m, n in entries:
+            setattr(m, n, _refusing(getattr(m, n), reason))
         return
     from torch.distributed import distributed_c10d as c10d
 
-    if BridgeGroup is None:
-        BridgeGroup = _make_bridge_class()
     if not _registered:
-        tdist.Backend.register_backend("simdist", _creator, extended_api=True, devices=["cpu"])
+        tdist.Backend.register_backend("simdist", _creator, extended_api=True, devices=["cpu", "cuda"])
         _registered = True
     _state.update(
-        c10d=c10d, world=c10d._world, init=c10d.init_process_group, new_group=c10d.new_group,
-        destroy=c10d.destroy_process_group,
-        multithreading=torch._C._is_multithreading_enabled(), new_groups={},
-        store=tdist.HashStore(), rank_world=_rank_world_class(),
+        c10d=c10d, world=c10d._world, rendezvous=c10d.rendezvous, helper=c10d._new_process_group_helper,
+        multithreading=torch._C._is_multithreading_enabled(), store=tdist.HashStore(),
+        rank_world=_rank_world_class(),
     )
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
     c10d._world = _WorldProxy(c10d._world)
+    c10d.rendezvous = _rendezvous
+    c10d._new_process_group_helper = _new_process_group_helper
     torch._C._set_multithreading_enabled(False)
-    for module in (tdist, c10d):
-        module.init_process_group = _init_process_group
-        module.new_group = _new_group
-        module.destroy_process_group = _destroy_process_group
 
 
 def uninstall(engine: Any) -> None:
     """Undo :func:`install`."""
-    if "unsupported" in _state:
-        tdist, init = _state.pop("unsupported")
-        tdist.init_process_group = init
-        return
-    if "c10d" not in _state:
-        return
-    import torch.distributed as tdist
+    if "showwarning" in _state:
+        from torch.autograd.profiler import profile
 
-    c10d = _state["c10d"]
-    for module in (tdist, c10d):
-        module.init_process_group = _state["init"]
-        module.new_group = _state["new_group"]
-        module.destroy_process_group = _state["destroy"]
-    c10d._world = _state["world"]
-    torch._C._distributed_c10d._set_thread_isolation_mode(False)
-    torch._C._set_multithreading_enabled(_state["multithreading"])
+        warnings.showwarning = _state["showwarning"]
+        sys.excepthook = _state["excepthook"]
+        profile._prepare_trace, profile.__exit__ = _state["prepare_trace"], _state["exit_profile"]
+    for module, name, original in _state.get("refused", ()):
+        setattr(module, name, original)
+    if "c10d" in _state:
+        c10d = _state["c10d"]
+        c10d._world = _state["world"]
+        c10d.rendezvous = _state["rendezvous"]
+        c10d._new_process_group_helper = _state["helper"]
+        torch._C._distributed_c10d._set_thread_isolation_mode(False)
+        torch._C._set_multithreading_enabled(_state["multithreading"])
     _state.clear()
 
 
 def enter_rank() -> None:
     """Give the calling rank thread its own torch world."""
+    _local.rank = True
     if "c10d" in _state:
-        _state["c10d"]._world._local.world = _state["rank_world"]()
+        _local.world = _state["rank_world"]()
 
 
 def leave_rank() -> None:
-    if "c10d" in _state:
-        _state["c10d"]._world._local.world = None
-        _state["new_groups"].pop(threading.get_ident(), None)
+    _local.world = _local.group = _local.rank = None
 
 
-def _in_rank() -> bool:
-    return "c10d" in _state and getattr(_state["c10d"]._world._local, "world", None) is not None
+_ENTRIES = ("init_process_group", "rendezvous", "_new_process_group_helper")
+"""torch's ways into a process group, refused on rank threads when this torch is not supported."""
 
 
-def _init_process_group(backend: Any = None, init_method: Any = None, timeout: Any = None, world_size: int = -1,
-                        rank: int = -1, store: Any = None, *args: Any, **kwargs: Any) -> None:
-    """torch's ``init_process_group`` on a rank thread: this rank of the simulation, whatever the arguments."""
-    if not _in_rank():
-        return _state["init"](backend, init_method, timeout, world_size, rank, store, *args, **kwargs)
-    import torch.distributed as tdist
+def _refusing(original: Any, reason: str) -> Any:
+    @functools.wraps(original)
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_local, "rank", None):
+            raise RuntimeError(f"{reason}; torch.distributed code cannot run on simulated ranks with it "
+                               "(simdist's own API, `import simdist as dist`, still can)")
+        return original(*args, **kwargs)
 
-    from . import _api as api
-
-    api.init_process_group("sim", timeout=timeout) if timeout is not None else api.init_process_group("sim")
-    r, n = api.get_rank(), api.get_world_size()
-    _state["init"]("simdist", store=tdist.PrefixStore(f"rank{r}", _state["store"]), rank=r, world_size=n)
-
-
-def _new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> Any:
-    """torch's ``new_group`` on a rank thread: the simdist group first (every rank calls both), then torch's."""
-    if not _in_rank():
-        return _state["new_group"](ranks, *args, **kwargs)
-    from . import _api as api
-
-    members = sorted(ranks) if ranks is not None else list(range(api.get_world_size()))
-    group = api.new_group(members)
-    if group is not None and api.get_rank(group) >= 0:
-        _state["new_groups"].setdefault(threading.get_ident(), {})[tuple(members)] = group
-    kwargs.pop("backend", None)
-    return _state["new_group"](ranks, *args, backend="simdist", **kwargs)
-
-
-def _destroy_process_group(group: Any = None) -> None:
-    """torch's ``destroy_process_group`` on a rank thread: torch's groups, then the simdist world (for ``None``)."""
-    _state["destroy"](group)
-    if group is None and _in_rank():
-        from . import _api as api
-
-        if api.is_initialized():
-            api.destroy_process_group()
-
-
-def _refuse(reason: str) -> Any:
-    def init_process_group(*args: Any, **kwargs: Any) -> None:
-        raise RuntimeError(f"{reason}; torch.distributed code cannot run on simulated ranks with it "
-                           "(simdist's own API, `import simdist as dist`, still can)")
-
-    return init_process_group
+    return refuse

@@ -32,6 +32,8 @@ WORLD = 2
 STEPS = 3
 BATCH = 16
 ATOL, RTOL = 1e-6, 1e-5
+pytestmark = pytest.mark.torch_release
+
 SMALL_CAP_MB = 0.0002  # 209 bytes: this model's parameters fall into several buckets
 
 CONFIGS = [

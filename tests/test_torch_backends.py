@@ -24,7 +24,7 @@ import simdist as dist
 from simdist._world import current_world
 from simdist.backends.torchdist import MpiWorld, TorchGroup, TorchNcclWorld
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.torch_release]
 
 
 def test_groups_are_torch_groups_seen_from_both_apis() -> None:
