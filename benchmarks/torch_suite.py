@@ -1,7 +1,7 @@
 """(i) torch's own distributed test suite, unmodified, on gloo processes and on simulated ranks.
 
     python benchmarks/torch_suite.py [--only REGEX] [--sim-only | --gloo-only] [--gloo-from JSON]
-                                     [--timeout S] [--seed N] [--all] [--json PATH] [--list]
+                                     [--timeout S] [--seed N] [--all] [--json PATH] [--list] [--report JSON]
 
 Issue 7, item 7. The tests are the methods of ``DistributedTest._DistTestBase`` in the installed
 torch (``torch/testing/_internal/distributed/distributed_test.py``), at world size 2 with
@@ -139,7 +139,7 @@ def _sim_case_class() -> type:
         sim_seed: int = 0
 
         def _join_processes(self, fn):
-            outcomes: dict[int, tuple[str, str]] = {}
+            outcomes: dict[int, tuple[str, Any]] = {}  # rank -> (skip|exit|unwound, detail)
             self.sim_error = None
             try:
                 simdist.simulate(type(self)._sim_rank, int(self.world_size),
@@ -193,9 +193,12 @@ def _sim_case_class() -> type:
 
         def _barrier(self, *args, **kwargs):
             if not tdist.is_initialized():  # between a test's destroy_process_group and its next init
-                simdist.init_process_group("sim")
-                simdist.barrier()
-                simdist.destroy_process_group()
+                if simdist.is_initialized():
+                    simdist.barrier()
+                else:
+                    simdist.init_process_group("sim")
+                    simdist.barrier()
+                    simdist.destroy_process_group()
                 return
             # Barrier.sync is outside torch's groups: a simdist group of all ranks of its own, one per
             # default group (so a rank that skips a collective on the default group is not matched here)
@@ -384,29 +387,47 @@ def _log_tail(path: str) -> str:
 CAUSES: list[tuple[str, str, str]] = [
     ("profiler: two rank threads open torch's profiler",
      r"(crashed: .*profiler|torch's profiler is already profiling)",
-     "torch's profiler (Kineto) keeps one session per process. The test opens torch.autograd.profiler.profile "
-     "(or torch.profiler.profile) on every rank and then checks the backend's events: gloo records one async "
-     "event per op named 'gloo:<op>' (is_async, count 1, input shapes when record_shapes). Fix in the bridge: share "
-     "one session among the ranks (the first rank's __enter__ starts it, later ranks join; a rank's __exit__ stops "
-     "it only when it is the last one inside, else stops, keeps the events and restarts), give each rank's profile "
-     "object the events of its own thread, and record each bridged op as a record_function named "
-     "'<get_backend()>:<op>' ended on another thread (so is_async)"),
-    ("bridge lacks a ProcessGroup method", r"No backend type associated with device type",
-     "torch called a ProcessGroup method the bridge does not define (see the torch call): define it"),
+     "torch's profiler (Kineto) holds one session per process; every rank opens torch.autograd.profiler.profile "
+     "(or torch.profiler.profile) and then counts the backend's events. Bridge: let ranks share one session (the "
+     "first rank's __enter__ starts it with _ExperimentalConfig(profile_all_threads=True), later ranks join; a "
+     "rank's __exit__ stops it, keeps the events and restarts it if other ranks are still inside), hand each "
+     "rank's profile only the events started on its own thread, and record every bridged op as gloo does: "
+     "_RecordFunctionFast(f'{get_backend()}:{op}', input_tensors) entered at the op's start on the rank thread "
+     "and exited on another thread (is_async=True, count 1, input_shapes of the inputs)"),
+    ("DDP's logging data names the backend 'simdist'", r"'simdist' != 'gloo'.*test_ddp_logging_data",
+     "DDP's C++ Logger takes backend_name from ProcessGroup.getBackendName() ('simdist'); answering 'gloo' "
+     "there makes the logger static_cast the group's GLOO backend (error 'Could not find backend type 1'). "
+     "The bridge could report the requested name in DistributedDataParallel._get_ddp_logging_data()['backend_name']"),
     ("get_backend() answers 'simdist'", r"'simdist' != 'gloo'|only implemented for GLOO backend",
      "torch.distributed.get_backend(group) must answer the name the program gave ('gloo'); "
      "monitored_barrier checks it before calling ProcessGroup.monitored_barrier(timeout, wait_all_ranks)"),
+    ("bridge lacks a ProcessGroup method", r"No backend type associated with device type",
+     "torch called a ProcessGroup method the bridge does not define (see the torch call): define it"),
+    ("allgather_coalesced reads its outputs the wrong way round",
+     r"expected \d+ \(the group size\).*allgather_coalesced",
+     "torch calls ProcessGroup.allgather_coalesced(output_tensor_lists, input_tensor_list, opts) with "
+     "output_tensor_lists[r][i] receiving rank r's input_tensor_list[i] (one list per rank); the bridge's "
+     "allgather_coalesced = allgather reads it as allgather's [i][r]"),
+    ("monitored_barrier: a rank that never arrives is a deadlock",
+     r"monitored_barrier|monitoredBarrier",
+     "ProcessGroup.monitored_barrier(timeout, wait_all_ranks) must raise on rank 0, in virtual time, when a rank "
+     "never arrives: RuntimeError('Rank {r} failed to pass monitoredBarrier in {ms} ms') (first missing rank), "
+     "'Ranks {r1, r2} failed to pass monitoredBarrier' with wait_all_ranks, 'Rank 0 timed out in "
+     "monitoredBarrier after {ms} ms' with timeout 0; a non-member rank returns at once; the simulator now "
+     "reports a deadlock instead"),
     ("async p2p blocks", r"DeadlockError.*\| .*(send|recv|batch_isend_irecv)",
      "isend/irecv/batch_isend_irecv must start the transfer and return a work that completes at wait() "
      "(ProcessGroup.send(tensors, dst, tag)/recv(tensors, src, tag) return before the peer arrives)"),
     ("sparse tensors", r"sparse",
-     "ProcessGroup.allreduce([sparse_coo tensor], opts): gloo sums sparse COO tensors (indices concatenated, "
-     "then coalesced); the bridge passes them to simdist, which accepts dense tensors only"),
+     "ProcessGroup.allreduce([sparse COO tensor], opts) with SUM: gloo replaces the tensor in place by the "
+     "coalesced sum of every rank's tensor (indices and values of different lengths per rank); simdist's "
+     "collectives take dense tensors only"),
     ("test needs one process per rank (os.getpid)", r"in test_get_rank\b",
      "the test names a file per process with os.getpid(); rank threads share one pid (not a bridge matter)"),
-    ("test needs a real timeout", r"_test_barrier_timeout|timed out in monitoredBarrier|Timed out",
-     "the test waits for gloo to raise 'Timed out' after the group's timeout (and measures it with time.time()); "
-     "the simulator reports the rank that never joins as a deadlock at once"),
+    ("test needs a real timeout", r"_test_barrier_timeout|Timed out",
+     "rank 0 alone calls barrier and expects gloo's 'Timed out' error after the group's timeout, measured with "
+     "time.time(); the simulator reports the rank that never joins as a deadlock at once (a virtual-time "
+     "timeout would still fail the time.time() check)"),
     ("crash (signal)", r"^crashed: ", "see the per-test log (faulthandler's stacks)"),
     ("hang", r"^hung: |DistTimeoutError", "a loop that never reaches a simdist call, or a wait outside simdist"),
 ]
@@ -515,11 +536,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="the simulator's schedule seed")
     p.add_argument("--all", action="store_true", help="also print every test's outcome on both sides")
     p.add_argument("--list", action="store_true", help="list the selected tests and exit")
+    p.add_argument("--report", metavar="JSON", help="print the report of an earlier --json run (causes re-derived) and exit")
     p.add_argument("--json", metavar="PATH", help="write every outcome and the figure as JSON (rewritten after each test)")
     args = p.parse_args(argv)
 
     _set_env(args.timeout)
     from _common import finish_info, machine_info, write_json
+
+    if args.report:
+        with open(args.report, encoding="utf-8") as f:
+            results = json.load(f)["tests"]
+        for rec in results.values():
+            if rec.get("sim", {}).get("outcome") == "fail":
+                rec["sim"]["cause"] = classify(rec["sim"])[0]
+        print(report(results, summarize(results), args.all))
+        return 0
 
     names = test_names(args.only)
     if args.list:
@@ -546,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
             rec[s] = run_isolated(s, name, args.timeout, args.seed, logdir)
             seconds[s] += rec[s]["seconds"]
             if s == "sim" and rec[s]["outcome"] == "fail":
-                rec[s]["cause"], fix = classify(rec[s])
+                rec[s]["cause"] = classify(rec[s])[0]
         results[name] = rec
         print(f"[{i}/{len(names)}] {name}: " + "  ".join(f"{s} {_side_cell(rec.get(s))}" for s in SIDES if s in rec),
               file=sys.stderr, flush=True)
