@@ -58,9 +58,11 @@ SUITE = "torch/testing/_internal/distributed/distributed_test.py"
 # --- the torch side of the harness -----------------------------------------------------------------------
 
 
-def _set_env(timeout: float) -> None:
+def _set_env(timeout: float, init_method: str | None = None) -> None:
     """The environment distributed_test.py reads at import (call before importing it)."""
     os.environ.update(ENV)
+    if init_method:
+        os.environ["INIT_METHOD"] = ENV["INIT_METHOD"] = init_method
     # torch's own limit for joining a test's processes (common_distributed.TIMEOUT_DEFAULT)
     os.environ.setdefault("DISTRIBUTED_TESTS_DEFAULT_TIMEOUT", str(int(timeout)))
 
@@ -347,6 +349,9 @@ def run_isolated(side: str, name: str, timeout: float, seed: int, logdir: str) -
     else:
         rec = {"outcome": "fail", "error": f"harness error (exit code {os.WEXITSTATUS(status)}): {_log_tail(log_path)}"}
     rec["seconds"] = seconds
+    for path in (res_path, log_path) if rec["outcome"] != "fail" else (res_path,):  # keep failures' logs
+        if os.path.exists(path):
+            os.remove(path)
     return rec
 
 
@@ -498,6 +503,15 @@ def report(results: dict[str, dict[str, Any]], summary: dict[str, Any], show_all
             "reason", "")))] for n in summary["gained"]]
         out.append("\nPass on the simulator, not on gloo:\n")
         out.append(markdown_table(["test", "gloo", "gloo's error or skip reason"], rows))
+    skips: dict[str, int] = {}
+    for rec in results.values():
+        outcome = [rec[side] for side in SIDES if side in rec]
+        if outcome and all(o["outcome"] == "skip" for o in outcome):
+            skips[outcome[0].get("reason", "")] = skips.get(outcome[0].get("reason", ""), 0) + 1
+    if skips:
+        out.append("\nSkipped on every side run, by reason:\n")
+        out.append(markdown_table(["skip reason", "tests"], [[_cell(why), n] for why, n in
+                                                           sorted(skips.items(), key=lambda kv: (-kv[1], kv[0]))]))
     if show_all:
         rows = [[n, *(_side_cell(r.get(side)) for side in SIDES)] for n, r in sorted(results.items())]
         out.append("\nEvery test:\n")
@@ -534,13 +548,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0,
                    help="real seconds per test and side (torch's own default, 300); the child is killed 60 s later")
     p.add_argument("--seed", type=int, default=0, help="the simulator's schedule seed")
+    p.add_argument("--init-method", metavar="URL",
+                   help="INIT_METHOD for the suite (default env://; torch's CI also runs file://PATH, which "
+                        "enables test_barrier_timeout_global)")
     p.add_argument("--all", action="store_true", help="also print every test's outcome on both sides")
     p.add_argument("--list", action="store_true", help="list the selected tests and exit")
     p.add_argument("--report", metavar="JSON", help="print the report of an earlier --json run (causes re-derived) and exit")
     p.add_argument("--json", metavar="PATH", help="write every outcome and the figure as JSON (rewritten after each test)")
     args = p.parse_args(argv)
 
-    _set_env(args.timeout)
+    _set_env(args.timeout, args.init_method)
     from _common import finish_info, machine_info, write_json
 
     if args.report:
@@ -590,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = {s: round(sum(r[s]["seconds"] for r in results.values() if s in r), 1) for s in SIDES}
     times = ", ".join(f"{s} side {seconds[s]:.0f} s" + (" (from --gloo-from)" if s not in sides else "")
                       for s in SIDES if seconds[s])
-    text += f"\n\n{len(names)} tests; {times}; {wall:.0f} s in all. Per-test logs: {logdir}"
+    text += f"\n\n{len(names)} tests; {times}; {wall:.0f} s in all. Logs of the failures: {logdir}"
     print(text)
     if args.json:
         payload = _payload(results, seconds, wall, finish_info(info), args, simdist, complete=True)
