@@ -3,7 +3,7 @@
     python benchmarks/torch_suite.py [--only REGEX] [--sim-only | --gloo-only] [--gloo-from JSON]
                                      [--timeout S] [--seed N] [--all] [--json PATH] [--list] [--report JSON]
 
-Issue 7, item 7. The tests are the methods of ``DistributedTest._DistTestBase`` in the installed
+torch's own test suite as the peer. The tests are the methods of ``DistributedTest._DistTestBase`` in the installed
 torch (``torch/testing/_internal/distributed/distributed_test.py``), at world size 2 with
 ``BACKEND=gloo``, ``WORLD_SIZE=2``, ``INIT_METHOD=env://`` (the environment torch's
 ``run_test.py`` gives ``test_distributed_spawn.py``). Each test runs twice:
@@ -392,17 +392,20 @@ def _log_tail(path: str) -> str:
 CAUSES: list[tuple[str, str, str]] = [
     ("profiler: two rank threads open torch's profiler",
      r"(crashed: .*profiler|torch's profiler is already profiling)",
-     "torch's profiler (Kineto) holds one session per process; every rank opens torch.autograd.profiler.profile "
-     "(or torch.profiler.profile) and then counts the backend's events. Bridge: let ranks share one session (the "
-     "first rank's __enter__ starts it with _ExperimentalConfig(profile_all_threads=True), later ranks join; a "
-     "rank's __exit__ stops it, keeps the events and restarts it if other ranks are still inside), hand each "
-     "rank's profile only the events started on its own thread, and record every bridged op as gloo does: "
-     "_RecordFunctionFast(f'{get_backend()}:{op}', input_tensors) entered at the op's start on the rank thread "
-     "and exited on another thread (is_async=True, count 1, input_shapes of the inputs)"),
+     "torch's profiler (Kineto) holds one session per process and crashes when sessions start and stop on "
+     "different threads; every rank opens torch.autograd.profiler.profile (or torch.profiler.profile) and then "
+     "counts the backend's events. Bridge: one shared session with _ExperimentalConfig(profile_all_threads=True), "
+     "started and stopped on one dedicated thread; a rank's _start_trace joins it and records a marker event on "
+     "its thread; its __exit__ stops it (restarting it if other ranks are still inside) and keeps the events of "
+     "its own thread; every bridged op records '<get_backend()>:<gloo title>' on the rank thread, and the bridge "
+     "sets that event's input_shapes and is_async=True as gloo's are (a global session records no inputs for a "
+     "Python record function)"),
     ("DDP's logging data names the backend 'simdist'", r"'simdist' != 'gloo'.*test_ddp_logging_data",
      "DDP's C++ Logger takes backend_name from ProcessGroup.getBackendName() ('simdist'); answering 'gloo' "
-     "there makes the logger static_cast the group's GLOO backend (error 'Could not find backend type 1'). "
-     "The bridge could report the requested name in DistributedDataParallel._get_ddp_logging_data()['backend_name']"),
+     "there makes it static_cast the group's GLOO backend ('Could not find backend type 1'). The bridge can "
+     "correct DistributedDataParallel._get_ddp_logging_data(): backend_name = get_backend(process_group) and, "
+     "for 'gloo', what the logger adds for ProcessGroupGloo (gloo_socket_ifname and gloo_device_transport from "
+     "the environment or 'N/A', gloo_num_threads 2)"),
     ("get_backend() answers 'simdist'", r"'simdist' != 'gloo'|only implemented for GLOO backend",
      "torch.distributed.get_backend(group) must answer the name the program gave ('gloo'); "
      "monitored_barrier checks it before calling ProcessGroup.monitored_barrier(timeout, wait_all_ranks)"),
@@ -412,21 +415,23 @@ CAUSES: list[tuple[str, str, str]] = [
      r"expected \d+ \(the group size\).*allgather_coalesced",
      "torch calls ProcessGroup.allgather_coalesced(output_tensor_lists, input_tensor_list, opts) with "
      "output_tensor_lists[r][i] receiving rank r's input_tensor_list[i] (one list per rank); the bridge's "
-     "allgather_coalesced = allgather reads it as allgather's [i][r]"),
+     "allgather_coalesced = allgather reads it as allgather's [i][r]. Fix: allgather([[outs[i] for outs in "
+     "output_tensor_lists] for i in range(len(input_tensor_list))], input_tensor_list, opts)"),
     ("monitored_barrier: a rank that never arrives is a deadlock",
      r"monitored_barrier|monitoredBarrier",
      "ProcessGroup.monitored_barrier(timeout, wait_all_ranks) must raise on rank 0, in virtual time, when a rank "
      "never arrives: RuntimeError('Rank {r} failed to pass monitoredBarrier in {ms} ms') (first missing rank), "
      "'Ranks {r1, r2} failed to pass monitoredBarrier' with wait_all_ranks, 'Rank 0 timed out in "
-     "monitoredBarrier after {ms} ms' with timeout 0; a non-member rank returns at once; the simulator now "
-     "reports a deadlock instead"),
+     "monitoredBarrier after {ms} ms' at once with timeout 0; the other ranks return once rank 0 has seen them. "
+     "The simulator reports a deadlock instead: it needs timed waits (when no rank can run, the blocked wait "
+     "with the earliest deadline fails with its timeout and the virtual clock moves to it)"),
     ("async p2p blocks", r"DeadlockError.*\| .*(send|recv|batch_isend_irecv)",
      "isend/irecv/batch_isend_irecv must start the transfer and return a work that completes at wait() "
      "(ProcessGroup.send(tensors, dst, tag)/recv(tensors, src, tag) return before the peer arrives)"),
     ("sparse tensors", r"sparse",
      "ProcessGroup.allreduce([sparse COO tensor], opts) with SUM: gloo replaces the tensor in place by the "
-     "coalesced sum of every rank's tensor (indices and values of different lengths per rank); simdist's "
-     "collectives take dense tensors only"),
+     "coalesced sum of every rank's tensor (nnz differs per rank). The bridge can all_gather_object each "
+     "rank's coalesced tensor, sum, coalesce and copy_ into the input; simdist's collectives take dense tensors"),
     ("test needs one process per rank (os.getpid)", r"in test_get_rank\b",
      "the test names a file per process with os.getpid(); rank threads share one pid (not a bridge matter)"),
     ("test needs a real timeout", r"_test_barrier_timeout|Timed out",
