@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from . import _api as api
+from . import _torch_cuda
 from ._future import Future
 from ._callsite import skip_directory, user_call_site
 from ._objects import all_gather_object
@@ -489,7 +490,12 @@ def _verify_same_model(module: nn.Module, group: Any) -> None:
 
 
 def _names_device(d: Any, device: torch.device) -> bool:
-    """Whether ``d`` (an accelerator index, a string or a torch.device) names ``device``."""
+    """Whether ``d`` (an accelerator index, a string or a torch.device) names ``device``.
+
+    On a rank with simulated GPUs, whose tensors live on the CPU, a simulated GPU names the CPU.
+    """
+    if device.type == "cpu" and _torch_cuda.names_simulated_gpu(d):
+        return True
     if isinstance(d, int) and not isinstance(d, bool):
         return device.type != "cpu" and device.index == d
     return isinstance(d, (str, torch.device)) and torch.device(d) == device

@@ -13,7 +13,8 @@ While a simulation runs (:func:`install` at its start, :func:`uninstall` at its 
   (``"gloo"``, ``"nccl"``). Both hooks sit under torch's public functions, so a
   ``from torch.distributed import init_process_group`` made before the simulation works too;
 - torch's own folder is library code for call sites, and warnings raised on rank threads
-  point at the user's line; torch's ``[rankN]:`` exception hook is undone at the end.
+  point at the user's line; torch's ``[rankN]:`` exception hook is undone at the end;
+- torch's profiler is shared by the ranks (:mod:`simdist._torch_profiler`).
 
 So a rank's torch calls become simdist calls: scheduled, checked, traced and replayable.
 Which torch releases this was tested on, and what differs between them, is in
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 
-from . import _torch_versions
+from . import _torch_profiler, _torch_versions
 from ._callsite import is_library_file, skip_directory, user_call_site
 
 __all__ = ["install", "uninstall", "enter_rank", "leave_rank", "in_rank"]
@@ -163,37 +164,6 @@ def _showwarning(message: Any, category: Any, filename: str, lineno: int, file: 
     _state["showwarning"](message, category, filename, lineno, file, line)
 
 
-# -- torch's profiler: one session at a time ---------------------------------------------------------------
-# Kineto, under every torch profiler, keeps one session per process: a second session opened by another
-# rank thread while the first is open kills the process (SIGSEGV). Each rank may profile, one at a time.
-
-
-def _prepare_trace(prof: Any) -> None:
-    """``profile._prepare_trace`` during a simulation: refuse a second open session with a clear error."""
-    owner = _state.get("profiling")
-    if owner is not None and owner[0] != threading.get_ident() and in_rank():
-        raise RuntimeError(
-            f"simdist: torch's profiler is already profiling {owner[1]} in this process, and simulated ranks "
-            "share one process, where one profiler session may be open at a time: profile one rank "
-            "(`if dist.get_rank() == 0:`) or ranks one after another"
-        )
-    _state["prepare_trace"](prof)
-    _state["profiling"] = (threading.get_ident(), _who())
-
-
-def _exit_profile(prof: Any, *exc: Any) -> Any:
-    if getattr(prof, "entered", False) and _state.get("profiling", (None,))[0] == threading.get_ident():
-        _state["profiling"] = None
-    return _state["exit_profile"](prof, *exc)
-
-
-def _who() -> str:
-    from ._world import current_world
-
-    world = current_world() if in_rank() else None
-    return f"rank {world.rank}" if world is not None else "a thread other than the ranks"
-
-
 # -- install / uninstall ----------------------------------------------------------------------------------
 
 
@@ -202,13 +172,10 @@ def install(engine: Any) -> None:
     global _registered
     import torch.distributed as tdist
 
-    from torch.autograd.profiler import profile
-
     skip_directory(os.path.dirname(torch.__file__))
-    _state.update(showwarning=warnings.showwarning, excepthook=sys.excepthook, profiling=None,
-                  prepare_trace=profile._prepare_trace, exit_profile=profile.__exit__)
+    _state.update(showwarning=warnings.showwarning, excepthook=sys.excepthook)
     warnings.showwarning = _showwarning
-    profile._prepare_trace, profile.__exit__ = _prepare_trace, _exit_profile
+    _torch_profiler.install()
     reason = _torch_versions.unsupported()
     if reason is not None:  # torch's entry points refuse on rank threads, saying why and what to do
         from torch.distributed import distributed_c10d as c10d
@@ -238,11 +205,9 @@ def install(engine: Any) -> None:
 def uninstall(engine: Any) -> None:
     """Undo :func:`install`."""
     if "showwarning" in _state:
-        from torch.autograd.profiler import profile
-
         warnings.showwarning = _state["showwarning"]
         sys.excepthook = _state["excepthook"]
-        profile._prepare_trace, profile.__exit__ = _state["prepare_trace"], _state["exit_profile"]
+        _torch_profiler.uninstall()
     for module, name, original in _state.get("refused", ()):
         setattr(module, name, original)
     if "c10d" in _state:

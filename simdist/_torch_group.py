@@ -45,6 +45,13 @@ def _reduction(opts: Any, what: str) -> tuple[Any, Any]:
     raise ValueError(f"simdist: {what} with reduce op {op} is not simulated; use one of {', '.join(_REDUCE_OPS)}")
 
 
+def _scaled(t: Any, factor: Any, copy: bool = False) -> Any:
+    """``t`` times a PREMUL_SUM factor: in place for an op's own buffer, else a copy; ``t`` itself without one."""
+    if factor is None:
+        return t
+    return t * factor if copy else t.mul_(factor)
+
+
 def _seconds(timeout: Any) -> float | None:
     if isinstance(timeout, timedelta):
         return timeout.total_seconds() or None
@@ -57,15 +64,17 @@ def bridge_classes() -> tuple[type, type]:
     import torch.distributed as tdist
 
     from . import _api as api
+    from . import _torch_profiler
 
     class BridgeWork(tdist.Work):
         """One op's simdist works as a torch Work: complete once every one of them is (at ``wait()``)."""
 
-        def __init__(self, works: list, outputs: Any, source: Any = None):
+        def __init__(self, works: list, outputs: Any, source: Any = None, event: Any = None):
             super().__init__()
             self._works = [w for w in works if w is not None]
             self._outputs = outputs
             self._source = source  # a receive from any source: the simdist work that knows the sender
+            self._event = event  # the profiler's record of this op, ended once the op completes
             self._error: BaseException | None = None
 
         def wait(self, timeout: Any = None) -> bool:
@@ -75,6 +84,10 @@ def bridge_classes() -> tuple[type, type]:
             except BaseException as exc:
                 self._error = exc
                 raise
+            finally:
+                if self._event is not None:
+                    _torch_profiler.end_op_event(self._event)
+                    self._event = None
             return True
 
         def is_completed(self) -> bool:
@@ -165,8 +178,12 @@ def bridge_classes() -> tuple[type, type]:
         def _global(self, group_rank: int) -> int:
             return self._g.ranks[group_rank]
 
-        def _start(self, works: list, outputs: Any, source: Any = None) -> Any:
-            work = BridgeWork(works, outputs, source)
+        def _event(self, op: str, inputs: list) -> Any:
+            """The profiler's record of ``op`` (named as torch's own backend names it), while a profiler runs."""
+            return _torch_profiler.start_op_event(f"{self._backend_name}:{op}", inputs)
+
+        def _start(self, event: Any, works: list, outputs: Any, source: Any = None) -> Any:
+            work = BridgeWork(works, outputs, source, event)
             if self._coalescing is not None:
                 self._coalescing.append(work)
             return work
@@ -183,102 +200,115 @@ def bridge_classes() -> tuple[type, type]:
         # -- collectives ------------------------------------------------------------------------------------
 
         def allreduce(self, tensors, opts=None):
+            event = self._event("all_reduce", tensors)
             op, factor = _reduction(opts, "all_reduce")
-            for t in tensors if factor is not None else ():
-                t.mul_(factor)
-            return self._start([api.all_reduce(t, op=op, group=self._g, async_op=True) for t in tensors], tensors)
+            works = [api.all_reduce(_scaled(t, factor), op=op, group=self._g, async_op=True) for t in tensors]
+            return self._start(event, works, tensors)
 
         allreduce_coalesced = allreduce
 
         def broadcast(self, tensors, opts):
+            event = self._event("broadcast", tensors)
             src = self._global(opts.rootRank)
-            return self._start([api.broadcast(t, src=src, group=self._g, async_op=True) for t in tensors], tensors)
+            works = [api.broadcast(t, src=src, group=self._g, async_op=True) for t in tensors]
+            return self._start(event, works, tensors)
 
         def reduce(self, tensors, opts):
+            event = self._event("reduce", tensors)
             dst, (op, factor) = self._global(opts.rootRank), _reduction(opts, "reduce")
-            for t in tensors if factor is not None else ():
-                t.mul_(factor)
-            return self._start(
-                [api.reduce(t, dst=dst, op=op, group=self._g, async_op=True) for t in tensors], tensors
-            )
+            works = [api.reduce(_scaled(t, factor), dst=dst, op=op, group=self._g, async_op=True) for t in tensors]
+            return self._start(event, works, tensors)
 
         def allgather(self, output_lists, inputs, opts=None):
+            event = self._event("all_gather", inputs)
             works = [api.all_gather(outs, x, group=self._g, async_op=True) for outs, x in zip(output_lists, inputs)]
-            return self._start(works, output_lists)
+            return self._start(event, works, output_lists)
 
-        allgather_coalesced = allgather
+        def allgather_coalesced(self, output_lists, inputs, opts=None):
+            """``output_lists[r][i]`` receives rank r's ``inputs[i]``."""
+            event = self._event("all_gather_coalesced", inputs)
+            works = [api.all_gather([outs[i] for outs in output_lists], x, group=self._g, async_op=True)
+                     for i, x in enumerate(inputs)]
+            return self._start(event, works, output_lists)
 
         def _allgather_base(self, output, input, opts=None):
-            return self._start([api.all_gather_into_tensor(output, input, group=self._g, async_op=True)], [output])
+            event = self._event("all_gather_into_tensor", [input])
+            work = api.all_gather_into_tensor(output, input, group=self._g, async_op=True)
+            return self._start(event, [work], [output])
 
         all_gather_single = all_gather_into_tensor = _allgather_base
 
         def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+            event = self._event("all_gather_into_tensor_coalesced", inputs)
             works = [api.all_gather_into_tensor(o, x, group=self._g, async_op=True) for o, x in zip(outputs, inputs)]
-            return self._start(works, outputs)
+            return self._start(event, works, outputs)
 
         all_gather_single_coalesced = allgather_into_tensor_coalesced
 
         def reduce_scatter(self, outputs, input_lists, opts=None):
+            event = self._event("reduce_scatter", [x for xs in input_lists for x in xs])
             op, factor = _reduction(opts, "reduce_scatter")
-            if factor is not None:
-                input_lists = [[x * factor for x in xs] for xs in input_lists]
-            works = [api.reduce_scatter(o, xs, op=op, group=self._g, async_op=True)
-                     for o, xs in zip(outputs, input_lists)]
-            return self._start(works, outputs)
+            works = [api.reduce_scatter(o, [_scaled(x, factor, copy=True) for x in xs], op=op, group=self._g,
+                                        async_op=True) for o, xs in zip(outputs, input_lists)]
+            return self._start(event, works, outputs)
 
         def _reduce_scatter_base(self, output, input, opts=None):
+            event = self._event("reduce_scatter_tensor", [input])
             op, factor = _reduction(opts, "reduce_scatter_tensor")
-            input = input if factor is None else input * factor
-            return self._start(
-                [api.reduce_scatter_tensor(output, input, op=op, group=self._g, async_op=True)], [output]
-            )
+            work = api.reduce_scatter_tensor(output, _scaled(input, factor, copy=True), op=op, group=self._g,
+                                             async_op=True)
+            return self._start(event, [work], [output])
 
         reduce_scatter_single = reduce_scatter_tensor = _reduce_scatter_base
 
         def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+            event = self._event("reduce_scatter_tensor_coalesced", inputs)
             op, factor = _reduction(opts, "reduce_scatter_tensor")
-            if factor is not None:
-                inputs = [x * factor for x in inputs]
-            works = [api.reduce_scatter_tensor(o, x, op=op, group=self._g, async_op=True)
+            works = [api.reduce_scatter_tensor(o, _scaled(x, factor, copy=True), op=op, group=self._g, async_op=True)
                      for o, x in zip(outputs, inputs)]
-            return self._start(works, outputs)
+            return self._start(event, works, outputs)
 
         reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
         def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+            event = self._event("all_to_all", [input])
             work = api.all_to_all_single(output, input, list(output_split_sizes) or None,
                                          list(input_split_sizes) or None, group=self._g, async_op=True)
-            return self._start([work], [output])
+            return self._start(event, [work], [output])
 
         all_to_all_single = alltoall_base
 
         def alltoall(self, outputs, inputs, opts=None):
-            return self._start([api.all_to_all(outputs, inputs, group=self._g, async_op=True)], outputs)
+            event = self._event("all_to_all", inputs)
+            return self._start(event, [api.all_to_all(outputs, inputs, group=self._g, async_op=True)], outputs)
 
         def gather(self, output_lists, inputs, opts):
+            event = self._event("gather", inputs)
             dst, root = self._global(opts.rootRank), self.rank() == opts.rootRank
             works = [api.gather(x, outs if root else None, dst=dst, group=self._g, async_op=True)
                      for outs, x in zip(output_lists or [None] * len(inputs), inputs)]
-            return self._start(works, output_lists)
+            return self._start(event, works, output_lists)
 
         def _gather_base(self, output, input, opts):
+            event = self._event("gather", [input])
             """torch 2.14's ``gather_into_tensor``/``gather_single``: the root's ``output`` holds every input."""
             root = self.rank() == opts.rootRank
             parts = list(output.chunk(self.size())) if root else None
             work = api.gather(input, parts, dst=self._global(opts.rootRank), group=self._g, async_op=True)
-            return self._start([work], [output])
+            return self._start(event, [work], [output])
 
         gather_single = gather_into_tensor = _gather_base
 
         def scatter(self, outputs, input_lists, opts):
+            event = self._event("scatter", outputs)
             src, root = self._global(opts.rootRank), self.rank() == opts.rootRank
             works = [api.scatter(o, xs if root else None, src=src, group=self._g, async_op=True)
                      for o, xs in zip(outputs, input_lists or [None] * len(outputs))]
-            return self._start(works, outputs)
+            return self._start(event, works, outputs)
 
         def barrier(self, opts=None):
-            return self._start([api.barrier(group=self._g, async_op=True)], [])
+            event = self._event("barrier", [])
+            return self._start(event, [api.barrier(group=self._g, async_op=True)], [])
 
         def monitored_barrier(self, timeout=None, wait_all_ranks=False):
             """A barrier; a rank that never arrives is a deadlock report naming it, never a hang."""
@@ -287,16 +317,19 @@ def bridge_classes() -> tuple[type, type]:
         # -- point to point: posted at once, complete at wait() ------------------------------------------
 
         def send(self, tensors, dst, tag):
+            event = self._event("send", tensors)
             works = [api.isend(t, group=self._g, group_dst=dst, tag=tag) for t in tensors]
-            return self._start(works, tensors)
+            return self._start(event, works, tensors)
 
         def recv(self, tensors, src, tag):
+            event = self._event("recv", tensors)
             works = [api.irecv(t, group=self._g, group_src=src, tag=tag) for t in tensors]
-            return self._start(works, tensors)
+            return self._start(event, works, tensors)
 
         def recv_anysource(self, tensors, tag):
+            event = self._event("recvAnySource", tensors)
             works = [api.irecv(t, None, group=self._g, tag=tag) for t in tensors]
-            return self._start(works, tensors, source=(self._g, works[-1]) if works else None)
+            return self._start(event, works, tensors, source=(self._g, works[-1]) if works else None)
 
         # -- life cycle ---------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from ._errors import NotInitializedError
 from ._group import ProcessGroup
 
-__all__ = ["World", "current_world", "require_world", "set_thread_world", "set_process_world"]
+__all__ = ["World", "current_world", "require_world", "set_thread_world", "set_process_world", "thread_world"]
 
 
 class World(ABC):
@@ -69,6 +69,11 @@ _process_world: World | None = None
 def current_world() -> World | None:
     """The calling thread's world, else the process world, else ``None``."""
     return getattr(_local, "world", None) or _process_world
+
+
+def thread_world() -> World | None:
+    """The calling thread's own world (a simulated rank's), ignoring the process world."""
+    return getattr(_local, "world", None)
 
 
 def require_world(fn: str) -> World:

@@ -7,13 +7,20 @@
 
 Each rank runs the script as ``__main__`` with torchrun's environment (RANK, LOCAL_RANK,
 WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), plus SIMDIST_SECRET and
-SIMDIST_BACKEND, so ``dist.init_process_group("gloo")`` needs no arguments. The launcher exits
-0 when every rank exits 0; when a rank fails it stops the others and exits non-zero.
+SIMDIST_BACKEND, so ``dist.init_process_group("gloo")`` needs no arguments. Like torchrun, with
+more than one rank per node and OMP_NUM_THREADS unset, ranks get OMP_NUM_THREADS=1. The launcher
+exits 0 when every rank exits 0; when a rank fails it stops the others and exits non-zero.
+
+With ``--backend sim`` a script that starts its own ranks with ``torch.multiprocessing.spawn``
+(or ``start_processes``) runs once instead, as ``python script.py`` would, on a node of N
+simulated GPUs; each spawn runs its function on simulated ranks (see :data:`LAUNCH_HELP`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ast
 import os
 import runpy
 import signal
@@ -22,7 +29,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Iterator, Sequence
 from queue import Empty, Queue
 from typing import IO, Any
 
@@ -33,6 +40,17 @@ GRACE_SECONDS = 5.0
 
 DEFAULT_PORT = 29500
 PROCESS_BACKENDS = ("socket", "nccl", "gloo", "torch-nccl", "mpi")
+LAUNCHES = ("auto", "torchrun", "spawn")
+SPAWNS = ("spawn", "start_processes")  # the functions of torch.multiprocessing that start ranks
+
+LAUNCH_HELP = (
+    "how --backend sim starts the script: 'torchrun': every rank runs it as __main__ with torchrun's "
+    "environment; 'spawn': it runs once, as 'python script.py' would, on a node of N simulated GPUs "
+    "(torch.cuda.device_count() == N), and each torch.multiprocessing.spawn(fn, args, nprocs) or "
+    "start_processes it calls runs fn(i, *args) on nprocs simulated ranks, returning when they finish; "
+    "'auto' (default): 'spawn' when the script's own source calls torch.multiprocessing.spawn or "
+    "start_processes (the script is read, not run), else 'torchrun'"
+)
 
 # A rank process: the script becomes __main__, sys.argv is the script and its arguments, and the
 # script's folder comes first on sys.path, as with ``python script.py``. It does not import simdist.
@@ -52,6 +70,7 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
         prog=prog,
         description="Run a script on several ranks, like torchrun: as real processes joined by simdist's "
         "socket backend, or as simulated ranks in this process.",
+        epilog="Like torchrun, when OMP_NUM_THREADS is unset and N > 1, the ranks get OMP_NUM_THREADS=1.",
         allow_abbrev=False,
     )
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, metavar="N",
@@ -67,7 +86,8 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=PROCESS_BACKENDS + ("sim",), default="socket",
                    help="'socket': one process per rank over TCP (default); 'nccl': one process per rank on "
                    "GPUs; 'gloo', 'torch-nccl', 'mpi': torch.distributed's own backends; 'sim': every rank "
-                   "of the job as a simulated rank in this process, each running the script in a fresh namespace")
+                   "of the job as a simulated rank in this process, each running the script in a fresh namespace "
+                   "(or the script once, starting its own ranks: see --launch)")
     p.add_argument("--log-dir", "--log_dir", default=None, metavar="DIR",
                    help="write each rank's stdout and stderr to DIR/rank_R.log instead of this terminal "
                    "(socket backend only)")
@@ -75,8 +95,12 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
                    help="do not start each output line with '[rank R] '")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="socket: seconds an operation waits for its peers (SIMDIST_TIMEOUT); "
-                   "sim: real seconds the whole run may take")
-    p.add_argument("script", help="the Python script every rank runs as __main__")
+                   "sim: real seconds each simulation may take")
+    p.add_argument("--launch", choices=LAUNCHES, default="auto", help=LAUNCH_HELP)
+    p.add_argument("--cuda-as-cpu", "--cuda_as_cpu", action="store_true",
+                   help="sim: give ranks simulated GPUs backed by the CPU even where CUDA is available (the "
+                   "default without CUDA); each node has N of them (see docs/gpu-scripts.md)")
+    p.add_argument("script", help="the Python script to run (by every rank, or once: see --launch)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script (sys.argv[1:])")
     return p
 
@@ -99,6 +123,10 @@ def _check(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
             parser.error("--backend sim runs every node's ranks in this one process; leave --node-rank at 0")
         if opts.log_dir is not None:
             parser.error("--log-dir is supported with the process backends only, not --backend sim")
+    elif opts.launch == "spawn" or opts.cuda_as_cpu:
+        flag = "--launch spawn" if opts.launch == "spawn" else "--cuda-as-cpu"
+        parser.error(f"{flag} is supported with --backend sim only (a process backend runs the script on "
+                     "every rank, as torchrun does)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,9 +155,19 @@ def cli() -> int:
 # --- process backends: one process per rank -----------------------------------------------------
 
 
+def _launch_env(opts: argparse.Namespace) -> dict[str, str]:
+    """What the launcher adds to every rank's environment beyond the rank's own variables.
+
+    torchrun's rule: OMP_NUM_THREADS=1 when it is unset and a node runs more than one rank.
+    """
+    if "OMP_NUM_THREADS" not in os.environ and opts.nproc_per_node > 1:
+        return {"OMP_NUM_THREADS": "1"}
+    return {}
+
+
 def _rank_env(opts: argparse.Namespace, local: int, port: int, secret: str) -> dict[str, str]:
     n = opts.nproc_per_node
-    env = dict(os.environ)
+    env = {**os.environ, **_launch_env(opts)}
     env.update(
         RANK=str(opts.node_rank * n + local),
         LOCAL_RANK=str(local),
@@ -305,76 +343,159 @@ def _supervise(procs: list[subprocess.Popen], pumps: list[list[threading.Thread]
 # --- sim backend: every rank a simulated thread in this process ---------------------------------
 
 
-class _RankEnviron(MutableMapping):
-    """``os.environ`` while the simulator runs: each rank thread sees and edits its own copy.
+def _spawn_line(path: str) -> int | None:
+    """The line of the script's first call of torch.multiprocessing.spawn or start_processes, read, not run.
 
-    Rank threads are registered by thread id; any other thread (the launcher, threads a rank
-    starts) sees the real environment. Only Python-level reads see a rank's view: C code calling
-    ``getenv`` and subprocesses started without ``env=`` see the process environment.
+    Calls through the usual imports count: ``import torch.multiprocessing as mp`` then ``mp.spawn``,
+    ``torch.multiprocessing.spawn``, ``from torch import multiprocessing``, ``from
+    torch.multiprocessing import spawn``. ``None`` when there is none (or the file does not parse).
     """
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+    modules, functions, torches = set(), set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "torch.multiprocessing" and alias.asname:
+                    modules.add(alias.asname)
+                elif alias.name == "torch" or (alias.name.startswith("torch.") and not alias.asname):
+                    torches.add(alias.asname or "torch")
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            for alias in node.names:
+                if node.module == "torch" and alias.name == "multiprocessing":
+                    modules.add(alias.asname or alias.name)
+                elif node.module in ("torch.multiprocessing", "torch.multiprocessing.spawn") and alias.name in SPAWNS:
+                    functions.add(alias.asname or alias.name)
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id in functions:
+            lines.append(node.lineno)
+        elif isinstance(f, ast.Attribute) and f.attr in SPAWNS:
+            owner = f.value
+            if isinstance(owner, ast.Name) and owner.id in modules:
+                lines.append(node.lineno)
+            elif (isinstance(owner, ast.Attribute) and owner.attr == "multiprocessing"
+                  and isinstance(owner.value, ast.Name) and owner.value.id in torches):
+                lines.append(node.lineno)
+    return min(lines) if lines else None
 
-    def __init__(self, base: MutableMapping) -> None:
-        self.base = base
-        self.views: dict[int, dict[str, str]] = {}
 
-    def _env(self) -> MutableMapping:
-        return self.views.get(threading.get_ident(), self.base)
+def _exit_ok(fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, where ``sys.exit(0)`` (or ``sys.exit()``) counts as returning ``None``, as for a process."""
+    try:
+        return fn(*args)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise
+        return None
 
-    def __getitem__(self, key: str) -> str:
-        return self._env()[key]
 
-    def __setitem__(self, key: str, value: str) -> None:
-        self._env()[key] = value
+def _spawned(rank: int, script: str | None, fn: Any, *args: Any) -> Any:
+    """Simulated rank ``rank`` of the parent's spawn: ``fn(rank, *args)``.
 
-    def __delitem__(self, key: str) -> None:
-        del self._env()[key]
+    With ``script``, the rank first runs the script as ``__mp_main__`` and calls the ``fn`` of that
+    fresh namespace, as the child processes of torch's 'spawn' start method do: its globals and
+    the names it imports (``from torch.distributed import init_process_group``) are its own.
+    Its environment is its own copy of the parent's at the spawn (the simulator's isolation).
+    """
+    if script is not None:
+        fn = _by_name(_exit_ok(runpy.run_path, script, None, "__mp_main__"), fn, script)
+    return _exit_ok(fn, rank, *args)
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(self._env()))
 
-    def __len__(self) -> int:
-        return len(self._env())
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``extra`` added inside the block, and as it was before the block afterwards."""
+    before = dict(os.environ)
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k not in before]:
+            del os.environ[key]
+        os.environ.update(before)
 
-    def copy(self) -> dict[str, str]:
-        return dict(self._env())
+
+def _by_name(namespace: dict[str, Any], fn: Any, script: str) -> Any:
+    """``fn``'s namesake in ``namespace`` (a module-level function, or a class's), as unpickling finds it."""
+    found: Any = namespace
+    try:
+        for part in fn.__qualname__.split("."):
+            found = found[part] if isinstance(found, dict) else getattr(found, part)
+    except (KeyError, AttributeError):
+        raise RuntimeError(
+            f"simdist: the function {fn.__qualname__!r} given to torch.multiprocessing.spawn is not defined when "
+            f"{script} is imported, as each rank imports it (torch's 'spawn' start method): define it at module "
+            "level, outside 'if __name__ == \"__main__\":'"
+        ) from None
+    return found
+
+
+def _reimports(fn: Any, start_method: str) -> bool:
+    """Whether ranks of a spawn import the script again: torch's 'spawn'/'forkserver', for a function of the script."""
+    if start_method == "fork" or getattr(fn, "__module__", None) != "__main__":
+        return False
+    if "<" in getattr(fn, "__qualname__", "<"):  # a lambda, or a function defined in a function
+        raise ValueError(
+            f"simdist: torch.multiprocessing.spawn got {fn!r}, which torch's '{start_method}' start method cannot "
+            "send to a child process (it is pickled by name): define it at module level, or use "
+            "start_method='fork' with torch.multiprocessing.start_processes"
+        )
+    return True
 
 
 def _run_sim(opts: argparse.Namespace) -> int:
+    import torch
+
     import simdist
-    from simdist import DistError, RankError
+    from simdist import DistError, RankError, _torch_cuda, _torch_spawn
 
     n, world = opts.nproc_per_node, opts.nproc_per_node * opts.nnodes
     script = os.path.abspath(opts.script)
-    real_environ = os.environ
-    environ = _RankEnviron(real_environ)
+    as_parent = opts.launch == "spawn" or (opts.launch == "auto" and _spawn_line(script) is not None)
+    if as_parent and opts.nnodes > 1:
+        sys.stderr.write(
+            f"simdist run: {opts.script} starts its own ranks with torch.multiprocessing.spawn, so it runs once, "
+            f"as the parent on one node; --nnodes={opts.nnodes} is not supported for it. Use --nnodes 1 (the node's "
+            "GPUs are --nproc-per-node), or --launch torchrun to run the script on every rank\n"
+        )
+        return 2
+    cuda_as_cpu = opts.cuda_as_cpu or not torch.cuda.is_available()
+    options: dict[str, Any] = {"prefix_output": not opts.no_prefix, "cuda_as_cpu": cuda_as_cpu, "gpus_per_node": n}
+    if opts.timeout is not None:
+        options["timeout"] = opts.timeout
 
-    def rank_main(rank: int) -> None:
-        me = threading.get_ident()
-        environ.views[me] = {
-            **real_environ,
+    def rank_main(rank: int) -> None:  # torchrun style: the script itself, in a fresh namespace per rank
+        os.environ.update({  # this rank's own copy of the environment (the simulator's isolation)
             "RANK": str(rank), "LOCAL_RANK": str(rank % n), "WORLD_SIZE": str(world),
             "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": str(rank // n),
             "MASTER_ADDR": opts.master_addr, "MASTER_PORT": str(opts.master_port or DEFAULT_PORT),
-        }  # fmt: skip
-        try:
-            runpy.run_path(script, run_name="__main__")  # a fresh namespace for every rank
-        except SystemExit as exc:
-            if exc.code not in (None, 0):
-                raise
-        finally:
-            del environ.views[me]
+        })  # fmt: skip
+        _exit_ok(runpy.run_path, script, None, "__main__")
+
+    def start_ranks(fn: Any, args: Any, nprocs: int, start_method: str) -> None:  # a spawn of the parent
+        main = script if _reimports(fn, start_method) else None
+        simdist.spawn(_spawned, args=(main, fn, *args), nprocs=nprocs, backend="sim", **options)
 
     # runpy swaps sys.modules["__main__"] and sys.argv[0] in and out; with ranks interleaved
     # the swaps do not nest, so the launcher's own values are put back here.
     saved = (sys.argv, sys.modules.get("__main__"), list(sys.path))
     sys.argv = [script, *opts.script_args]
     sys.path.insert(0, os.path.dirname(script))
-    os.environ = environ  # type: ignore[assignment]  # noqa: B003 - a view, put back below
-    options: dict[str, Any] = {"prefix_output": not opts.no_prefix}
-    if opts.timeout is not None:
-        options["timeout"] = opts.timeout
     try:
-        simdist.spawn(rank_main, nprocs=world, backend="sim", **options)
+        with _environment(_launch_env(opts)):
+            if not as_parent:
+                simdist.spawn(rank_main, nprocs=world, backend="sim", **options)
+            else:
+                gpus = _torch_cuda.simulated_gpus(n) if cuda_as_cpu else contextlib.nullcontext()
+                with gpus, _torch_spawn.starting_ranks(start_ranks):
+                    _exit_ok(runpy.run_path, script, None, "__main__")
         return 0
     except RankError as err:
         cause = err.__cause__
@@ -390,8 +511,16 @@ def _run_sim(opts: argparse.Namespace) -> int:
     except DistError as err:  # DeadlockError, CollectiveMismatchError, DistTimeoutError: their reports
         sys.stderr.write(f"simdist run: {type(err).__name__}: {err}\n")
         return 1
+    except SystemExit as exc:  # the parent of a spawn-style script exited
+        if isinstance(exc.code, int) or exc.code is None:
+            return min(exc.code or 0, 255)
+        sys.stderr.write(f"{exc.code}\n")
+        return 1
+    except Exception as exc:  # noqa: BLE001 - the parent of a spawn-style script failed: report it as python does
+        sys.stderr.write("".join(traceback.format_exception(exc)))
+        sys.stderr.write(f"simdist run: {opts.script} raised {type(exc).__name__}: {exc}\n")
+        return 1
     finally:
-        os.environ = real_environ  # noqa: B003 - the real mapping again
         sys.argv, main_module, sys.path[:] = saved
         if main_module is not None:
             sys.modules["__main__"] = main_module

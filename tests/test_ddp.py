@@ -428,7 +428,7 @@ def test_bad_arguments_name_the_argument(kwargs, error, match):
         dist.DistributedDataParallel(nn.Linear(1, 1), **kwargs)
 
     with pytest.raises(dist.RankError) as info:
-        dist.simulate(fn, 1)
+        dist.simulate(fn, 1, cuda_as_cpu=False)  # with simulated GPUs, device_ids=[0] names the CPU module's GPU
     assert isinstance(info.value.__cause__, error)
     assert __import__("re").search(match, str(info.value.__cause__))
 

@@ -49,7 +49,6 @@ class RankState:
         "blocked",
         "cpu_mark",
         "released",
-        "cuda_mode",
     )
 
     def __init__(self, rank: int):
@@ -67,7 +66,6 @@ class RankState:
         self.blocked: tuple[str, list] | None = None
         self.cpu_mark = 0.0
         self.released = False
-        self.cuda_mode: Any = None
 
 
 class _GroupState:
@@ -109,6 +107,7 @@ class Engine:
         prefix_output: bool,
         cpu_time: bool,
         cuda_as_cpu: bool,
+        gpus_per_node: int,
         timeout: float | None,
         make_world: Callable,
         algorithms: dict[str, str] | None = None,
@@ -123,6 +122,8 @@ class Engine:
         self.prefix_output = prefix_output
         self.cpu_time = cpu_time
         self.cuda_as_cpu = cuda_as_cpu
+        self.gpus_per_node = gpus_per_node
+        self.environ: Any = None  # os.environ while running, a copy per rank (set by _isolation.enter)
         self.algorithms = dict(algorithms or {})
         self.pin_core = _isolation.pin_target() if pin_cpu else None
         self.timeout = timeout
@@ -175,6 +176,12 @@ class Engine:
         if self.error is not None:
             raise self.error
         return [rs.value for rs in self.ranks]
+
+    def now(self, rs: RankState) -> float:
+        """Rank ``rs``'s virtual time in seconds (with ``cpu_time``, plus its CPU time since its last switch)."""
+        if self.cpu_time and rs is self.current:
+            return rs.clock + time.thread_time() - rs.cpu_mark
+        return rs.clock
 
     def token(self) -> str:
         from ._strategies import encode_choices

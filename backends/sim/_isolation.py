@@ -5,31 +5,38 @@
   ``r`` starts with each of them seeded with ``r``, so a run does not depend on the
   caller's state and seeding one rank never changes another. The caller's states are
   restored when the run ends.
+- ``os.environ`` is per rank: each rank starts with a copy of the environment as it was when
+  the run started, and what it sets stays its own (``setup()`` functions that set MASTER_PORT
+  change neither the other ranks nor the caller). Only Python-level reads see a rank's copy.
 - Optionally, ``sys.stdout`` is prefixed ``[rank N]`` line by line.
 - Rank threads run on one CPU core. Only one runs at a time anyway, and handing the
   baton to a thread on the same core is several times faster than waking another
   core (``pin_cpu``). torch's intra-op thread pool is created before any pinning, so
   it keeps every core.
-- On a machine without CUDA, tensors a rank moves to a GPU (``.to(rank)``,
-  ``.cuda()``, ``device='cuda:0'``) stay on the CPU, so GPU code runs unchanged under
-  the simulator (``cuda_as_cpu``).
+- With ``cuda_as_cpu`` (the default on a machine without CUDA), each rank sees a node of
+  ``gpus_per_node`` simulated GPUs backed by the CPU, so GPU code runs unchanged
+  (``simdist._torch_cuda``).
+- ``torch.multiprocessing.spawn`` on a rank raises a clear error (``simdist._torch_spawn``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import random
 import sys
 import threading
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import numpy as np
 import torch
-from torch.overrides import TorchFunctionMode
 
-__all__ = ["enter", "leave", "enter_thread", "leave_thread", "save", "restore", "CudaAsCpu"]
+from simdist import _torch_cuda, _torch_spawn
+
+__all__ = ["enter", "leave", "enter_thread", "leave_thread", "save", "restore"]
 
 _running = threading.Lock()
 
@@ -41,12 +48,17 @@ def enter(engine: Any) -> tuple:
             "a simulation is already running in this process; simulations cannot be nested "
             "(a rank called simdist.simulate or simdist.spawn)"
         )
-    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(), sys.stdout)
+    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(), sys.stdout, os.environ)
     if engine.prefix_output:
         sys.stdout = _Prefixed(sys.stdout, engine)
+    engine.environ = _RankEnviron(os.environ)
+    os.environ = engine.environ  # type: ignore[assignment]  # noqa: B003 - put back by leave()
     from simdist import _torch_bridge
 
     _torch_bridge.install(engine)
+    _torch_spawn.install()
+    if engine.cuda_as_cpu:
+        _torch_cuda.install()
     return saved
 
 
@@ -54,7 +66,11 @@ def leave(engine: Any, saved: tuple) -> None:
     from simdist import _torch_bridge
 
     _torch_bridge.uninstall(engine)
-    py, npy, th, stdout = saved
+    _torch_spawn.uninstall()
+    if engine.cuda_as_cpu:
+        _torch_cuda.uninstall()
+    py, npy, th, stdout, environ = saved
+    os.environ = environ  # noqa: B003 - the real mapping again
     random.setstate(py)
     np.random.set_state(npy)
     torch.set_rng_state(th)
@@ -206,45 +222,63 @@ def _start_intra_op_pool() -> None:
 def enter_thread(engine: Any, rs: Any) -> None:
     from simdist import _torch_bridge
 
+    engine.environ.start_rank()
     _torch_bridge.enter_rank()
     if engine.pin_core is not None:
         os.sched_setaffinity(0, {engine.pin_core})
     if engine.cuda_as_cpu:
-        rs.cuda_mode = CudaAsCpu()
-        rs.cuda_mode.__enter__()
+        _torch_cuda.enter_thread(engine.gpus_per_node, functools.partial(engine.now, rs))
 
 
 def leave_thread(engine: Any, rs: Any) -> None:
     from simdist import _torch_bridge
 
     _torch_bridge.leave_rank()
-    mode = getattr(rs, "cuda_mode", None)
-    if mode is not None:
-        mode.__exit__(None, None, None)
+    engine.environ.end_rank()
+    if engine.cuda_as_cpu:
+        _torch_cuda.leave_thread()
 
 
-def _cpu(device: Any) -> Any:
-    if isinstance(device, int) and not isinstance(device, bool):
-        return "cpu"
-    if isinstance(device, str) and device.startswith("cuda"):
-        return "cpu"
-    if isinstance(device, torch.device) and device.type == "cuda":
-        return "cpu"
-    return device
+class _RankEnviron(MutableMapping):
+    """``os.environ`` while the simulator runs: each rank thread sees and edits its own copy.
 
+    A rank's copy is the environment as it was when the run started. Any other thread (the
+    caller, threads a rank starts) sees and edits the real environment. Only Python-level reads
+    see a rank's copy: C code calling ``getenv`` and subprocesses started without ``env=`` see
+    the process environment.
+    """
 
-class CudaAsCpu(TorchFunctionMode):
-    """Keeps tensors on the CPU when code asks for a CUDA device (for machines without a GPU)."""
+    def __init__(self, base: MutableMapping) -> None:
+        self.base = base
+        self.start = dict(base)
+        self.views: dict[int, dict[str, str]] = {}
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func is torch.Tensor.cuda:
-            return args[0]
-        if "device" in kwargs:
-            kwargs["device"] = _cpu(kwargs["device"])
-        if func is torch.Tensor.to and len(args) > 1:
-            args = (args[0], _cpu(args[1]), *args[2:])
-        return func(*args, **kwargs)
+    def start_rank(self) -> None:
+        self.views[threading.get_ident()] = dict(self.start)
+
+    def end_rank(self) -> None:
+        self.views.pop(threading.get_ident(), None)
+
+    def _env(self) -> MutableMapping:
+        return self.views.get(threading.get_ident(), self.base)
+
+    def __getitem__(self, key: str) -> str:
+        return self._env()[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self._env()[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._env()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._env()))
+
+    def __len__(self) -> int:
+        return len(self._env())
+
+    def copy(self) -> dict[str, str]:
+        return dict(self._env())
 
 
 class _Prefixed:

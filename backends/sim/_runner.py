@@ -52,7 +52,7 @@ class SimResult:
         return self.trace.duration()
 
 
-def _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout):
+def _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout, gpus_per_node):
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if isinstance(nprocs, bool) or not isinstance(nprocs, int):
@@ -71,6 +71,16 @@ def _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout):
         raise ValueError(f"leaks={leaks!r} must be 'warn', 'error' or 'ignore'")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout={timeout!r} must be a positive number of seconds or None")
+    if gpus_per_node is not None and (isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int)
+                                      or gpus_per_node < 1):
+        raise ValueError(f"gpus_per_node={gpus_per_node!r} must be a positive int (the GPUs each rank sees) or None")
+
+
+def _default_cuda_as_cpu() -> bool:
+    """Simulate GPUs where CUDA is unavailable, or where the caller's own GPUs are simulated already."""
+    from simdist import _torch_cuda
+
+    return _torch_cuda.gpu_count() is not None or not torch.cuda.is_available()
 
 
 def simulate(
@@ -89,6 +99,7 @@ def simulate(
     prefix_output: bool = False,
     cpu_time: bool = False,
     cuda_as_cpu: bool | None = None,
+    gpus_per_node: int | None = None,
     leaks: str = "warn",
     algorithms: dict[str, str] | None = None,
     pin_cpu: bool = True,
@@ -110,7 +121,12 @@ def simulate(
         record_steps: record the leading values of each algorithm step's buffer in the trace.
         prefix_output: prefix each line a rank prints with ``[rank N]``.
         cpu_time: add each rank's measured CPU time to its virtual clock (not deterministic).
-        cuda_as_cpu: keep tensors moved to CUDA on the CPU (default: when CUDA is unavailable).
+        cuda_as_cpu: give each rank simulated GPUs backed by the CPU: ``torch.cuda`` answers for them
+            and tensors moved to them stay on the CPU (default: when CUDA is unavailable, or when the
+            calling thread's GPUs are simulated, as in a script's parent under simdist run). What is
+            mapped is listed in docs/gpu-scripts.md.
+        gpus_per_node: how many simulated GPUs each rank sees (``torch.cuda.device_count()``);
+            default ``nprocs``, one node holding every rank.
         leaks: ``'warn'`` (a ``LeakWarning``), ``'error'`` or ``'ignore'`` for what the run leaves behind.
         algorithms: the default algorithm per collective (``{"all_reduce": "ring"}``) for
             every group of the run; a call's ``algorithm=`` still wins.
@@ -121,7 +137,7 @@ def simulate(
         DeadlockError, CollectiveMismatchError, RankError, DistTimeoutError: each with
         ``.schedule``, the replay token of the failing run.
     """
-    _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout)
+    _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout, gpus_per_node)
     if algorithms is not None:
         from simdist import algorithms as registry
 
@@ -142,7 +158,8 @@ def simulate(
         record_steps=record_steps,
         prefix_output=prefix_output,
         cpu_time=cpu_time,
-        cuda_as_cpu=(not torch.cuda.is_available()) if cuda_as_cpu is None else bool(cuda_as_cpu),
+        cuda_as_cpu=_default_cuda_as_cpu() if cuda_as_cpu is None else bool(cuda_as_cpu),
+        gpus_per_node=nprocs if gpus_per_node is None else gpus_per_node,
         timeout=timeout,
         make_world=SimWorld,
         algorithms=algorithms,

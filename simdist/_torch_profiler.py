@@ -1,0 +1,128 @@
+"""torch's profiler on simulated ranks: one session shared by the ranks, and events for the bridged ops.
+
+Kineto, under every torch profiler, keeps one session per process, and simulated ranks
+share one process: a second session opened by another rank thread used to end it
+(SIGSEGV). While a simulation runs, the profilers that rank threads have open at the same
+time share one session that records every thread: the first one opened starts it; one
+that closes while others are still open stops it, keeps what it recorded, and starts it
+again for the others; the last one stops it. Each rank's profiler then holds the events
+of its own thread from the moment it was opened, as if the rank had the process to itself.
+
+Each op the bridge forwards is recorded as torch's own backends record theirs: an event
+named ``"<backend>:<op>"`` (``gloo:all_reduce``) with the op's input shapes, started when
+the op starts and ended, on another thread, when it completes: asynchronous, as gloo's are.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+import torch
+
+__all__ = ["install", "uninstall", "start_op_event", "end_op_event"]
+
+_MARK = "simdist.profiler_opened"
+_members: dict[int, Any] = {}  # id(profile) -> the profiles open on rank threads, sharing the session
+_saved: dict[str, Any] = {}
+
+
+def start_op_event(name: str, inputs: list) -> Any:
+    """Start the profiler's record of an op on this thread (``None`` while no rank profiles)."""
+    if not _members:
+        return None
+    return torch.autograd._record_function_with_args_enter(name, *inputs)
+
+
+def end_op_event(handle: Any) -> None:
+    """End an op's record on another thread, as a backend's worker thread does."""
+    ender = threading.Thread(target=torch.autograd._record_function_with_args_exit, args=(handle,))
+    ender.start()
+    ender.join()
+
+
+def _all_threads(config: Any) -> Any:
+    """A copy of a Kineto ``_ExperimentalConfig`` with ``profile_all_threads`` on."""
+    from torch._C._profiler import _ExperimentalConfig
+
+    names = re.findall(r"(\w+): [^,]+? = ", _ExperimentalConfig.__init__.__doc__ or "")
+    state = list(config.__getstate__())
+    if "profile_all_threads" not in names or len(names) != len(state):
+        return config
+    state[names.index("profile_all_threads")] = True
+    return _ExperimentalConfig(*state)
+
+
+def _start_session(prof: Any) -> None:
+    prof.experimental_config = _all_threads(prof.experimental_config)
+    _saved["prepare"](prof)
+    _saved["start"](prof)
+
+
+def _prepare_trace(prof: Any) -> None:
+    from ._torch_bridge import in_rank
+
+    if not in_rank():
+        return _saved["prepare"](prof)
+    if not _members:
+        _start_session(prof)
+    prof.entered = True
+    prof._simdist_chunks = []
+    _members[id(prof)] = prof
+
+
+def _start_trace(prof: Any) -> None:
+    if id(prof) not in _members:
+        return _saved["start"](prof)
+    mark = torch.autograd._record_function_with_args_enter(f"{_MARK}.{id(prof)}")
+    torch.autograd._record_function_with_args_exit(mark)
+
+
+def _exit(prof: Any, *exc: Any) -> Any:
+    if _members.pop(id(prof), None) is None:
+        return _saved["exit"](prof, *exc)
+    result = _saved["exit"](prof, *exc)  # stops the shared session: prof.kineto_results is what it recorded
+    prof._simdist_chunks.append(prof.kineto_results)
+    for other in _members.values():
+        other._simdist_chunks.append(prof.kineto_results)
+    if _members:
+        _start_session(next(iter(_members.values())))
+    return result
+
+
+def _parse(prof: Any, results: Any, *args: Any, **kwargs: Any) -> list:
+    """Events of ``prof``'s own thread, from every stretch of the shared session it was open for."""
+    chunks = getattr(prof, "_simdist_chunks", None)
+    if not chunks:
+        return _saved["parse"](prof, results, *args, **kwargs)
+    mark, thread, events = f"{_MARK}.{id(prof)}", None, []
+    for chunk in chunks:
+        parsed = _saved["parse"](prof, chunk, *args, **kwargs)
+        opened = next((e for e in parsed if e.name == mark), None)
+        if opened is not None:
+            thread = opened.thread
+            parsed = [e for e in parsed if e.time_range.start >= opened.time_range.start and e is not opened]
+        events += [e for e in parsed if e.thread == thread]
+    return events
+
+
+def install() -> None:
+    """Share torch's profiler among the rank threads of the simulation that is starting."""
+    from torch.autograd.profiler import profile
+
+    _saved.update(prepare=profile._prepare_trace, start=profile._start_trace, exit=profile.__exit__,
+                  parse=profile._parse_kineto_results)
+    profile._prepare_trace, profile._start_trace, profile.__exit__ = _prepare_trace, _start_trace, _exit
+    profile._parse_kineto_results = _parse
+
+
+def uninstall() -> None:
+    """Undo :func:`install`."""
+    from torch.autograd.profiler import profile
+
+    if _saved:
+        profile._prepare_trace, profile._start_trace = _saved["prepare"], _saved["start"]
+        profile.__exit__, profile._parse_kineto_results = _saved["exit"], _saved["parse"]
+    _saved.clear()
+    _members.clear()
