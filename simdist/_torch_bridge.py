@@ -164,6 +164,24 @@ def _showwarning(message: Any, category: Any, filename: str, lineno: int, file: 
     _state["showwarning"](message, category, filename, lineno, file, line)
 
 
+def _ddp_logging_data(ddp: Any) -> dict:
+    """DDP's logging data names the backend the program asked for, as torch's own groups do.
+
+    DDP's C++ logger takes ``getBackendName()``, which a bridge group answers ``"simdist"``:
+    answering ``"gloo"`` there would make the logger look for a real gloo backend.
+    """
+    data = _state["ddp_logging_data"](ddp)
+    if in_rank() and data.get("backend_name") == "simdist":
+        import torch.distributed as tdist
+
+        data["backend_name"] = name = tdist.get_backend(ddp.process_group)
+        if name == "gloo":  # what the logger records for torch's gloo backend (2 threads by default)
+            data.setdefault("gloo_socket_ifname", os.environ.get("GLOO_SOCKET_IFNAME", "N/A"))
+            data.setdefault("gloo_device_transport", os.environ.get("GLOO_DEVICE_TRANSPORT", "N/A"))
+            data.setdefault("gloo_num_threads", 2)
+    return data
+
+
 # -- install / uninstall ----------------------------------------------------------------------------------
 
 
@@ -190,11 +208,14 @@ def install(engine: Any) -> None:
     if not _registered:
         tdist.Backend.register_backend("simdist", _creator, extended_api=True, devices=["cpu", "cuda"])
         _registered = True
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
     _state.update(
         c10d=c10d, world=c10d._world, rendezvous=c10d.rendezvous, helper=c10d._new_process_group_helper,
         multithreading=torch._C._is_multithreading_enabled(), store=tdist.HashStore(),
-        rank_world=_rank_world_class(),
+        rank_world=_rank_world_class(), ddp_logging_data=DDP._get_ddp_logging_data,
     )
+    DDP._get_ddp_logging_data = _ddp_logging_data
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
     c10d._world = _WorldProxy(c10d._world)
     c10d.rendezvous = _rendezvous
@@ -215,6 +236,9 @@ def uninstall(engine: Any) -> None:
         c10d._world = _state["world"]
         c10d.rendezvous = _state["rendezvous"]
         c10d._new_process_group_helper = _state["helper"]
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        DDP._get_ddp_logging_data = _state["ddp_logging_data"]
         torch._C._distributed_c10d._set_thread_isolation_mode(False)
         torch._C._set_multithreading_enabled(_state["multithreading"])
     _state.clear()

@@ -20,7 +20,12 @@ from typing import Any
 
 import torch
 
+from ._errors import DistTimeoutError
+
 __all__ = ["bridge_classes"]
+
+_MONITORED = 2**40
+"""The tag of monitored_barrier's messages: beyond the 32-bit tags torch's backends take, so no user's."""
 
 _REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 
@@ -202,8 +207,23 @@ def bridge_classes() -> tuple[type, type]:
         def allreduce(self, tensors, opts=None):
             event = self._event("all_reduce", tensors)
             op, factor = _reduction(opts, "all_reduce")
+            if any(t.layout == torch.sparse_coo for t in tensors):
+                return self._start(event, self._sparse_sum(tensors, op), tensors)
             works = [api.all_reduce(_scaled(t, factor), op=op, group=self._g, async_op=True) for t in tensors]
             return self._start(event, works, tensors)
+
+        def _sparse_sum(self, tensors: list, op: Any) -> list:
+            """gloo's sparse all_reduce: each sparse COO tensor becomes the sum of every rank's (nnz may differ)."""
+            from ._objects import all_gather_object
+            from ._reduce_op import ReduceOp
+
+            if op is not ReduceOp.SUM:
+                raise ValueError(f"simdist: all_reduce of sparse tensors takes ReduceOp.SUM only (as gloo), not {op}")
+            for t in tensors:
+                parts: list = [None] * self.size()
+                all_gather_object(parts, t.coalesce(), group=self._g)
+                t.copy_(torch.stack(parts).sum(0).coalesce() if len(parts) > 1 else parts[0])
+            return []
 
         allreduce_coalesced = allreduce
 
@@ -311,8 +331,44 @@ def bridge_classes() -> tuple[type, type]:
             return self._start(event, [api.barrier(group=self._g, async_op=True)], [])
 
         def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-            """A barrier; a rank that never arrives is a deadlock report naming it, never a hang."""
-            api.barrier(group=self._g)
+            """gloo's monitored barrier, its timeout in virtual time: group rank 0 waits for every other rank.
+
+            Rank 0 waits at most ``timeout`` for each other rank in turn and raises gloo's error
+            naming the first one missing (every one missing with ``wait_all_ranks``); the others
+            wait as long for rank 0's answer. A wait times out when no rank can run any more, or
+            when what it waits for completes later than its timeout.
+            """
+            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
+            me, token = self.rank(), torch.zeros(1)
+            if me != 0:
+                sent = api.isend(token, group=self._g, group_dst=0, tag=_MONITORED)
+                try:
+                    api.irecv(torch.zeros(1), group=self._g, group_src=0, tag=_MONITORED).wait(seconds)
+                except DistTimeoutError:
+                    raise RuntimeError(
+                        f"[Rank {me}]: Rank {me} successfully reached monitoredBarrier, but received errors while "
+                        "waiting for send/recv from rank 0. Please check rank 0 logs for faulty rank."
+                    ) from None
+                sent.wait()
+                return
+            if seconds <= 0:
+                raise RuntimeError("[Rank 0]: Rank 0 timed out in monitoredBarrier after 0 ms")
+            missing = []
+            for r in range(1, self.size()):
+                try:
+                    api.irecv(torch.zeros(1), group=self._g, group_src=r, tag=_MONITORED).wait(seconds)
+                except DistTimeoutError:
+                    missing.append(r)
+                    if not wait_all_ranks:
+                        break
+            ms = int(seconds * 1000)
+            if len(missing) > 1 or (missing and wait_all_ranks):
+                ranks = ", ".join(str(r) for r in missing)
+                raise RuntimeError(f"[Rank 0]: Ranks {ranks} failed to pass monitoredBarrier in {ms} ms")
+            if missing:
+                raise RuntimeError(f"[Rank 0]: Rank {missing[0]} failed to pass monitoredBarrier in {ms} ms")
+            for work in [api.isend(token, group=self._g, group_dst=r, tag=_MONITORED) for r in range(1, self.size())]:
+                work.wait()
 
         # -- point to point: posted at once, complete at wait() ------------------------------------------
 

@@ -2,11 +2,13 @@
 
 Kineto, under every torch profiler, keeps one session per process, and simulated ranks
 share one process: a second session opened by another rank thread used to end it
-(SIGSEGV). While a simulation runs, the profilers that rank threads have open at the same
-time share one session that records every thread: the first one opened starts it; one
-that closes while others are still open stops it, keeps what it recorded, and starts it
-again for the others; the last one stops it. Each rank's profiler then holds the events
-of its own thread from the moment it was opened, as if the rank had the process to itself.
+(SIGSEGV), and so does starting and stopping sessions from different threads. While a
+simulation runs, the profilers that rank threads have open at the same time share one
+session that records every thread, started and stopped by one thread of simdist's: the
+first profiler opened starts it; one that closes while others are still open stops it,
+keeps what it recorded, and starts it again for the others; the last one stops it. Each
+rank's profiler then holds the events of its own thread from the moment it was opened, as
+if the rank had the process to itself.
 
 Each op the bridge forwards is recorded as torch's own backends record theirs: an event
 named ``"<backend>:<op>"`` (``gloo:all_reduce``) with the op's input shapes, started when
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -26,6 +29,15 @@ __all__ = ["install", "uninstall", "start_op_event", "end_op_event"]
 _MARK = "simdist.profiler_opened"
 _members: dict[int, Any] = {}  # id(profile) -> the profiles open on rank threads, sharing the session
 _saved: dict[str, Any] = {}
+_kineto_thread: ThreadPoolExecutor | None = None  # the one thread that starts and stops sessions, for good
+
+
+def _on_kineto_thread(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` run on the thread that starts and stops every shared session."""
+    global _kineto_thread
+    if _kineto_thread is None:
+        _kineto_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="simdist-profiler")
+    return _kineto_thread.submit(fn, *args).result()
 
 
 def start_op_event(name: str, inputs: list) -> Any:
@@ -56,8 +68,8 @@ def _all_threads(config: Any) -> Any:
 
 def _start_session(prof: Any) -> None:
     prof.experimental_config = _all_threads(prof.experimental_config)
-    _saved["prepare"](prof)
-    _saved["start"](prof)
+    _on_kineto_thread(_saved["prepare"], prof)
+    _on_kineto_thread(_saved["start"], prof)
 
 
 def _prepare_trace(prof: Any) -> None:
@@ -82,7 +94,7 @@ def _start_trace(prof: Any) -> None:
 def _exit(prof: Any, *exc: Any) -> Any:
     if _members.pop(id(prof), None) is None:
         return _saved["exit"](prof, *exc)
-    result = _saved["exit"](prof, *exc)  # stops the shared session: prof.kineto_results is what it recorded
+    result = _on_kineto_thread(_saved["exit"], prof, *exc)  # stops the session; prof.kineto_results: what it recorded
     prof._simdist_chunks.append(prof.kineto_results)
     for other in _members.values():
         other._simdist_chunks.append(prof.kineto_results)

@@ -155,3 +155,30 @@ def test_trace_events_and_chrome_json():
     assert names == {f"rank {r}" for r in range(4)}
     back = simdist.Trace.from_json(res.trace.to_json())
     assert back.events == res.trace.events and back.meta == res.trace.meta
+
+
+def timed_waits(rank):
+    dist.init_process_group("gloo")
+    t = torch.zeros(1)
+    results = []
+    if rank == 0:
+        for timeout in (10.0, 1.0, 1.0):  # rank 1 sends at 2 s of virtual time, then never again
+            try:
+                dist.irecv(t, src=1).wait(timeout=timeout)
+                results.append(("received", t.item()))
+            except simdist.DistTimeoutError as exc:
+                results.append(("timed out", str(exc)))
+    else:
+        dist.compute(seconds=2.0)
+        dist.send(torch.ones(1), dst=0)
+    dist.barrier()
+    dist.destroy_process_group()
+    return results
+
+
+def test_a_wait_with_a_timeout_ends_in_virtual_time():
+    values = simdist.simulate(timed_waits, 2, leaks="ignore").values
+    received, late, alone = values[0]
+    assert received == ("received", 1.0)
+    # the next message never comes: the wait times out once no other rank can run (rank 1 is in the barrier)
+    assert late[0] == alone[0] == "timed out" and "within its timeout of 1 s (virtual time)" in late[1]

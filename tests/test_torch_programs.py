@@ -5,9 +5,11 @@
   ring all-reduce, a halo exchange) run under every schedule tried, while real deadlocks
   (a cycle of blocking sends, a wait on a receive nobody sends) are still reported.
 - Reports, warnings and tracebacks name the user's lines, in a fresh interpreter too.
-- ``get_backend()`` answers the name the program asked for; ``monitored_barrier``,
-  ``all_gather_coalesced`` work; sparse tensors get a clear error; torch's profiler runs on
-  every rank at once, each rank seeing its own events and gloo-named events for its ops.
+- ``get_backend()`` (and DDP's logging data) answer the name the program asked for;
+  ``monitored_barrier`` reports a missing rank as gloo does, its timeout in virtual time;
+  ``all_gather_coalesced`` and gloo's sparse all_reduce work, other sparse ops get a clear
+  error; torch's profiler runs on every rank at once, each rank seeing its own events and
+  gloo-named events for its ops.
 """
 
 from __future__ import annotations
@@ -250,15 +252,24 @@ def backends_and_checks(rank: int, name: str | None) -> dict:
         out["coalesced"] = [[t.tolist() for t in ts] for ts in lists]
         sub = dist.new_group([0, 1])
         out["sub_backend"] = dist.get_backend(sub)
+        sparse = torch.sparse_coo_tensor(torch.tensor([[rank, 3]]), torch.tensor([1.0 + rank, 5.0]), (4,))
+        dist.all_reduce(sparse)  # gloo's sparse sum: each rank's entries, added up
+        out["sparse_sum"] = sparse.to_dense().tolist()
         try:
-            dist.all_reduce(torch.ones(4).to_sparse())
+            dist.all_reduce(sparse, op=dist.ReduceOp.MAX)
+        except ValueError as exc:
+            out["sparse_max"] = str(exc)
+        try:
+            dist.broadcast(torch.ones(4).to_sparse(), src=0)
         except TypeError as exc:
             out["sparse"] = str(exc)
+        out["ddp_backend"] = torch.nn.parallel.DistributedDataParallel(
+            torch.nn.Linear(2, 1))._get_ddp_logging_data()["backend_name"]
     dist.destroy_process_group()
     return out
 
 
-@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore:Sparse invariant checks")
 def test_get_backend_answers_the_name_the_program_gave():
     for name, config in (("gloo", "cpu:gloo,cuda:gloo"), ("nccl", "cuda:nccl"), (None, None)):
         values = simdist.simulate(backends_and_checks, 2, args=(name,)).values
@@ -267,7 +278,9 @@ def test_get_backend_answers_the_name_the_program_gave():
     values = simdist.simulate(backends_and_checks, 2, args=("gloo",)).values
     for v in values:
         assert v["coalesced"] == [[[0.0, 0.0], [10.0]], [[1.0, 1.0], [11.0]]]
-        assert v["sub_backend"] == "gloo"
+        assert v["sub_backend"] == "gloo" and v["ddp_backend"] == "gloo"
+        assert v["sparse_sum"] == [1.0, 2.0, 0.0, 10.0]
+        assert "sparse tensors takes ReduceOp.SUM only" in v["sparse_max"]
         assert "layout torch.sparse_coo" in v["sparse"] and ".to_dense()" in v["sparse"]
 
 
@@ -288,16 +301,58 @@ def test_nccls_premul_sum_scales_then_sums():
     assert simdist.simulate(premul_sum, 2).values == [([1.5, 1.5], 6.0, [1.0, 2.0]), ([1.5, 1.5], 12.0, [2.0, 4.0])]
 
 
-def monitored_barrier_skipped(rank: int) -> None:
+def monitored(rank: int, case: str) -> str | None:
+    import simdist.sim
+
     dist.init_process_group("gloo")
+    out = None
+    if case == "late" and rank == 1:
+        simdist.sim.compute(seconds=5)  # arrives 5 s (virtual) late
+    if case != "missing" or rank != 1:
+        try:
+            dist.monitored_barrier(timeout=timedelta(seconds=2), wait_all_ranks=case == "all")
+            out = "passed"
+        except RuntimeError as exc:
+            out = str(exc)
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+def test_monitored_barrier_reports_the_missing_rank_as_gloo_does_in_virtual_time():
+    late = "Rank {0} successfully reached monitoredBarrier, but received errors while waiting for send/recv from rank 0"
+    for case, world in (("ok", 3), ("all", 3), ("missing", 3), ("late", 3)):
+        values = simdist.simulate(monitored, world, args=(case,), leaks="ignore").values
+        if case in ("ok", "all"):
+            assert values == ["passed"] * world
+        elif case == "missing":  # rank 1 never calls it: rank 0's timed wait expires once no rank can run
+            assert values[0] == "[Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms" and values[1] is None
+            assert late.format(2) in values[2]
+        else:  # rank 1 arrives after rank 0's timeout: too late, as on gloo
+            assert values[0] == "[Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms"
+            assert late.format(1) in values[1] and late.format(2) in values[2]
+
+
+def wait_with_timeout(rank: int) -> str:
+    dist.init_process_group("gloo")
+    t = torch.zeros(1)
+    out = "received"
     if rank == 0:
-        dist.monitored_barrier(timeout=timedelta(seconds=5))   # rank 1 never arrives
+        try:
+            dist.irecv(t, 1).wait(timeout=timedelta(seconds=1))  # rank 1 sends only after the barrier
+        except RuntimeError as exc:
+            out = f"{type(exc).__name__}: {exc}"
+    dist.barrier()
+    if rank == 1:
+        dist.send(t, 0)
+    dist.destroy_process_group()
+    return out
 
 
-def test_a_rank_missing_a_monitored_barrier_is_reported_not_waited_for():
-    with pytest.raises(simdist.DeadlockError) as info:
-        simdist.simulate(monitored_barrier_skipped, 2, leaks="ignore")
-    assert "rank 0 is blocked in barrier" in str(info.value) and "ranks [1] finished" in str(info.value)
+def test_a_wait_with_a_timeout_times_out_in_virtual_time_instead_of_deadlocking():
+    values = simdist.simulate(wait_with_timeout, 2, leaks="ignore").values
+    assert values[0].startswith("DistTimeoutError: rank 0: recv did not complete within its timeout of 1 s")
+    assert values[1] == "received"
 
 
 PROFILED = """

@@ -49,6 +49,8 @@ class RankState:
         "blocked",
         "cpu_mark",
         "released",
+        "deadline",
+        "expired",
     )
 
     def __init__(self, rank: int):
@@ -66,6 +68,8 @@ class RankState:
         self.blocked: tuple[str, list] | None = None
         self.cpu_mark = 0.0
         self.released = False
+        self.deadline: float | None = None  # a timed wait's end, in virtual time
+        self.expired = False
 
 
 class _GroupState:
@@ -226,6 +230,8 @@ class Engine:
             self._continue_abort()
             return
         nxt = self._select(None)
+        if nxt is None and self._expire():
+            nxt = self._select(None)
         if nxt is not None:
             self._handover(nxt)
         elif all(r.done for r in self.ranks):
@@ -289,6 +295,8 @@ class Engine:
         if self.cpu_time:
             me.clock += time.thread_time() - me.cpu_mark
         nxt = self._select(me)
+        if nxt is None and self._expire():
+            nxt = self._select(me)
         if nxt is None:
             self.fail(deadlock_error(self))
         if nxt is not me:
@@ -300,20 +308,47 @@ class Engine:
         if self.cpu_time:
             me.cpu_mark = time.thread_time()
 
-    def wait(self, me: RankState, items: list[Waitable], what: str) -> None:
-        """Block ``me`` until every item has completed (a scheduling point); advance its clock."""
+    def wait(self, me: RankState, items: list[Waitable], what: str, deadline: float | None = None) -> None:
+        """Block ``me`` until every item has completed (a scheduling point); advance its clock.
+
+        With a ``deadline`` (virtual time) the wait raises ``DistTimeoutError`` when its items
+        complete after it, or when no rank can run and this is the earliest deadline of the
+        blocked ranks: a timeout, not a deadlock.
+        """
         pending = [it for it in items if not it.done]
         if pending:
             me.pending = len(pending)
             me.blocked = (what, pending)
+            me.deadline = deadline
             for it in pending:
                 it.waiters.append(me)
             self._unrun(me.rank)
+        start = me.clock
         self.point(me)
-        me.blocked = None
-        for it in items:
-            if it.t_done > me.clock:
-                me.clock = it.t_done
+        me.blocked, me.deadline = None, None
+        if not me.expired:
+            for it in items:
+                if it.t_done > me.clock:
+                    me.clock = it.t_done
+        if deadline is not None and (me.expired or me.clock > deadline):
+            me.expired, me.clock = False, max(deadline, start)
+            raise DistTimeoutError(
+                f"rank {me.rank}: {what} did not complete within its timeout of {deadline - start:.6g} s "
+                "(virtual time)"
+            )
+
+    def _expire(self) -> bool:
+        """Let the blocked rank with the earliest deadline run again, its wait timed out; whether there was one."""
+        timed = [rs for rs in self.ranks if rs.deadline is not None and rs.pending > 0 and not rs.done]
+        if not timed:
+            return False
+        rs = min(timed, key=lambda r: (r.deadline, r.rank))
+        for it in rs.blocked[1] if rs.blocked else ():
+            if rs in it.waiters:
+                it.waiters.remove(rs)
+        rs.pending, rs.expired, rs.deadline = 0, True, None
+        bisect.insort(self.runnable, rs.rank)
+        return True
 
     def complete(self, item: Waitable, t_done: float) -> None:
         item.done = True

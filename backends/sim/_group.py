@@ -33,10 +33,11 @@ class SimWork(Work):
             engine.unwaited[self.key] = (group.me.rank, f"{what} at {site}")
 
     def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the work; with ``timeout`` (seconds of virtual time) raise ``DistTimeoutError`` past it."""
         engine, me = self.group.engine, self.group.me
         if self.key is not None:
             engine.unwaited.pop(self.key, None)
-        engine.wait(me, [self.item], self.what)
+        engine.wait(me, [self.item], self.what, None if timeout is None else me.clock + timeout)
         return True
 
     def is_completed(self) -> bool:
