@@ -249,6 +249,9 @@ def _where(frames: list[tuple[str, int, str]]) -> dict[str, str]:
     if c10d:
         f = c10d[-1]
         out["torch_call"] = fmt(f) + f": {linecache.getline(f[0], int(f[1])).strip()}"
+    ours = [f for f in frames if _short_path(f[0]).startswith(("simdist/", "backends/"))]
+    if ours:
+        out["simdist_frame"] = fmt(ours[-1])
     out["deepest"] = fmt(frames[-1])
     return out
 
@@ -381,11 +384,19 @@ def _crash_frames(log_path: str) -> dict[str, str]:
             text = f.read()
     except OSError:
         return {}
-    m = re.search(r"^Current thread [^\n]*\n((?:  File [^\n]*\n)+)", text, re.M)
-    if not m:
-        return {}
-    frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', m.group(1))
-    return _where([(f, int(ln), fn) for f, ln, fn in reversed(frames)])
+    blocks = re.findall(r"^(Current thread|Thread) [^\n]*\n((?:  File [^\n]*\n)+)", text, re.M)
+    stacks = {kind == "Current thread": [(f, int(ln), fn) for f, ln, fn in
+                                         reversed(re.findall(r'File "([^"]+)", line (\d+) in (\S+)', body))]
+              for kind, body in blocks}
+    where = _where(stacks.get(True, []))
+    if "test_line" not in where:  # it crashed outside the ranks: where the rank in the test was meanwhile
+        for kind, body in blocks:
+            other = _where([(f, int(ln), fn) for f, ln, fn in
+                            reversed(re.findall(r'File "([^"]+)", line (\d+) in (\S+)', body))])
+            if kind == "Thread" and "test_line" in other:
+                where.update({k: v for k, v in other.items() if k != "deepest"})
+                break
+    return where
 
 
 def _kill_group(pgid: int) -> None:
@@ -409,6 +420,20 @@ def _log_tail(path: str) -> str:
 # (cause, pattern searched in "error | test_line | call | torch_call | blocked | deepest", what would fix it);
 # the first match wins. The fixes name the bridge's ProcessGroup method torch calls, as torch calls it.
 CAUSES: list[tuple[str, str, str]] = [
+    ("profiler: crash in the shared session", r"^crashed: .*simdist/_torch_profiler\.py",
+     "a SIGSEGV in torch's profiler __exit__ (profiler.py:434) on the bridge's Kineto thread, called from "
+     "simdist/_torch_profiler.py _exit, while the other rank is inside a bridged op (all_gather within "
+     "allgather_coalesced); schedule-dependent (seed 0 crashes, 1-3 pass; `--only "
+     "'^test_all_gather_coalesced_complex$' --sim-only --seed 0` reproduces it). Suspect: the session is "
+     "stopped while that rank's op record is open (started, not ended; not reproduced outside the simulator); "
+     "ending the other ranks' open op records before a stop, or recording ops as instant events and setting "
+     "is_async afterwards (a prototype that did so passed every profiler test), would rule it out"),
+    ("profiler: the shared session's stop calls torch.cuda off the rank",
+     r"Torch not compiled with CUDA enabled.*profiler\.py",
+     "torch.profiler.profile(activities=[CPU, CUDA]) on a simulated GPU: the bridge runs profile.__exit__ on its "
+     "Kineto thread, where the rank's simulated torch.cuda is not in effect, and __exit__ calls "
+     "torch.cuda.synchronize() (use_device='cuda'): the real, CPU-only torch.cuda raises. Synchronize on the "
+     "rank thread first and run the stop without use_device"),
     ("profiler: two rank threads open torch's profiler",
      r"(crashed: .*profiler|torch's profiler is already profiling)",
      "torch's profiler (Kineto) holds one session per process and crashes when sessions start and stop on "
@@ -436,6 +461,11 @@ CAUSES: list[tuple[str, str, str]] = [
      "output_tensor_lists[r][i] receiving rank r's input_tensor_list[i] (one list per rank); the bridge's "
      "allgather_coalesced = allgather reads it as allgather's [i][r]. Fix: allgather([[outs[i] for outs in "
      "output_tensor_lists] for i in range(len(input_tensor_list))], input_tensor_list, opts)"),
+    ("a virtual-time timeout's message is not torch's", r"caught collective operation timeout",
+     "Work.wait(timeout) now times out in virtual time, with simdist's message ('all_reduce did not complete "
+     "within its timeout of 0.1 s (virtual time)'); the test matches ProcessGroupNCCL's wording ('Watchdog "
+     "caught collective operation timeout: WorkNCCL(...) ran for N milliseconds before timing out'; gloo: "
+     "'Timed out waiting ... for ...'): put the wording of the backend the program named into the message"),
     ("monitored_barrier: a rank that never arrives is a deadlock",
      r"monitored_barrier|monitoredBarrier",
      "ProcessGroup.monitored_barrier(timeout, wait_all_ranks) must raise on rank 0, in virtual time, when a rank "
@@ -479,7 +509,8 @@ CAUSES: list[tuple[str, str, str]] = [
 
 
 def classify(rec: dict[str, Any]) -> tuple[str, str]:
-    text = " | ".join(str(rec.get(k, "")) for k in ("error", "test_line", "call", "torch_call", "blocked", "deepest"))
+    text = " | ".join(str(rec.get(k, "")) for k in ("error", "test_line", "call", "torch_call", "blocked",
+                                                   "simdist_frame", "deepest"))
     for cause, pattern, fix in CAUSES:
         if re.search(pattern, text):
             return cause, fix
