@@ -1,0 +1,712 @@
+"""(i) torch's own distributed test suite, unmodified, on gloo processes and on simulated ranks.
+
+    python benchmarks/torch_suite.py [--only REGEX] [--sim-only | --gloo-only] [--gloo-from JSON]
+                                     [--timeout S] [--seed N] [--all] [--json PATH] [--list] [--report JSON]
+
+torch's own test suite as the peer. The tests are the methods of ``DistributedTest._DistTestBase`` in the installed
+torch (``torch/testing/_internal/distributed/distributed_test.py``), at world size 2 with
+``BACKEND=gloo``, ``WORLD_SIZE=2``, ``INIT_METHOD=env://`` (the environment torch's
+``run_test.py`` gives ``test_distributed_spawn.py``). Each test runs twice:
+
+- **gloo**: the way torch runs it (``test/distributed/test_distributed_spawn.py``): a
+  ``TestDistBackend`` subclass whose ``setUp`` spawns one process per rank; each process joins
+  gloo through a ``file://`` store, runs the test method, and exits; the parent maps the exit
+  codes to pass, fail or skip (``MultiProcessTestCase._check_return_codes``).
+- **sim**: the same test class and method, each rank a thread of ``simdist.simulate(fn, 2)``;
+  its ``torch.distributed`` calls reach the simulator through the torch bridge
+  (``simdist/_torch_bridge.py``). The harness replaces only what needs processes (see
+  :func:`_sim_case_class`): the parent joins a simulation instead of spawned processes, and
+  ``self._barrier()`` (files polled with sleeps, which cannot progress while only one rank
+  thread runs) is a barrier of the simulated world.
+
+Every test runs in a child process forked for it (on both sides), so a crash (torch's autograd
+profiler in two rank threads of one process) is that test's result ("crashed: SIGSEGV") and a
+hang is killed after ``--timeout`` (the sim side also passes it to ``simulate(timeout=)``).
+The figure: of the tests that pass on gloo, how many pass on the simulator (target >= 95%).
+Every test that passes on gloo and not on the simulator is listed with its error, the torch
+call involved and a cause (:data:`CAUSES`).
+
+``--gloo-from`` reuses the gloo side of an earlier ``--json`` (it does not depend on simdist).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import faulthandler
+import functools
+import json
+import linecache
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import unittest
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ENV = {"BACKEND": "gloo", "WORLD_SIZE": "2", "INIT_METHOD": "env://"}
+SIDES = ("gloo", "sim")
+SUITE = "torch/testing/_internal/distributed/distributed_test.py"
+
+
+# --- the torch side of the harness -----------------------------------------------------------------------
+
+
+def _set_env(timeout: float, init_method: str | None = None) -> None:
+    """The environment distributed_test.py reads at import (call before importing it)."""
+    os.environ.update(ENV)
+    if init_method:
+        os.environ["INIT_METHOD"] = ENV["INIT_METHOD"] = init_method
+    # torch's own limit for joining a test's processes (common_distributed.TIMEOUT_DEFAULT)
+    os.environ.setdefault("DISTRIBUTED_TESTS_DEFAULT_TIMEOUT", str(int(timeout)))
+
+
+@functools.cache
+def _suite() -> Any:
+    from torch.testing._internal.distributed import distributed_test
+
+    return distributed_test
+
+
+def test_names(pattern: str | None = None) -> list[str]:
+    """The test methods of ``DistributedTest._DistTestBase``, sorted, filtered by ``pattern`` (regex search)."""
+    base = _suite().DistributedTest._DistTestBase
+    names = sorted(n for n in dir(base) if n.startswith("test") and callable(getattr(base, n)))
+    return [n for n in names if pattern is None or re.search(pattern, n)]
+
+
+@functools.cache
+def _gloo_case_class() -> type:
+    """torch's ``TestDistBackendWithSpawn`` (test/distributed/test_distributed_spawn.py), as written there."""
+    import torch
+
+    dt = _suite()
+
+    class TorchSpawnCase(dt.TestDistBackend, dt.DistributedTest._DistTestBase):
+        def setUp(self):
+            super().setUp()
+            self._spawn_processes()
+            torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
+
+    # the spawned rank processes unpickle the class by name from this script (see __getattr__)
+    TorchSpawnCase.__module__ = __name__
+    TorchSpawnCase.__qualname__ = "TorchSpawnCase"
+    return TorchSpawnCase
+
+
+def __getattr__(name: str) -> Any:
+    # torch's spawn start method re-imports this script in each rank process as __mp_main__ and
+    # looks the test class up by name there
+    if name == "TorchSpawnCase":
+        return _gloo_case_class()
+    raise AttributeError(name)
+
+
+@functools.cache
+def _sim_case_class() -> type:
+    """The same test class, its ranks run as threads of one simulation.
+
+    What differs from :func:`_gloo_case_class`, and nothing else:
+
+    - ``setUp`` spawns no process (torch's ``TestDistBackend.setUp`` still makes the temporary
+      directories and the init file); the test method, called on the parent (``rank == -1``),
+      goes through ``join_or_run`` to ``_join_processes``, which here runs ``simdist.simulate``
+      of :meth:`_sim_rank` and maps the ranks' outcomes as ``_check_return_codes`` maps exit
+      codes (an error on any rank fails the test; else a skip on rank 0 skips it);
+    - :meth:`_sim_rank` is ``TestDistBackend._run`` plus ``MultiProcessTestCase.run_test`` on a
+      rank thread, without what only a process has (event-listener pipe, fatal-signal handler,
+      ``sys.exit``): ``sys.exit(code)`` in a test is the exit code it would have been;
+    - ``_barrier`` (``Barrier.sync``: files in ``TEMP_DIR/barrier`` polled every 0.1 s) is a
+      barrier of every simulated rank, on a simdist group of its own (Barrier.sync is outside
+      torch's groups).
+    """
+    import torch.distributed as tdist
+    from torch.distributed import distributed_c10d as c10d
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.common_distributed import TEST_SKIPS
+
+    import simdist
+
+    dt = _suite()
+    skip_codes = {s.exit_code: s.message for s in TEST_SKIPS.values()}
+
+    class SimCase(dt.TestDistBackend, dt.DistributedTest._DistTestBase):
+        sim_timeout: float | None = None
+        sim_seed: int = 0
+
+        def _join_processes(self, fn):
+            outcomes: dict[int, tuple[str, Any]] = {}  # rank -> (skip|exit|unwound, detail)
+            self.sim_error = None
+            try:
+                simdist.simulate(type(self)._sim_rank, int(self.world_size),
+                                 args=(self._current_test_name(), self.file_name, outcomes),
+                                 timeout=self.sim_timeout, seed=self.sim_seed, leaks="ignore")
+            except simdist.RankError as exc:
+                self.sim_error = exc.__cause__ if exc.__cause__ is not None else exc
+                raise self.sim_error from None
+            except simdist.DistTimeoutError as exc:  # a rank still runs: where each rank thread is now
+                self.sim_error = exc
+                self.sim_where = _rank_stacks()
+                raise
+            except simdist.DistError as exc:
+                self.sim_error = exc
+                self.sim_where = {r: where for r, (kind, where) in sorted(outcomes.items()) if kind == "unwound"}
+                raise
+            failed = {r: why for r, (kind, why) in outcomes.items() if kind == "exit"}
+            if failed:
+                rank, why = min(failed.items())
+                self.sim_error = AssertionError(f"rank {rank}: {why}")
+                raise self.sim_error
+            if outcomes.get(0, ("", ""))[0] == "skip":
+                raise unittest.SkipTest(outcomes[0][1])
+
+        @classmethod
+        def _sim_rank(cls, rank: int, test_name: str, file_name: str, outcomes: dict) -> None:
+            self = cls(test_name)
+            self.rank = rank
+            self.file_name = file_name
+            timeout = dt.timedelta(seconds=dt.CUSTOM_PG_TIMEOUT.get(test_name, dt.default_pg_timeout))
+            tdist.init_process_group(init_method=self.init_method, backend=dt.BACKEND,
+                                     world_size=int(self.world_size), rank=self.rank, timeout=timeout)
+            self._barrier()
+            os.environ["TORCH_SHOW_CPP_STACKTRACES"] = "1"
+            common_utils.set_rng_seed()
+            try:
+                getattr(self, test_name)()
+            except unittest.SkipTest as exc:
+                outcomes[rank] = ("skip", str(exc))
+                return
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                if code in skip_codes:
+                    outcomes[rank] = ("skip", skip_codes[code])
+                elif code != 0:
+                    outcomes[rank] = ("exit", f"sys.exit({exc.code!r}) in the test")
+                return
+            except Exception:
+                raise
+            except BaseException as exc:  # the simulator unwinding this rank: keep where it was blocked
+                outcomes[rank] = ("unwound", _frames(exc))
+                raise
+            self._barrier()
+            tdist.destroy_process_group()
+
+        def _barrier(self, *args, **kwargs):
+            if not tdist.is_initialized():  # between a test's destroy_process_group and its next init
+                if simdist.is_initialized():
+                    simdist.barrier()
+                else:
+                    simdist.init_process_group("sim")
+                    simdist.barrier()
+                    simdist.destroy_process_group()
+                return
+            # Barrier.sync is outside torch's groups: a simdist group of all ranks of its own, one per
+            # default group (so a rank that skips a collective on the default group is not matched here)
+            default = c10d._get_default_group()
+            if getattr(self, "_sim_barrier", (None, None))[0] is not default:
+                self._sim_barrier = (default, simdist.new_group(list(range(simdist.get_world_size()))))
+            simdist.barrier(group=self._sim_barrier[1])
+
+    return SimCase
+
+
+# --- one test, one side, in a child process --------------------------------------------------------------
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+def _short_path(filename: str) -> str:
+    for marker in ("site-packages/", "wt-suite/", "/work/main/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return filename
+
+
+def _where(frames: list[tuple[str, int, str]]) -> dict[str, str]:
+    """Where a failure happened, from its frames (outermost first): the test's innermost line in
+    distributed_test.py, the call it made out of the test, the innermost torch.distributed line
+    (with its source: the ProcessGroup method torch called), and the deepest frame."""
+    fmt = lambda f: f"{_short_path(f[0])}:{f[1]} in {f[2]}"  # noqa: E731
+    out: dict[str, str] = {}
+    if not frames:
+        return out
+    idx = [i for i, f in enumerate(frames) if f[0].endswith("distributed_test.py")]
+    if idx:
+        out["test_line"] = fmt(frames[idx[-1]])
+        if idx[-1] + 1 < len(frames):
+            out["call"] = fmt(frames[idx[-1] + 1])
+    c10d = [f for f in frames if "torch/distributed/" in f[0] and "/testing/" not in f[0]
+            and not f[0].endswith("c10d_logger.py")]
+    if c10d:
+        f = c10d[-1]
+        out["torch_call"] = fmt(f) + f": {linecache.getline(f[0], int(f[1])).strip()}"
+    ours = [f for f in frames if _short_path(f[0]).startswith(("simdist/", "backends/"))]
+    if ours:
+        out["simdist_frame"] = fmt(ours[-1])
+    out["deepest"] = fmt(frames[-1])
+    return out
+
+
+def _rank_stacks() -> dict[int, dict[str, str]]:
+    """Where each live rank thread of the simulator is (threads named ``simdist-rank-N``)."""
+    import threading
+
+    frames = sys._current_frames()
+    out = {}
+    for t in threading.enumerate():
+        m = re.fullmatch(r"simdist-rank-(\d+)", t.name)
+        if m and t.ident in frames:
+            stack = traceback.extract_stack(frames[t.ident])
+            out[int(m.group(1))] = _where([(f.filename, f.lineno, f.name) for f in stack])
+    return dict(sorted(out.items()))
+
+
+def _frames(exc: BaseException) -> dict[str, str]:
+    return _where([(f.filename, f.lineno, f.name) for f in traceback.extract_tb(exc.__traceback__)])
+
+
+def _gloo_reason(text: str) -> str:
+    """The first rank's error out of torch's "Process i exited with error code 10 and exception: <traceback>"."""
+    m = re.search(r"Process \d+ exited with error code \d+ and exception:\n(.*?)(?:\nProcess \d+ exited|\Z)",
+                  text, re.S)
+    block = m.group(1) if m else text
+    lines = [ln for ln in block.strip().splitlines() if ln.strip()]
+    # the exception line: the last line not indented (a traceback's frames are)
+    tail = [ln for ln in lines if not ln.startswith(" ")]
+    return (tail[-1] if tail else (lines[-1] if lines else "")).strip()
+
+
+def _run_case(side: str, name: str, timeout: float, seed: int) -> dict[str, Any]:
+    """Run one test method on one side in this process through unittest; its outcome as a dict."""
+    cls = _gloo_case_class() if side == "gloo" else _sim_case_class()
+    if side == "sim":
+        cls.sim_timeout, cls.sim_seed = timeout, seed
+    case = cls(name)
+    result = unittest.TestResult()
+    case.run(result)
+    rec: dict[str, Any]
+    if result.errors or result.failures or result.unexpectedSuccesses:
+        rec = {"outcome": "fail"}
+        err = getattr(case, "sim_error", None)
+        if err is not None:
+            rec["error"] = f"{type(err).__name__}: {_first_line(err)}"
+            rec.update(_frames(err))
+            blocked = [ln.strip() for ln in str(err).splitlines() if ln.strip().startswith("rank ")]
+            if blocked:  # a DeadlockError's report: what each rank was blocked in
+                rec["blocked"] = "; ".join(blocked)
+            for rank, where in getattr(case, "sim_where", {}).items():  # and where, in the test
+                rec.update(where)
+                rec["where_by_rank"] = {str(r): " -> ".join(w[k] for k in ("test_line", "deepest") if k in w)
+                                        for r, w in case.sim_where.items()}
+                break
+        elif result.unexpectedSuccesses:
+            rec["error"] = "unexpected success"
+        else:
+            text = (result.errors + result.failures)[0][1]
+            rec["error"] = _gloo_reason(text) if side == "gloo" else _first_line(text.strip().splitlines()[-1])
+    elif result.skipped:
+        rec = {"outcome": "skip", "reason": _first_line(result.skipped[0][1])}
+    else:
+        rec = {"outcome": "pass"}
+    return rec
+
+
+def run_isolated(side: str, name: str, timeout: float, seed: int, logdir: str) -> dict[str, Any]:
+    """Fork a child that runs one test on one side; its outcome, a crash or a kill after ``timeout`` + 60 s."""
+    res_path = os.path.join(logdir, f"{side}-{name}.json")
+    log_path = os.path.join(logdir, f"{side}-{name}.log")
+    t0 = time.perf_counter()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: its own process group (so its rank processes die with it), output to a log
+        code = 1
+        try:
+            os.setpgid(0, 0)
+            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            faulthandler.enable()  # a crash leaves every thread's Python stack in the log
+            rec = _run_case(side, name, timeout, seed)
+            with open(res_path, "w", encoding="utf-8") as f:
+                json.dump(rec, f)
+            code = 0
+        except BaseException:  # noqa: BLE001 - reported through the log
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    deadline = t0 + timeout + 60
+    status = None
+    while status is None:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+        elif time.perf_counter() > deadline:
+            _kill_group(pid)
+            os.waitpid(pid, 0)
+            status = -1
+        else:
+            time.sleep(0.05)
+    _kill_group(pid)  # rank processes a test left behind
+    seconds = round(time.perf_counter() - t0, 2)
+    if status == -1:
+        rec = {"outcome": "fail", "error": f"hung: killed after {timeout + 60:.0f} s"}
+    elif os.WIFSIGNALED(status):
+        rec = {"outcome": "fail", "error": f"crashed: {signal.Signals(os.WTERMSIG(status)).name}",
+               **_crash_frames(log_path)}
+    elif os.path.exists(res_path):
+        with open(res_path, encoding="utf-8") as f:
+            rec = json.load(f)
+    else:
+        rec = {"outcome": "fail", "error": f"harness error (exit code {os.WEXITSTATUS(status)}): {_log_tail(log_path)}"}
+    rec["seconds"] = seconds
+    for path in (res_path, log_path) if rec["outcome"] != "fail" else (res_path,):  # keep failures' logs
+        if os.path.exists(path):
+            os.remove(path)
+    return rec
+
+
+def _crash_frames(log_path: str) -> dict[str, str]:
+    """Where a crash happened: the crashing thread's stack in faulthandler's dump (most recent call first)."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return {}
+    blocks = re.findall(r"^(Current thread|Thread) [^\n]*\n((?:  File [^\n]*\n)+)", text, re.M)
+    stacks = {kind == "Current thread": [(f, int(ln), fn) for f, ln, fn in
+                                         reversed(re.findall(r'File "([^"]+)", line (\d+) in (\S+)', body))]
+              for kind, body in blocks}
+    where = _where(stacks.get(True, []))
+    if "test_line" not in where:  # it crashed outside the ranks: where the rank in the test was meanwhile
+        for kind, body in blocks:
+            other = _where([(f, int(ln), fn) for f, ln, fn in
+                            reversed(re.findall(r'File "([^"]+)", line (\d+) in (\S+)', body))])
+            if kind == "Thread" and "test_line" in other:
+                where.update({k: v for k, v in other.items() if k != "deepest"})
+                break
+    return where
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _log_tail(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = [ln.strip() for ln in f if ln.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1] if lines else "no output"
+
+
+# --- causes of the simulator's failures ------------------------------------------------------------------
+
+# (cause, pattern searched in "error | test_line | call | torch_call | blocked | deepest", what would fix it);
+# the first match wins. The fixes name the bridge's ProcessGroup method torch calls, as torch calls it.
+CAUSES: list[tuple[str, str, str]] = [
+    ("profiler: crash in the shared session", r"^crashed: .*simdist/_torch_profiler\.py",
+     "a SIGSEGV in torch's profiler __exit__ (profiler.py:434) on the bridge's Kineto thread, called from "
+     "simdist/_torch_profiler.py _exit, while the other rank is inside a bridged op (all_gather within "
+     "allgather_coalesced); schedule-dependent (seed 0 crashes, 1-3 pass; `--only "
+     "'^test_all_gather_coalesced_complex$' --sim-only --seed 0` reproduces it). Suspect: the session is "
+     "stopped while that rank's op record is open (started, not ended; not reproduced outside the simulator); "
+     "ending the other ranks' open op records before a stop, or recording ops as instant events and setting "
+     "is_async afterwards (a prototype that did so passed every profiler test), would rule it out"),
+    ("profiler: the shared session's stop calls torch.cuda off the rank",
+     r"Torch not compiled with CUDA enabled.*profiler\.py",
+     "torch.profiler.profile(activities=[CPU, CUDA]) on a simulated GPU: the bridge runs profile.__exit__ on its "
+     "Kineto thread, where the rank's simulated torch.cuda is not in effect, and __exit__ calls "
+     "torch.cuda.synchronize() (use_device='cuda'): the real, CPU-only torch.cuda raises. Synchronize on the "
+     "rank thread first and run the stop without use_device"),
+    ("profiler: two rank threads open torch's profiler",
+     r"(crashed: .*profiler|torch's profiler is already profiling)",
+     "torch's profiler (Kineto) holds one session per process and crashes when sessions start and stop on "
+     "different threads; every rank opens torch.autograd.profiler.profile (or torch.profiler.profile) and then "
+     "counts the backend's events. Bridge: one shared session with _ExperimentalConfig(profile_all_threads=True), "
+     "started and stopped on one dedicated thread; a rank's _start_trace joins it and records a marker event on "
+     "its thread; its __exit__ stops it (restarting it if other ranks are still inside) and keeps the events of "
+     "its own thread; every bridged op records '<get_backend()>:<gloo title>' on the rank thread, and the bridge "
+     "sets that event's input_shapes and is_async=True as gloo's are (a global session records no inputs for a "
+     "Python record function)"),
+    ("DDP's logging data names the backend 'simdist'", r"'simdist' != 'gloo'.*test_ddp_logging_data",
+     "DDP's C++ Logger takes backend_name from ProcessGroup.getBackendName() ('simdist'); answering 'gloo' "
+     "there makes it static_cast the group's GLOO backend ('Could not find backend type 1'). The bridge can "
+     "correct DistributedDataParallel._get_ddp_logging_data(): backend_name = get_backend(process_group) and, "
+     "for 'gloo', what the logger adds for ProcessGroupGloo (gloo_socket_ifname and gloo_device_transport from "
+     "the environment or 'N/A', gloo_num_threads 2)"),
+    ("get_backend() answers 'simdist'", r"'simdist' != 'gloo'|only implemented for GLOO backend",
+     "torch.distributed.get_backend(group) must answer the name the program gave ('gloo'); "
+     "monitored_barrier checks it before calling ProcessGroup.monitored_barrier(timeout, wait_all_ranks)"),
+    ("bridge lacks a ProcessGroup method", r"No backend type associated with device type",
+     "torch called a ProcessGroup method the bridge does not define (see the torch call): define it"),
+    ("allgather_coalesced reads its outputs the wrong way round",
+     r"expected \d+ \(the group size\).*allgather_coalesced",
+     "torch calls ProcessGroup.allgather_coalesced(output_tensor_lists, input_tensor_list, opts) with "
+     "output_tensor_lists[r][i] receiving rank r's input_tensor_list[i] (one list per rank); the bridge's "
+     "allgather_coalesced = allgather reads it as allgather's [i][r]. Fix: allgather([[outs[i] for outs in "
+     "output_tensor_lists] for i in range(len(input_tensor_list))], input_tensor_list, opts)"),
+    ("a virtual-time timeout's message is not torch's", r"caught collective operation timeout",
+     "Work.wait(timeout) now times out in virtual time, with simdist's message ('all_reduce did not complete "
+     "within its timeout of 0.1 s (virtual time)'); the test matches ProcessGroupNCCL's wording ('Watchdog "
+     "caught collective operation timeout: WorkNCCL(...) ran for N milliseconds before timing out'; gloo: "
+     "'Timed out waiting ... for ...'): put the wording of the backend the program named into the message"),
+    ("monitored_barrier: a rank that never arrives is a deadlock",
+     r"monitored_barrier|monitoredBarrier",
+     "ProcessGroup.monitored_barrier(timeout, wait_all_ranks) must raise on rank 0, in virtual time, when a rank "
+     "never arrives: RuntimeError('Rank {r} failed to pass monitoredBarrier in {ms} ms') (first missing rank), "
+     "'Ranks {r1, r2} failed to pass monitoredBarrier' with wait_all_ranks, 'Rank 0 timed out in "
+     "monitoredBarrier after {ms} ms' at once with timeout 0; the other ranks return once rank 0 has seen them. "
+     "The simulator reports a deadlock instead: it needs timed waits (when no rank can run, the blocked wait "
+     "with the earliest deadline fails with its timeout and the virtual clock moves to it)"),
+    ("async p2p blocks", r"DeadlockError.*\| .*(send|recv|batch_isend_irecv)",
+     "isend/irecv/batch_isend_irecv must start the transfer and return a work that completes at wait() "
+     "(ProcessGroup.send(tensors, dst, tag)/recv(tensors, src, tag) return before the peer arrives)"),
+    ("sparse tensors", r"sparse",
+     "ProcessGroup.allreduce([sparse COO tensor], opts) with SUM: gloo replaces the tensor in place by the "
+     "coalesced sum of every rank's tensor (nnz differs per rank). The bridge can all_gather_object each "
+     "rank's coalesced tensor, sum, coalesce and copy_ into the input; simdist's collectives take dense tensors"),
+    ("test needs one process per rank (os.getpid)", r"in test_get_rank\b",
+     "the test names a file per process with os.getpid(); rank threads share one pid (not a bridge matter)"),
+    ("test needs a real timeout", r"_test_barrier_timeout|Timed out",
+     "rank 0 alone calls barrier and expects gloo's 'Timed out' error after the group's timeout, measured with "
+     "time.time(); the simulator reports the rank that never joins as a deadlock at once (a virtual-time "
+     "timeout would still fail the time.time() check)"),
+    ("simulated GPUs: a CUDA call the facade does not simulate",
+     r"expects a simulated torch\.cuda\.Stream|is not simulated on CPU ranks|torch\.cuda\.synchronize\(device=|"
+     r"cpu backend doesn't support events",
+     "the test runs on the simulator only because the CUDA facade makes each rank see a GPU (gloo skips it here: "
+     "no GPUs); the call named in the error needs the facade: Stream.wait_stream with a torch.cuda.Stream made "
+     "by torch, torch.cuda.get_rng_state, torch.cuda.synchronize(device) with a CPU device, CUDA events of "
+     "autocast/mixed precision"),
+    ("simulated GPUs: tensors report the CPU", r"SyncBatchNorm layers only work with GPU modules|"
+     r"in tuple_and_list_validator",
+     "simulated GPU tensors are CPU tensors: SyncBatchNorm's is_cuda check refuses them and DDP's output "
+     "device index is None instead of the rank's GPU"),
+    ("race in torch's test (seen under some schedules)", r"FileNotFoundError.*_test_post_localSGD_optimizer_step_reload",
+     "_rank_temp_file() removes the checkpoint on rank 0 as soon as rank 0 has loaded it; no barrier waits for "
+     "the other ranks' torch.load. Fails with seeds 0, 1 and 4, passes with 2, 3 and 5: a bug in the test"),
+    ("crash (signal)", r"^crashed: ", "see the per-test log (faulthandler's stacks)"),
+    ("hang", r"^hung: |DistTimeoutError",
+     "a rank runs past the timeout without reaching a simdist call: a loop, or a wait outside simdist "
+     "(where_by_rank in the JSON: each rank's line in the test and its innermost frame)"),
+]
+
+
+def classify(rec: dict[str, Any]) -> tuple[str, str]:
+    text = " | ".join(str(rec.get(k, "")) for k in ("error", "test_line", "call", "torch_call", "blocked",
+                                                   "simdist_frame", "deepest"))
+    for cause, pattern, fix in CAUSES:
+        if re.search(pattern, text):
+            return cause, fix
+    return "unclassified", ""
+
+
+# --- the report ----------------------------------------------------------------------------------------
+
+
+def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Counts per side, the figure, and the tests that pass on gloo but not on the simulator."""
+    counts = {side: {"pass": 0, "fail": 0, "skip": 0} for side in SIDES}
+    for rec in results.values():
+        for side in SIDES:
+            if side in rec:
+                counts[side][rec[side]["outcome"]] += 1
+    both = [n for n, r in results.items() if "gloo" in r and "sim" in r]
+    gloo_pass = [n for n in both if results[n]["gloo"]["outcome"] == "pass"]
+    sim_pass = [n for n in gloo_pass if results[n]["sim"]["outcome"] == "pass"]
+    lost = [n for n in gloo_pass if results[n]["sim"]["outcome"] != "pass"]
+    sim_fail = [n for n, r in results.items() if "sim" in r and r["sim"]["outcome"] == "fail"]
+    extra_fail = [n for n in both if results[n]["gloo"]["outcome"] == "skip" and results[n]["sim"]["outcome"] == "fail"]
+    gained = [n for n in both if results[n]["gloo"]["outcome"] != "pass" and results[n]["sim"]["outcome"] == "pass"]
+    share = len(sim_pass) / len(gloo_pass) if gloo_pass else None
+    return {"counts": counts, "gloo_pass": len(gloo_pass), "sim_pass_of_gloo_pass": len(sim_pass),
+            "share": share, "target": 0.95, "met": share is not None and share >= 0.95,
+            "lost": lost, "gained": gained, "sim_fail": sim_fail, "extra_fail": extra_fail}
+
+
+def report(results: dict[str, dict[str, Any]], summary: dict[str, Any], show_all: bool) -> str:
+    from _common import markdown_table
+
+    out = []
+    rows = [[side, c["pass"], c["fail"], c["skip"], c["pass"] + c["fail"] + c["skip"]]
+            for side, c in summary["counts"].items() if sum(c.values())]
+    out.append(markdown_table(["side", "pass", "fail", "skip", "tests"], rows))
+    if summary["share"] is not None:
+        out.append(f"\n**{summary['sim_pass_of_gloo_pass']} of the {summary['gloo_pass']} tests that pass on gloo "
+                   f"pass on the simulator ({100 * summary['share']:.1f}%; target >= 95%: "
+                   f"{'met' if summary['met'] else 'missed'}).**")
+        out += _failure_tables(results, summary["lost"], "Pass on gloo, not on the simulator:")
+    else:
+        out += _failure_tables(results, summary["sim_fail"], "Fail on the simulator:")
+    if summary["gained"]:
+        why = sorted({results[n]["gloo"].get("reason") or results[n]["gloo"].get("error", "") for n in summary["gained"]})
+        out.append(f"\nPass on the simulator, not on gloo ({len(summary['gained'])}; on gloo: "
+                   + "; ".join(_cell(w, 80) for w in why) + "): " + ", ".join(summary["gained"]))
+    if summary["extra_fail"]:
+        out += _failure_tables(results, summary["extra_fail"], "Skipped on gloo, fail on the simulator:")
+    skips: dict[str, int] = {}
+    for rec in results.values():
+        outcome = [rec[side] for side in SIDES if side in rec]
+        if outcome and all(o["outcome"] == "skip" for o in outcome):
+            skips[outcome[0].get("reason", "")] = skips.get(outcome[0].get("reason", ""), 0) + 1
+    if skips:
+        out.append("\nSkipped on every side run, by reason:\n")
+        out.append(markdown_table(["skip reason", "tests"], [[_cell(why), n] for why, n in
+                                                           sorted(skips.items(), key=lambda kv: (-kv[1], kv[0]))]))
+    if show_all:
+        rows = [[n, *(_side_cell(r.get(side)) for side in SIDES)] for n, r in sorted(results.items())]
+        out.append("\nEvery test:\n")
+        out.append(markdown_table(["test", "gloo", "sim"], rows))
+    return "\n".join(out)
+
+
+def _failure_tables(results: dict[str, dict[str, Any]], names: list[str], title: str) -> list[str]:
+    """The failures on the simulator of ``names``, one row per test grouped by cause, then one row per cause."""
+    from _common import markdown_table
+
+    if not names:
+        return []
+    by_cause: dict[str, list[str]] = {}
+    for n in names:
+        by_cause.setdefault(results[n]["sim"].get("cause", "unclassified"), []).append(n)
+    ordered = sorted(by_cause.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    rows = []
+    for cause, group in ordered:
+        for n in group:
+            s = results[n]["sim"]
+            rows.append([cause, n, _cell(s.get("error", s.get("reason", s["outcome"]))),
+                         _cell(_short_test_line(s.get("test_line", ""))), _cell(s.get("torch_call", s.get("call", "")), 90)])
+    fixes = {cause: fix for cause, _, fix in CAUSES}
+    return [f"\n{title}\n", markdown_table(["cause", "test", "simulator's error", "test line", "torch call"], rows),
+            "\nBy cause:\n", markdown_table(["cause", "tests", "what would fix it"],
+                                             [[cause, len(group), fixes.get(cause, "")] for cause, group in ordered])]
+
+
+def _short_test_line(where: str) -> str:
+    return where.replace("torch/testing/_internal/distributed/", "")
+
+
+def _cell(text: Any, width: int = 110) -> str:
+    text = str(text).replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _side_cell(rec: dict[str, Any] | None) -> str:
+    if rec is None:
+        return "-"
+    extra = rec.get("error") or rec.get("reason") or ""
+    return _cell(f"{rec['outcome']} {rec.get('seconds', '')}s" + (f": {extra}" if extra else ""), 80)
+
+
+# --- main ----------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", metavar="REGEX", help="only the tests whose name matches (re.search)")
+    side = p.add_mutually_exclusive_group()
+    side.add_argument("--sim-only", action="store_true", help="run the simulator side only")
+    side.add_argument("--gloo-only", action="store_true", help="run the gloo side only")
+    p.add_argument("--gloo-from", metavar="JSON", help="take the gloo side from an earlier --json run")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="real seconds per test on gloo (torch's own default, 300); the child is killed 60 s later")
+    p.add_argument("--sim-timeout", type=float, default=120.0,
+                   help="real seconds per test on the simulator (simulate(timeout=); the slowest passing test "
+                        "takes about 20 s); the child is killed 60 s later")
+    p.add_argument("--seed", type=int, default=0, help="the simulator's schedule seed")
+    p.add_argument("--init-method", metavar="URL",
+                   help="INIT_METHOD for the suite (default env://; torch's CI also runs file://PATH, which "
+                        "enables test_barrier_timeout_global)")
+    p.add_argument("--all", action="store_true", help="also print every test's outcome on both sides")
+    p.add_argument("--list", action="store_true", help="list the selected tests and exit")
+    p.add_argument("--report", metavar="JSON", help="print the report of an earlier --json run (causes re-derived) and exit")
+    p.add_argument("--json", metavar="PATH", help="write every outcome and the figure as JSON (rewritten after each test)")
+    args = p.parse_args(argv)
+
+    _set_env(args.timeout, args.init_method)
+    from _common import finish_info, machine_info, write_json
+
+    if args.report:
+        with open(args.report, encoding="utf-8") as f:
+            results = json.load(f)["tests"]
+        for rec in results.values():
+            if rec.get("sim", {}).get("outcome") == "fail":
+                rec["sim"]["cause"] = classify(rec["sim"])[0]
+        print(report(results, summarize(results), args.all))
+        return 0
+
+    names = test_names(args.only)
+    if args.list:
+        print("\n".join(names))
+        return 0
+    sides = [s for s in SIDES if not ((s == "sim" and args.gloo_only) or (s == "gloo" and (args.sim_only or args.gloo_from)))]
+    earlier: dict[str, Any] = {}
+    if args.gloo_from:
+        with open(args.gloo_from, encoding="utf-8") as f:
+            earlier = json.load(f)["tests"]
+    import simdist  # imported before forking, like torch and the suite
+
+    info = machine_info()
+    results: dict[str, dict[str, Any]] = {}
+    seconds = {s: 0.0 for s in SIDES}
+    logdir = tempfile.mkdtemp(prefix="torch-suite-")
+    t_start = time.perf_counter()
+    payload: dict[str, Any] = {}
+    for i, name in enumerate(names, 1):
+        rec: dict[str, Any] = {}
+        if args.gloo_from and "gloo" in earlier.get(name, {}):
+            rec["gloo"] = earlier[name]["gloo"]
+        for s in sides:
+            rec[s] = run_isolated(s, name, args.sim_timeout if s == "sim" else args.timeout, args.seed, logdir)
+            seconds[s] += rec[s]["seconds"]
+            if s == "sim" and rec[s]["outcome"] == "fail":
+                rec[s]["cause"] = classify(rec[s])[0]
+        results[name] = rec
+        print(f"[{i}/{len(names)}] {name}: " + "  ".join(f"{s} {_side_cell(rec.get(s))}" for s in SIDES if s in rec),
+              file=sys.stderr, flush=True)
+        if args.json:
+            payload = _payload(results, seconds, time.perf_counter() - t_start, info, args, simdist, complete=False)
+            write_json(args.json, payload)
+    wall = time.perf_counter() - t_start
+    summary = summarize(results)
+    text = report(results, summary, args.all)
+    seconds = {s: round(sum(r[s]["seconds"] for r in results.values() if s in r), 1) for s in SIDES}
+    times = ", ".join(f"{s} side {seconds[s]:.0f} s" + (" (from --gloo-from)" if s not in sides else "")
+                      for s in SIDES if seconds[s])
+    text += f"\n\n{len(names)} tests; {times}; {wall:.0f} s in all. Logs of the failures: {logdir}"
+    print(text)
+    if args.json:
+        payload = _payload(results, seconds, wall, finish_info(info), args, simdist, complete=True)
+        payload["summary"], payload["markdown"] = summary, text
+        write_json(args.json, payload)
+    return 0
+
+
+def _payload(results, seconds, wall, info, args, simdist, *, complete: bool) -> dict[str, Any]:
+    import torch
+
+    return {"benchmark": "torch_suite", "suite": SUITE, "env": ENV, "machine": info, "complete": complete,
+            "torch": torch.__version__, "simdist": simdist.__version__, "timeout_s": args.timeout, "sim_timeout_s": args.sim_timeout,
+            "seed": args.seed,
+            "only": args.only, "gloo_from": args.gloo_from, "seconds": {**seconds, "wall": round(wall, 1)}, "causes": CAUSES,
+            "date": _dt.date.today().isoformat(), "tests": results}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
