@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import functools
+from collections import deque
 from datetime import timedelta
 from typing import Any
 
@@ -63,6 +64,30 @@ def _seconds(timeout: Any) -> float | None:
     return timeout or None
 
 
+class _Keeper:
+    """Keeps a group's works alive (their Python objects) while torch's C++ code may still call them.
+
+    torch's C++ code (DDP's reducer with ``join()``, say) can hold a work it was handed from
+    Python as a C++ pointer alone; once the Python object is gone, its ``wait`` and
+    ``get_future`` fall back to C++ defaults, and ``wait`` then blocks forever. A work stays
+    alive until it has been waited for, and then while it is among the group's last
+    ``RECENT`` waited works (C++ asks for a work's future right after waiting for it).
+    """
+
+    RECENT = 16
+
+    def __init__(self) -> None:
+        self.pending: dict[int, Any] = {}
+        self.recent: deque = deque(maxlen=self.RECENT)
+
+    def started(self, work: Any) -> None:
+        self.pending[id(work)] = work
+
+    def waited(self, work: Any) -> None:
+        if self.pending.pop(id(work), None) is not None:
+            self.recent.append(work)
+
+
 @functools.cache
 def bridge_classes() -> tuple[type, type]:
     """``(BridgeGroup, BridgeWork)``, made on first use."""
@@ -74,12 +99,14 @@ def bridge_classes() -> tuple[type, type]:
     class BridgeWork(tdist.Work):
         """One op's simdist works as a torch Work: complete once every one of them is (at ``wait()``)."""
 
-        def __init__(self, works: list, outputs: Any, source: Any = None):
+        def __init__(self, works: list, outputs: Any, keeper: "_Keeper", source: Any = None):
             super().__init__()
             self._works = [w for w in works if w is not None]
             self._outputs = outputs
             self._source = source  # a receive from any source: the simdist work that knows the sender
             self._error: BaseException | None = None
+            self._keeper = keeper
+            keeper.started(self)
 
         def wait(self, timeout: Any = None) -> bool:
             try:
@@ -88,6 +115,8 @@ def bridge_classes() -> tuple[type, type]:
             except BaseException as exc:
                 self._error = exc
                 raise
+            finally:
+                self._keeper.waited(self)
             return True
 
         def is_completed(self) -> bool:
@@ -127,6 +156,7 @@ def bridge_classes() -> tuple[type, type]:
             self._desc = "undefined"
             self._backend_name = backend_name
             self._coalescing: list | None = None
+            self._keeper = _Keeper()
             self.bound_device_id = None
 
         # -- identity, as torch's C++ groups answer it --------------------------------------------------
@@ -183,7 +213,7 @@ def bridge_classes() -> tuple[type, type]:
             _torch_profiler.record_op(f"{self._backend_name}:{op}", inputs)
 
         def _start(self, works: list, outputs: Any, source: Any = None) -> Any:
-            work = BridgeWork(works, outputs, source)
+            work = BridgeWork(works, outputs, self._keeper, source)
             if self._coalescing is not None:
                 self._coalescing.append(work)
             return work
@@ -195,7 +225,7 @@ def bridge_classes() -> tuple[type, type]:
 
         def _end_coalescing(self, device: Any = None) -> Any:
             started, self._coalescing = self._coalescing or [], None
-            return BridgeWork(started, [t for w in started for t in w.result()])
+            return BridgeWork(started, [t for w in started for t in w.result()], self._keeper)
 
         # -- collectives ------------------------------------------------------------------------------------
 
@@ -386,6 +416,7 @@ def bridge_classes() -> tuple[type, type]:
 
         def shutdown(self) -> None:
             """torch's ``destroy_process_group`` calls this for each group it destroys: destroy the simdist group."""
+            self._keeper = _Keeper()
             if not api.is_initialized() or getattr(self._g, "_simdist_destroyed", False):
                 return
             if self._g.group_id == 0:  # the default group

@@ -96,7 +96,14 @@ def _start_trace(prof: Any) -> None:
 def _exit(prof: Any, *exc: Any) -> Any:
     if _members.pop(id(prof), None) is None:
         return _saved["exit"](prof, *exc)
-    result = _on_kineto_thread(_saved["exit"], prof, *exc)  # stops the session; prof.kineto_results: what it recorded
+    device = prof.use_device  # torch's __exit__ synchronizes it: here, on the rank, where its GPUs are
+    if device and hasattr(getattr(torch, device, None), "synchronize"):
+        getattr(torch, device).synchronize()
+    prof.use_device = None
+    try:
+        result = _on_kineto_thread(_saved["exit"], prof, *exc)  # stops the session; kineto_results: what it recorded
+    finally:
+        prof.use_device = device
     prof._simdist_chunks.append(prof.kineto_results)
     for other in _members.values():
         other._simdist_chunks.append(prof.kineto_results)
