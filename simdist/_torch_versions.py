@@ -32,6 +32,10 @@ DIFFERENCES = {
         (2, 13): "no enable_reconfigure argument",
         (2, 14): "enable_reconfigure keyword added",
     },  # the bridge's wrapper passes extra arguments through unchanged
+    "BackendConfig('undefined') (init_process_group() without a backend)": {
+        (2, 13): "cpu:gloo",
+        (2, 14): "the accelerator's backend: cuda:nccl on a rank with simulated GPUs",
+    },  # the bridge records torch's own answer for the rank, whichever it is
     "ProcessGroup.register_pre_hook / register_post_hook / get_backend": {
         (2, 13): "absent",
         (2, 14): "added; torch's Python code does not call them on a Python group",
