@@ -6,7 +6,9 @@ computes from traces of the in-process simulator (no server, GPU or second proce
 
 import streamlit as st
 
-st.set_page_config(page_title="simdist visualizer", layout="wide")
+# The tab's icon is an emoji, drawn by the browser; a ":material/...:" one would be fetched from
+# fonts.gstatic.com (tests/test_classroom.py checks that the app makes no request elsewhere).
+st.set_page_config(page_title="simdist visualizer", page_icon="🔀", layout="wide")
 pages = [
     st.Page("app_pages/collectives.py", title="Collectives", icon=":material/hub:", default=True),
     st.Page("app_pages/compare.py", title="Compare algorithms", icon=":material/stacked_line_chart:"),

@@ -94,12 +94,17 @@ def app_url(chromium_path, tmp_path_factory):
             time.sleep(0.5)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+        _terminate(proc)
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    """Stops the server: SIGTERM, then SIGKILL after 15 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=15)
 
 
 def _wait_for_run(page) -> None:

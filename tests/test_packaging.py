@@ -3,8 +3,8 @@
 ``visualize`` on a user's ``sys.path``.
 
 The test builds the wheel from a copy of the checkout, installs it with ``--no-deps`` into
-a fresh virtual environment that sees the system's site-packages (so torch and numpy need
-not be installed again), and imports from it with the working directory outside the
+a fresh virtual environment that sees the site-packages of the Python running the tests
+(so torch and numpy need not be installed again), and imports from it with the working directory outside the
 repository, checking that every module comes from the wheel and not from the checkout.
 """
 
@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -66,6 +67,20 @@ def _build_wheel(src: Path, out: Path) -> Path:
     return wheels[0]
 
 
+def _see_our_dependencies(py: Path) -> None:
+    """Put this interpreter's site-packages (torch, numpy, ...) after ``py``'s own, by a ``.pth`` file.
+
+    ``--system-site-packages`` would show the base Python's packages, which lack torch when
+    the tests run in a virtual environment. Directories named in a ``.pth`` file are added
+    to ``sys.path`` without running their own ``.pth`` files, so an editable install of
+    simdist here does not reach the new environment.
+    """
+    theirs = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                            capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    Path(theirs, "simdist-test-dependencies.pth").write_text("".join(f"{d}\n" for d in ours))
+
+
 @pytest.mark.timeout(300)
 def test_wheel_installs_the_package_layout(tmp_path: Path):
     src = tmp_path / "src"
@@ -84,8 +99,9 @@ def test_wheel_installs_the_package_layout(tmp_path: Path):
         assert required in names, f"{required} missing from {wheel.name}"
 
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", "--system-site-packages", venv], cwd=tmp_path)
+    _run([sys.executable, "-m", "venv", venv], cwd=tmp_path)
     py = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    _see_our_dependencies(py)
     _run([py, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check", wheel], cwd=tmp_path)
 
     work = tmp_path / "elsewhere"
