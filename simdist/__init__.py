@@ -58,7 +58,7 @@ _LAZY = {
     "ProcessGroup": "._group",
     "group": "._group",
     "enumerate_schedules": "._launch",
-    "simulate": "._launch",
+    "simulate": ".backends.sim",
     "spawn": "._launch",
     "Future": "._future",
     "all_gather_object": "._objects",
@@ -205,7 +205,7 @@ if _typing.TYPE_CHECKING:
     from ._group import ProcessGroup as ProcessGroup
     from ._group import group as group
     from ._launch import enumerate_schedules as enumerate_schedules
-    from ._launch import simulate as simulate
+    from .backends.sim import simulate as simulate
     from ._launch import spawn as spawn
     from ._future import Future as Future
     from ._objects import all_gather_object as all_gather_object

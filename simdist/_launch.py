@@ -1,4 +1,4 @@
-"""Launching SPMD functions: ``spawn`` and ``simulate``."""
+"""Launching SPMD functions: ``spawn`` and ``enumerate_schedules`` (``simulate`` is the simulator's own)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 if TYPE_CHECKING:
     from simdist.backends.sim import SimResult
 
-__all__ = ["spawn", "simulate", "enumerate_schedules"]
-
-
-def simulate(fn: Callable, nprocs: int, args: tuple = (), **options: Any) -> "SimResult":
-    """Run ``fn(rank, *args)`` on ``nprocs`` simulated ranks; return a ``SimResult``.
-
-    ``SimResult.values`` holds each rank's return value, ``.trace`` the trace and
-    ``.schedule`` the replay token. See :func:`simdist.backends.sim.simulate` for options
-    (``seed``, ``strategy``, ``schedule``, ``detail``, ``topology``, ``eager_limit``, ...).
-    """
-    from simdist.backends.sim import simulate as run
-
-    return run(fn, nprocs, args, **options)
+__all__ = ["spawn", "enumerate_schedules"]
 
 
 def spawn(
@@ -46,6 +34,8 @@ def spawn(
     if not join:
         raise ValueError("join=False is not supported: spawn returns once every rank has finished")
     if backend == "sim":
+        from simdist.backends.sim import simulate
+
         return simulate(fn, nprocs, args, **options).values
     from ._registry import backend_spec
 

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from queue import Empty, Queue
 from typing import IO, Any
 
-__all__ = ["cli", "main"]
+__all__ = ["COMMANDS", "cli", "main"]
 
 GRACE_SECONDS = 5.0
 """How long ranks get between SIGTERM and SIGKILL once the job is being stopped."""
@@ -68,6 +68,7 @@ class _Stop(Exception):
 def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
+        usage="%(prog)s [options] script [script args...]",
         description="Run a script on several ranks, like torchrun: as real processes joined by simdist's "
         "socket backend, or as simulated ranks in this process.",
         epilog="Like torchrun, when OMP_NUM_THREADS is unset and N > 1, the ranks get OMP_NUM_THREADS=1.",
@@ -100,12 +101,14 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
     p.add_argument("--cuda-as-cpu", "--cuda_as_cpu", action="store_true",
                    help="sim: give ranks simulated GPUs backed by the CPU even where CUDA is available (the "
                    "default without CUDA); each node has N of them (see docs/gpu-scripts.md)")
-    p.add_argument("script", help="the Python script to run (by every rank, or once: see --launch)")
+    p.add_argument("script", nargs="?", help="the Python script to run (by every rank, or once: see --launch)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script (sys.argv[1:])")
     return p
 
 
 def _check(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if opts.script is None:
+        parser.error("the following argument is required: script (the Python script to run)")
     if opts.nproc_per_node < 1:
         parser.error(f"--nproc-per-node={opts.nproc_per_node} must be at least 1")
     if opts.nnodes < 1:
@@ -139,16 +142,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run_socket(opts)
 
 
+COMMANDS = {
+    "run": "run a script on several ranks, like torchrun: real processes, or simulated ranks (--backend sim)",
+}
+"""The subcommands of the ``simdist`` console script, each with its one-line summary."""
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name.ljust(width)}  {summary}" for name, summary in COMMANDS.items()]
+    return ("usage: simdist <command> [options]\n"
+            "       simdist --version\n\n"
+            "simdist teaches and tests distributed training code written for torch.distributed.\n\n"
+            "commands:\n" + "\n".join(lines) + "\n\n"
+            "options:\n"
+            "  -h, --help     show this help and exit\n"
+            "  -V, --version  show simdist's version and exit\n\n"
+            "'simdist <command> --help' describes a command.\n")
+
+
 def cli() -> int:
-    """The ``simdist`` console script: ``simdist run ...``."""
+    """The ``simdist`` console script: ``simdist run ...``, ``simdist --version``, ``simdist --help``."""
     args = sys.argv[1:]
     if args and args[0] == "run":
         return main(args[1:])
-    usage = "usage: simdist run [options] script.py [script args...]\n       simdist run --help\n"
-    if args and args[0] in ("-h", "--help"):
-        sys.stdout.write(usage)
+    if args in (["-h"], ["--help"]):
+        sys.stdout.write(_usage())
         return 0
-    sys.stderr.write(usage)
+    if args in (["-V"], ["--version"]):
+        from simdist import __version__
+
+        sys.stdout.write(f"simdist {__version__}\n")
+        return 0
+    problem = f"unknown command {args[0]!r}" if args else "a command is required"
+    sys.stderr.write(f"usage: simdist <command> [options]  (simdist --help lists the commands)\n"
+                     f"simdist: error: {problem}; expected one of: {', '.join(COMMANDS)}\n")
     return 2
 
 

@@ -2,7 +2,6 @@
 
 from simdist._api import compute as compute
 from simdist._launch import enumerate_schedules as enumerate_schedules
-from simdist._launch import simulate as simulate
 from simdist._topology import TOPOLOGIES as TOPOLOGIES
 from simdist._topology import Topology as Topology
 from simdist.backends.sim import PCTStrategy as PCTStrategy
@@ -11,6 +10,7 @@ from simdist.backends.sim import ReplayStrategy as ReplayStrategy
 from simdist.backends.sim import RoundRobinStrategy as RoundRobinStrategy
 from simdist.backends.sim import SimResult as SimResult
 from simdist.backends.sim import Strategy as Strategy
+from simdist.backends.sim import simulate as simulate
 
 __all__ = [
     "compute",

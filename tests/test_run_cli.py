@@ -116,16 +116,63 @@ def test_python_m_runs_three_processes(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(40)
 def test_console_script(tmp_path: Path) -> None:
-    exe = shutil.which("simdist")
-    if exe is None:
-        pytest.skip("the simdist console script is not on PATH")
+    exe = _console_script()
     script = _script(tmp_path, ALL_REDUCE)
     proc = subprocess.run([exe, "run", "--nproc_per_node", "2", script, "--flag", "x"],
                           capture_output=True, text=True, timeout=35, check=False)
     assert proc.returncode == 0, proc.stderr
     _check_all_reduce(proc.stdout, 2)
     bad = subprocess.run([exe, "walk"], capture_output=True, text=True, timeout=35, check=False)
-    assert bad.returncode == 2 and "usage: simdist run" in bad.stderr
+    assert bad.returncode == 2 and "unknown command 'walk'; expected one of: run" in bad.stderr
+
+
+def _console_script() -> str:
+    """The ``simdist`` console script of the environment running the tests (its bin/ may not be on PATH)."""
+    here = Path(sys.executable).parent / ("simdist.exe" if os.name == "nt" else "simdist")
+    exe = str(here) if here.exists() else shutil.which("simdist")
+    if exe is None:
+        pytest.skip("the simdist console script is not installed (pip install -e .)")
+    return exe
+
+
+@pytest.mark.timeout(60)
+def test_version_and_help_list_the_commands() -> None:
+    import simdist
+
+    exe = _console_script()
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=50, check=False)
+    assert version.returncode == 0 and version.stdout == f"simdist {simdist.__version__}\n", version
+    helped = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=50, check=False)
+    assert helped.returncode == 0, helped.stderr
+    listed = re.findall(r"^  (\w+)  +(\S.*)$", helped.stdout.split("commands:\n")[1].split("\n\n")[0], re.MULTILINE)
+    assert dict(listed) == run.COMMANDS and all(len(summary) < 100 for _, summary in listed), helped.stdout
+    bare = subprocess.run([exe], capture_output=True, text=True, timeout=50, check=False)
+    assert bare.returncode == 2 and "a command is required" in bare.stderr
+
+
+@pytest.mark.timeout(60)
+def test_run_without_a_script_says_only_the_script_is_required() -> None:
+    proc = subprocess.run([_console_script(), "run", "--nproc-per-node", "2"], capture_output=True, text=True,
+                          timeout=50, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "simdist run: error: the following argument is required: script (the Python script to run)")
+    assert "script_args" not in proc.stderr
+
+
+def test_help_of_simulate_shows_its_real_signature() -> None:
+    import pydoc
+
+    import simdist
+
+    import simdist.sim
+
+    text = pydoc.render_doc(simdist.simulate, renderer=pydoc.plaintext)
+    assert "**options" not in text
+    for option in ("seed", "strategy", "schedule", "detail", "topology", "eager_limit", "timeout", "leaks"):
+        assert re.search(rf"simulate\(fn.*\b{option}: ", text), option  # in the signature line
+        assert re.search(rf"^\s+{option}: ", text, re.MULTILINE), option  # and described under Args
+    assert simdist.simulate is simdist.sim.simulate
 
 
 @pytest.mark.timeout(20)

@@ -111,6 +111,13 @@ def simulate(
     point, or ``schedule`` (a replay token or a list of choices) replays a run.
 
     Args:
+        fn: the program of one rank, called as ``fn(rank, *args)`` on every rank's thread.
+        nprocs: the number of ranks (the world size).
+        args: the arguments after ``rank``.
+        seed: the seed of the strategy (default 0): another seed, another interleaving.
+        strategy: ``'random'`` (default), ``'round_robin'``, ``'pct'`` or a ``Strategy``.
+        schedule: a replay token (``SimResult.schedule`` or an error's ``.schedule``) or a
+            list of scheduler choices: replays that run exactly.
         detail: ``'messages'`` runs each collective's algorithm message by message;
             ``'collectives'`` completes each collective in one step once every member has
             arrived, charging the algorithm's alpha-beta cost (for thousands of ranks).
