@@ -21,7 +21,7 @@ from simdist._errors import CollectiveMismatchError, DistError, DistTimeoutError
 from simdist._trace import Event, Trace
 from simdist._world import set_thread_world
 
-from . import _isolation
+from . import _isolation, _threads
 from ._messages import CollectiveRun, Post, Waitable
 from ._report import deadlock_error
 
@@ -173,6 +173,7 @@ class Engine:
             for rs in self.ranks:
                 if rs.thread is not None:
                     rs.thread.join()
+            _threads.wait_ended(rs.thread for rs in self.ranks if rs.thread is not None)
         finally:
             _isolation.leave(self, saved)
             if isinstance(self.error, DistError):

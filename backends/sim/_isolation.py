@@ -11,8 +11,9 @@
 - Optionally, ``sys.stdout`` is prefixed ``[rank N]`` line by line.
 - Rank threads run on one CPU core. Only one runs at a time anyway, and handing the
   baton to a thread on the same core is several times faster than waking another
-  core (``pin_cpu``). torch's intra-op thread pool is created before any pinning, so
-  it keeps every core.
+  core (``pin_cpu``). The caller's intra-op thread pool is created before any pinning, so
+  it keeps every core; each rank does its own intra-op work on its own thread, as torchrun's
+  ranks do with ``OMP_NUM_THREADS=1`` (``_threads``).
 - With ``cuda_as_cpu`` (the default on a machine without CUDA), each rank sees a node of
   ``gpus_per_node`` simulated GPUs backed by the CPU, so GPU code runs unchanged
   (``simdist._torch_cuda``).
@@ -35,6 +36,8 @@ import numpy as np
 import torch
 
 from simdist import _torch_cuda, _torch_spawn
+
+from . import _threads
 
 __all__ = ["enter", "leave", "enter_thread", "leave_thread", "save", "restore"]
 
@@ -224,6 +227,7 @@ def enter_thread(engine: Any, rs: Any) -> None:
 
     engine.environ.start_rank()
     _torch_bridge.enter_rank()
+    _threads.one_thread()
     if engine.pin_core is not None:
         os.sched_setaffinity(0, {engine.pin_core})
     if engine.cuda_as_cpu:
