@@ -23,8 +23,16 @@ from ._compare import Crossover as Crossover
 from ._compare import Curve as Curve
 from ._compare import compare_algorithms as compare_algorithms
 from ._compare import crossovers as crossovers
+from ._ddp import DdpBar as DdpBar
+from ._ddp import DdpBucket as DdpBucket
+from ._ddp import DdpGantt as DdpGantt
+from ._ddp import DdpRun as DdpRun
+from ._ddp import ddp_gantt as ddp_gantt
+from ._ddp import ddp_run as ddp_run
 from ._figures import buffer_figure as buffer_figure
 from ._figures import comparison_figure as comparison_figure
+from ._figures import ddp_figure as ddp_figure
+from ._figures import ddp_lanes as ddp_lanes
 from ._figures import graph_figure as graph_figure
 from ._figures import timeline_figure as timeline_figure
 from ._figures import wait_for_figure as wait_for_figure
@@ -60,6 +68,10 @@ __all__ = [
     "Contention",
     "Crossover",
     "Curve",
+    "DdpBar",
+    "DdpBucket",
+    "DdpGantt",
+    "DdpRun",
     "LinkUse",
     "PALETTE",
     "Row",
@@ -74,6 +86,10 @@ __all__ = [
     "compare_algorithms",
     "comparison_figure",
     "crossovers",
+    "ddp_figure",
+    "ddp_gantt",
+    "ddp_lanes",
+    "ddp_run",
     "graph_figure",
     "lanes",
     "messages_by_step",
