@@ -60,8 +60,8 @@ if built is not None and not show_construction:
                  f"same model, {gantt.construction[0].get('broadcast', 0)} broadcast of the parameters from "
                  "rank 0). Tick 'show DDP construction' to include it.")
 if show_contention and timeline is not None:
-    notes.append(f"Red: the {len(timeline.contention)} pairs of messages that were on one link at once (the later "
-                 "one queued behind the earlier one's bytes), drawn from sender to receiver.")
+    notes.append(f"Red: the messages of the {len(timeline.contention)} pairs that were on one link at once (the later "
+                 "one queued behind the earlier one's bytes, or followed right behind them), from sender to receiver.")
 st.caption(" ".join(notes))
 
 st.subheader(f"{len(ddp.buckets)} bucket(s), in the order they are all-reduced")

@@ -101,6 +101,34 @@ def test_compare_algorithms_page_shows_formulas_and_crossovers():
     ok(at)
 
 
+def tables(at: AppTest) -> list[list[dict]]:
+    return [t.value.to_dict("records") for t in at.table]
+
+
+@pytest.mark.parametrize("topology", ["switch", "two_level"])
+def test_compare_page_defines_every_symbol_it_shows(topology):
+    at = page("compare")
+    at.sidebar.selectbox(key="cmp_topology").select(topology)
+    for op in ("all_reduce", "all_gather", "broadcast"):
+        at.sidebar.selectbox(key="cmp_op").select(op)
+        ok(at)
+        shown = tables(at)
+        formulas = next(t for t in shown if t and "α-β cost" in t[0])
+        symbols = {r["symbol"] for r in next(t for t in shown if t and "symbol" in t[0])}
+        for row in formulas:
+            assert set(V.formula_symbols(row["α-β cost"])) <= symbols, row
+        assert {"α", "β", "p", "n"} <= symbols
+        text = " ".join(m.value for m in at.markdown) + " ".join(c.value for c in at.caption)
+        if topology == "two_level":
+            assert "Why the lines sit below the points on two_level" in text
+            assert at.sidebar.radio(key="cmp_slowest").options == ["ranks 0 and 1", "ranks 0 and 4 (the slowest pair)"]
+        if op == "all_reduce" and topology == "switch":
+            assert "ring and ring_pipelined take exactly the same time" in text
+    if topology == "two_level":
+        at.sidebar.radio(key="cmp_slowest").set_value(True)
+        ok(at)
+
+
 def test_deadlock_lab_shows_every_scenario():
     at = page("deadlocks")
     for name in V.SCENARIOS:

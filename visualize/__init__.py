@@ -18,11 +18,19 @@ from ._buffers import buffer_table as buffer_table
 from ._colors import PALETTE as PALETTE
 from ._colors import chunk_colors as chunk_colors
 from ._colors import rank_colors as rank_colors
+from ._compare import SYMBOLS as SYMBOLS
 from ._compare import Comparison as Comparison
 from ._compare import Crossover as Crossover
 from ._compare import Curve as Curve
+from ._compare import coincident as coincident
 from ._compare import compare_algorithms as compare_algorithms
 from ._compare import crossovers as crossovers
+from ._compare import formula_symbols as formula_symbols
+from ._compare import model_ratios as model_ratios
+from ._compare import model_sides as model_sides
+from ._compare import segments as segments
+from ._compare import size_label as size_label
+from ._compare import symbol_table as symbol_table
 from ._ddp import DdpBar as DdpBar
 from ._ddp import DdpBucket as DdpBucket
 from ._ddp import DdpGantt as DdpGantt
@@ -62,6 +70,7 @@ __all__ = [
     "Arrow",
     "CodeResult",
     "SCENARIOS",
+    "SYMBOLS",
     "BufferTable",
     "Cell",
     "Comparison",
@@ -81,6 +90,7 @@ __all__ = [
     "buffer_table",
     "chunk_colors",
     "code_allowed",
+    "coincident",
     "collective_run",
     "collectives",
     "compare_algorithms",
@@ -90,16 +100,22 @@ __all__ = [
     "ddp_gantt",
     "ddp_lanes",
     "ddp_run",
+    "formula_symbols",
     "graph_figure",
     "lanes",
     "messages_by_step",
+    "model_ratios",
+    "model_sides",
     "positions",
     "rank_colors",
     "run_code",
     "run_scenario",
     "scenario_source",
+    "segments",
+    "size_label",
     "step_graph",
     "steps",
+    "symbol_table",
     "timeline",
     "timeline_figure",
     "wait_for",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import networkx as nx
 
 from ._buffers import BufferTable
 from ._colors import chunk_colors, mix, rank_colors
-from ._compare import Comparison
+from ._compare import Comparison, coincident, size_label
 from ._ddp import DdpBar, DdpGantt
 from ._timeline import Timeline
 
@@ -235,38 +236,89 @@ def timeline_figure(tl: Timeline) -> Any:
     return fig
 
 
-def comparison_figure(cmp: Comparison) -> Any:
-    """A plotly Figure of :func:`compare_algorithms`: time (µs) against size (log-log).
+MARKERS = ("circle", "square", "diamond", "triangle-up", "x", "star", "triangle-down", "cross")
+DASHES = ("solid", "dot", "dashdot", "longdash", "longdashdot")
+COINCIDENT_SHIFT = 2**0.18  # the x offset (a factor) between curves that coincide
 
-    Each algorithm: the simulated curve (solid, markers) and its alpha-beta formula's
-    prediction (dashed, the formula in the legend); dotted lines mark simulated crossovers.
+
+def _time_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
+    """Tick values (µs) and labels ("1 µs", "10 ms") for a log axis from ``lo`` to ``hi`` µs."""
+    vals = []
+    k = math.floor(math.log10(lo))
+    while 10**k <= hi * 1.0001:
+        vals.append(10.0**k)
+        k += 1
+    if len(vals) < 3:  # under two decades: add 2 and 5 times each power of ten
+        vals = sorted(v * m for v in [vals[0] / 10, *vals] for m in (1, 2, 5) if lo / 1.0001 <= v * m <= hi * 1.0001)
+    text = []
+    for v in vals:
+        unit, scale = ("s", 1e6) if v >= 1e6 else ("ms", 1e3) if v >= 1e3 else ("µs", 1.0) if v >= 1 else ("ns", 1e-3)
+        text.append(f"{v / scale:g} {unit}")
+    return vals, text
+
+
+def _size_ticks(sizes: tuple[int, ...]) -> tuple[list[int], list[str]]:
+    """At most 8 of ``sizes``, evenly picked, labelled in binary units."""
+    step = max(1, math.ceil(len(sizes) / 8))
+    picked = [n for n in sizes[::step] if n > 0]
+    return picked, [size_label(n) for n in picked]
+
+
+def comparison_figure(cmp: Comparison, slowest: bool = False) -> Any:
+    """A plotly Figure of :func:`compare_algorithms`: time against size, both axes logarithmic.
+
+    Each algorithm has its own colour, marker and line dash: the simulated curve (markers,
+    thick line; in the legend) and the alpha-beta formula's prediction (thin dashed line in
+    the same colour, no markers; one legend entry stands for all of them), with
+    ranks 0 and 1's α, β, or the slowest pair's with ``slowest``. Curves that
+    :func:`coincident` finds identical are shifted sideways by a factor of
+    ``COINCIDENT_SHIFT`` each, so every one shows (the hover gives the true size). Sizes are
+    labelled in binary units, times in µs/ms; dotted lines mark simulated crossovers.
     """
     go = _go()
     colors = rank_colors(len(cmp.curves))
+    shift = {name: COINCIDENT_SHIFT**k for group in coincident(cmp) for k, name in enumerate(group)}
     fig = go.Figure()
-    for c, color in zip(cmp.curves, colors):
+    times = []
+    for i, (c, color) in enumerate(zip(cmp.curves, colors)):
+        xs = [n * shift.get(c.algorithm, 1.0) for n in cmp.sizes]
+        labels = [size_label(n) for n in cmp.sizes]
+        model = c.model_slowest if slowest and c.model_slowest else c.model
+        times += [t * US for t in (*c.simulated, *model) if t > 0]
         fig.add_trace(
             go.Scatter(
-                x=list(cmp.sizes),
-                y=[t * US for t in c.simulated],
-                mode="lines+markers",
-                name=f"{c.algorithm} (simulated)",
-                line=dict(color=color),
-                legendgroup=c.algorithm,
+                x=xs, y=[t * US for t in c.simulated], mode="lines+markers", name=c.algorithm,
+                legendgroup=c.algorithm, line={"color": color, "width": 2.5, "dash": DASHES[i % len(DASHES)]},
+                marker={"symbol": MARKERS[i % len(MARKERS)], "size": 10, "color": color},
+                customdata=labels, hovertemplate=f"{c.algorithm}, simulated<br>%{{customdata}}: %{{y:.4g}} µs"
+                                                 "<extra></extra>",
             )
-        )
-        fig.add_trace(go.Scatter(x=list(cmp.sizes), y=[t * US for t in c.model], mode="lines",
-                                 name=f"{c.algorithm} model: {c.formula}", line=dict(color=color, dash="dash"),
-                                 legendgroup=c.algorithm))  # fmt: skip
+        )  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=xs, y=[t * US for t in model], mode="lines", name=f"{c.algorithm} (model)", showlegend=False,
+                legendgroup=c.algorithm, line={"color": color, "width": 1.5, "dash": "dash"}, opacity=0.8,
+                customdata=labels, hovertemplate=f"{c.algorithm}, model: {c.formula}<br>%{{customdata}}: "
+                                                 "%{y:.4g} µs<extra></extra>",
+            )
+        )  # fmt: skip
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="model (dashed)",
+                             line={"color": "#555555", "width": 1.5, "dash": "dash"}))  # fmt: skip
     for x in cmp.crossovers:
         at = (x.below * x.above) ** 0.5 if x.below > 0 else x.above
-        fig.add_vline(x=at, line=dict(color="#888888", dash="dot"), annotation_text=f"{x.before} → {x.after}",
-                      annotation_textangle=-90)  # fmt: skip
-    fig.update_xaxes(type="log", title="bytes")
-    fig.update_yaxes(type="log", title="virtual time (µs)")
-    fig.update_layout(title=f"{cmp.op} on {cmp.world} ranks ({cmp.topology}; α = {cmp.alpha * US:g} µs, "
-                            f"β = {cmp.beta * 1e9:g} ns/B)", plot_bgcolor="white",
-                      margin=dict(l=10, r=10, t=40, b=10))  # fmt: skip
+        fig.add_vline(x=at, line={"color": "#888888", "dash": "dot"})
+    tickvals, ticktext = _size_ticks(cmp.sizes)
+    fig.update_xaxes(type="log", title="message size n", tickvals=tickvals, ticktext=ticktext, tickfont={"size": 14},
+                     title_font={"size": 15}, gridcolor="#EEEEEE", minor={"showgrid": False})  # fmt: skip
+    if times:
+        yvals, ytext = _time_ticks(min(times), max(times))
+        fig.update_yaxes(tickvals=yvals, ticktext=ytext)
+    fig.update_yaxes(type="log", title="virtual time", tickfont={"size": 14}, title_font={"size": 15},
+                     gridcolor="#EEEEEE")  # fmt: skip
+    which = f"ranks 0 and {cmp.slowest[1]}" if slowest else "ranks 0 and 1"
+    fig.update_layout(title=f"{cmp.op} on {cmp.world} ranks, {cmp.topology} topology (model: α, β of {which})",
+                      plot_bgcolor="white", height=520, font={"size": 14}, legend={"font": {"size": 14}},
+                      margin={"l": 10, "r": 10, "t": 50, "b": 10})  # fmt: skip
     return fig
 
 
