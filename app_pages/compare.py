@@ -97,12 +97,14 @@ elif topology == "two_level":
         f"\n\nPriced as if every message crossed between nodes (sidebar: ranks 0 and {cmp.slowest[1]}), the lines "
         "move up. Then:\n" + "".join(f"- {listing(names)}: {why};\n" for names, why in sides if names))
 else:
+    hops = (" Each of them sends messages between ranks that are not neighbours on the ring: those cross several "
+            "links and can queue behind other messages on them.") if topology == "ring" and off else ""
     st.markdown(
         f"**Why the lines and the points differ on {topology}.** The formulas price every message alike, with the "
-        f"α and β of ranks 0 and 1 (α = {cmp.alpha * 1e6:g} µs, β = {cmp.beta * 1e9:g} ns/B), and assume no two "
-        f"messages share a link. Here other pairs are farther apart: ranks 0 and {cmp.slowest[1]} are "
-        f"α = {cmp.slowest_alpha * 1e6:g} µs apart, and messages between distant ranks share links on the way. "
-        f"Off their line by more than 1% somewhere: {listing(off)}.")
+        f"α and β of ranks 0 and 1 (α = {cmp.alpha * 1e6:g} µs, β = {cmp.beta * 1e9:g} ns/B), as if every pair of "
+        f"ranks had a path like theirs. Here pairs differ: ranks 0 and {cmp.slowest[1]} are "
+        f"α = {cmp.slowest_alpha * 1e6:g} µs, β = {cmp.slowest_beta * 1e9:g} ns/B apart. Off their line by more than "
+        f"1% somewhere: {listing(off)}.{hops}")
 
 st.subheader("Formulas")
 st.table([{"algorithm": c.algorithm, "α-β cost": c.formula} for c in cmp.curves])

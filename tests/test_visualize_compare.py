@@ -166,3 +166,15 @@ def test_on_the_switch_every_point_is_within_1_percent_of_its_line_from_128_byte
         assert (cmp.alpha, cmp.beta) == (cmp.slowest_alpha, cmp.slowest_beta)
         for c in cmp.curves:
             assert [s / m for s, m in zip(c.simulated[1:], c.model[1:])] == pytest.approx([1.0] * 6, rel=0.01)
+
+
+@pytest.mark.parametrize("world", [6, 8])
+def test_on_the_ring_topology_the_algorithms_off_their_line_send_between_non_neighbours(world):
+    for op in PAGE_OPS:
+        cmp = compare_algorithms(op, world, SIZES, "ring")
+        assert cmp.slowest == (0, world // 2) and cmp.slowest_alpha == pytest.approx(world // 2 * cmp.alpha)
+        for algorithm, (lo, hi) in model_ratios(cmp).items():
+            res = collective_run(op, algorithm, world, 1 << 16, "ring", record_steps=False)
+            far = [e for e in res.trace if e.kind == "message" and (e.peer - e.rank) % world not in (1, world - 1)]
+            if max(abs(lo - 1), abs(hi - 1)) > 0.01:
+                assert far, f"{op}/{algorithm} is off its line but only talks to neighbours"

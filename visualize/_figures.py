@@ -17,6 +17,7 @@ __all__ = ["graph_figure", "buffer_figure", "timeline_figure", "comparison_figur
            "ddp_lanes"]
 
 US = 1e6  # figures show microseconds
+INK = "#222222"  # axis and legend text of the figures meant to be projected
 
 
 def _go() -> Any:
@@ -308,16 +309,16 @@ def comparison_figure(cmp: Comparison, slowest: bool = False) -> Any:
         at = (x.below * x.above) ** 0.5 if x.below > 0 else x.above
         fig.add_vline(x=at, line={"color": "#888888", "dash": "dot"})
     tickvals, ticktext = _size_ticks(cmp.sizes)
-    fig.update_xaxes(type="log", title="message size n", tickvals=tickvals, ticktext=ticktext, tickfont={"size": 14},
-                     title_font={"size": 15}, gridcolor="#EEEEEE", minor={"showgrid": False})  # fmt: skip
+    axis = {"tickfont": {"size": 14, "color": INK}, "title_font": {"size": 15, "color": INK}, "gridcolor": "#EEEEEE"}
+    fig.update_xaxes(type="log", title="message size n", tickvals=tickvals, ticktext=ticktext,
+                     minor={"showgrid": False}, **axis)  # fmt: skip
     if times:
         yvals, ytext = _time_ticks(min(times), max(times))
         fig.update_yaxes(tickvals=yvals, ticktext=ytext)
-    fig.update_yaxes(type="log", title="virtual time", tickfont={"size": 14}, title_font={"size": 15},
-                     gridcolor="#EEEEEE")  # fmt: skip
+    fig.update_yaxes(type="log", title="virtual time", **axis)
     which = f"ranks 0 and {cmp.slowest[1]}" if slowest else "ranks 0 and 1"
     fig.update_layout(title=f"{cmp.op} on {cmp.world} ranks, {cmp.topology} topology (model: α, β of {which})",
-                      plot_bgcolor="white", height=520, font={"size": 14}, legend={"font": {"size": 14}},
+                      plot_bgcolor="white", height=520, font={"size": 14}, legend={"font": {"size": 14, "color": INK}},
                       margin={"l": 10, "r": 10, "t": 50, "b": 10})  # fmt: skip
     return fig
 
@@ -481,18 +482,19 @@ def ddp_figure(g: DdpGantt, show_construction: bool = False, contention: Timelin
     for k, group in enumerate(groups):
         ticks += [k * (depth + 1.6), k * (depth + 1.6) + 1]
         text += [f"{_ranks_text(group)}: backward", "all-reduce"]
-    fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=ticks, ticktext=text, tickfont={"size": 13},
+    font = {"size": 14, "color": INK}
+    fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=ticks, ticktext=text, tickfont=font,
                      showgrid=False, zeroline=False)  # fmt: skip
     t0 = min((b.t_start for b in shown), default=0.0)
     t1 = max((b.t_end for b in shown), default=g.duration)
     pad = 0.02 * (t1 - t0 or 1e-6)
-    fig.update_xaxes(title="virtual time (µs)", range=[(t0 - pad) * US, (t1 + pad) * US], tickfont={"size": 13},
-                     title_font={"size": 14}, gridcolor="#EEEEEE")  # fmt: skip
+    fig.update_xaxes(title="virtual time (µs)", range=[(t0 - pad) * US, (t1 + pad) * US], tickfont=font,
+                     title_font=font, gridcolor="#EEEEEE")  # fmt: skip
     lanes = len(groups) * (depth + 1.6)
     fig.update_layout(
         barmode="overlay", plot_bgcolor="white", height=int(max(260, 28 * lanes + 150)), font={"size": 13},
         uniformtext={"minsize": 11, "mode": "hide"}, bargap=0,
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0, "font": {"size": 13}},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0, "font": font},
         margin={"l": 10, "r": 10, "t": 40, "b": 10},
     )  # fmt: skip
     return fig
