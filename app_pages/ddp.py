@@ -1,32 +1,22 @@
 """DDP: how DistributedDataParallel buckets gradients and overlaps their all-reduces with backward."""
 
-import streamlit as st
-import torch
-from torch import nn
+import threading
 
-import simdist
-import simdist as dist
+import streamlit as st
+
 from simdist import visualize as V
 
 
-def step(rank: int, widths: tuple, cap_mb: float) -> list:
-    dist.init_process_group("gloo")
-    torch.manual_seed(0)
-    layers = [nn.Linear(a, b) for a, b in zip(widths, widths[1:])]
-    model = nn.Sequential(*layers)
-    ddp = dist.DistributedDataParallel(model, bucket_cap_mb=cap_mb)
-    x = torch.randn(8, widths[0], generator=torch.Generator().manual_seed(rank))
-    ddp(x).pow(2).mean().backward()
-    names = {p: n for n, p in model.named_parameters()}
-    buckets = [[(names[p], p.numel() * p.element_size()) for p in b.params] for b in ddp._buckets]
-    dist.destroy_process_group()
-    return buckets
+@st.cache_resource
+def simulation_lock() -> threading.Lock:
+    """One simulation at a time in this server: a rerun can start while the run it replaces still simulates."""
+    return threading.Lock()
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def run(world: int, widths: tuple, cap_mb: float):
-    res = simdist.simulate(step, world, args=(widths, cap_mb), seed=0)
-    return res.values[0], res.trace
+def run(world: int, widths: tuple, cap: float) -> V.DdpRun:
+    with simulation_lock():
+        return V.ddp_run(world, widths, cap)
 
 
 st.title("DDP: gradient buckets overlapping the backward pass")
@@ -35,21 +25,44 @@ with st.sidebar:
     layers = st.slider("layers", 2, 6, 4, key="ddp_layers")
     width = st.select_slider("width", [64, 128, 256, 512], value=256, key="ddp_width")
     cap = st.select_slider("bucket_cap_mb", [0.05, 0.25, 1.0, 25.0], value=0.25, key="ddp_cap")
+    show_construction = st.checkbox("show DDP construction (parameter broadcast)", False, key="ddp_construction")
+    separate = st.checkbox("one row group per rank (even when ranks are identical)", False, key="ddp_separate")
+    show_contention = st.checkbox("show link contention (red lines; one group per rank)", False,
+                                  key="ddp_contention")
 widths = (width,) * (layers + 1)
-buckets, trace = run(world, widths, cap)
+ddp = run(world, widths, cap)
+gantt = V.ddp_gantt(ddp)
 
-st.subheader(f"{len(buckets)} bucket(s), in the order they are all-reduced")
-st.table([{"bucket": i, "parameters": ", ".join(n for n, _ in b), "bytes": sum(s for _, s in b)}
-          for i, b in enumerate(buckets)])
-backward = [e for e in trace if e.rank == 0 and e.kind == "compute" and e.op == "backward"]
-reduces = [e for e in trace if e.rank == 0 and e.kind == "collective" and e.op == "all_reduce"
-           and backward and e.t_start >= backward[0].t_start]
-end = max((e.t_end for e in backward), default=0.0)
-overlap = [e for e in reduces if e.t_start < end]
-m1, m2 = st.columns(2)
-m1.metric("backward ends at", f"{end * 1e6:.1f} µs")
-m2.metric("bucket all-reduces started during backward", f"{len(overlap)} of {len(reduces)}")
-st.subheader("Timeline: backward (compute) and each bucket's all-reduce, in virtual time")
-st.plotly_chart(V.timeline_figure(V.timeline(trace)), key="ddp_timeline")
-st.caption("On the simulator each gradient costs a modelled backward time (1 ns per element), so a bucket's "
-           "all-reduce can start while later gradients are still being computed.")
+start, end = gantt.backward[0]
+reduces = [b for b in gantt.bars if b.rank == 0 and b.kind == "all_reduce"]
+built = next((b for b in gantt.bars if b.rank == 0 and b.kind == "construction"), None)
+counts = set(gantt.overlapped.values())
+m1, m2, m3 = st.columns(3)
+m1.metric("rank 0's backward", f"{start * 1e6:.1f} – {end * 1e6:.1f} µs")
+m2.metric("rank 0's last all-reduce ends", f"{max(b.t_end for b in reduces) * 1e6:.1f} µs")
+m3.metric("all-reduces started in backward", f"{gantt.overlapped[0]} of {len(reduces)}",
+          help="On rank 0: bucket all-reduces that started before rank 0's last gradient was computed"
+          + ("" if len(counts) == 1 else f"; other ranks: {sorted(counts)}"))
+
+st.subheader("Gradients (pale) and bucket all-reduces (solid), in virtual time")
+timeline = V.timeline(ddp.trace) if show_contention else None
+st.plotly_chart(V.ddp_figure(gantt, show_construction, timeline, merge=not separate), key="ddp_gantt")
+groups = V.ddp_lanes(gantt, merge=not (separate or show_contention))[0]
+notes = [] if len(groups) == world else [
+    "Ranks whose every bar has the same times share one row group (tick 'one row group per rank' to see each)."]
+notes.append("Backward produces gradients from the last layer to the first; DDP all-reduces a bucket as soon as all "
+             "of its gradients are ready, so a bucket's all-reduce (solid) runs while later gradients (pale, same "
+             "colour as their bucket) are still being computed. On the simulator each gradient costs 1 ns per "
+             "element, so a bias takes a sliver next to its weight.")
+if built is not None and not show_construction:
+    notes.append(f"Not drawn: DDP's construction on rank 0, {built.t_start * 1e6:.1f} – {built.t_end * 1e6:.1f} µs "
+                 f"({gantt.construction[0].get('all_gather', 0)} all_gather to check that every rank holds the "
+                 f"same model, {gantt.construction[0].get('broadcast', 0)} broadcast of the parameters from "
+                 "rank 0). Tick 'show DDP construction' to include it.")
+if show_contention and timeline is not None:
+    notes.append(f"Red: the messages of the {len(timeline.contention)} pairs that were on one link at once (the later "
+                 "one queued behind the earlier one's bytes, or followed right behind them), from sender to receiver.")
+st.caption(" ".join(notes))
+
+st.subheader(f"{len(ddp.buckets)} bucket(s), in the order they are all-reduced")
+st.table([{"bucket": b.index, "parameters": ", ".join(b.params), "bytes": b.nbytes} for b in ddp.buckets])

@@ -101,6 +101,34 @@ def test_compare_algorithms_page_shows_formulas_and_crossovers():
     ok(at)
 
 
+def tables(at: AppTest) -> list[list[dict]]:
+    return [t.value.to_dict("records") for t in at.table]
+
+
+@pytest.mark.parametrize("topology", ["switch", "two_level"])
+def test_compare_page_defines_every_symbol_it_shows(topology):
+    at = page("compare")
+    at.sidebar.selectbox(key="cmp_topology").select(topology)
+    for op in ("all_reduce", "all_gather", "broadcast"):
+        at.sidebar.selectbox(key="cmp_op").select(op)
+        ok(at)
+        shown = tables(at)
+        formulas = next(t for t in shown if t and "α-β cost" in t[0])
+        symbols = {r["symbol"] for r in next(t for t in shown if t and "symbol" in t[0])}
+        for row in formulas:
+            assert set(V.formula_symbols(row["α-β cost"])) <= symbols, row
+        assert {"α", "β", "p", "n"} <= symbols
+        text = " ".join(m.value for m in at.markdown) + " ".join(c.value for c in at.caption)
+        if topology == "two_level":
+            assert "Why the lines sit below the points on two_level" in text
+            assert at.sidebar.radio(key="cmp_slowest").options == ["ranks 0 and 1", "ranks 0 and 4 (the slowest pair)"]
+        if op == "all_reduce" and topology == "switch":
+            assert "ring and ring_pipelined take exactly the same time" in text
+    if topology == "two_level":
+        at.sidebar.radio(key="cmp_slowest").set_value(True)
+        ok(at)
+
+
 def test_deadlock_lab_shows_every_scenario():
     at = page("deadlocks")
     for name in V.SCENARIOS:
@@ -110,16 +138,45 @@ def test_deadlock_lab_shows_every_scenario():
         assert V.SCENARIOS[name].fn.__name__ in at.code[0].value
 
 
-def test_ddp_page_shows_buckets_and_overlap():
+def chart(at: AppTest, key: str) -> dict:
+    """The plotly figure a chart element holds, as its JSON."""
+    import json
+
+    return json.loads(next(c for c in at.get("plotly_chart") if c.proto.id.endswith(key) or key in c.proto.id)
+                      .proto.spec)
+
+
+@pytest.mark.parametrize("world", [2, 8])
+def test_ddp_page_counts_overlap_as_the_gradient_order_does(world):
     at = page("ddp")
-    started, total = metric(at, "bucket all-reduces started during backward").split(" of ")
-    assert int(started) >= 1 and int(total) == len(at.table[0].value)
+    if world != 2:
+        at.sidebar.slider(key="ddp_world").set_value(world)
+        ok(at)
+    run = V.ddp_run(world, (256,) * 5, 0.25)
+    ready = {n: i for i, n in enumerate(run.ready[0])}
+    launched = [max(ready[n] for b in run.buckets[: i + 1] for n in b.params) for i in range(len(run.buckets))]
+    during = sum(at_ < len(ready) - 1 for at_ in launched)  # launched before the last gradient
+    assert metric(at, "all-reduces started in backward") == f"{during} of {len(run.buckets)}"
+    assert [r["parameters"] for r in at.table[0].value.to_dict("records")] == [", ".join(b.params)
+                                                                                for b in run.buckets]
+    names = [t.get("name", "") for t in chart(at, "ddp_gantt")["data"]]
+    assert not [n for n in names if "construction" in n or n == "message that shared a link"]
+    at.sidebar.checkbox(key="ddp_construction").check()
+    at.sidebar.checkbox(key="ddp_contention").check()
+    ok(at)
+    names = [t.get("name", "") for t in chart(at, "ddp_gantt")["data"]]
+    assert "DDP construction" in names
+    assert ("message that shared a link" in names) == bool(V.timeline(run.trace).contention)
+
+
+def test_ddp_page_with_one_bucket_overlaps_nothing():
+    at = page("ddp")
     at.sidebar.slider(key="ddp_world").set_value(4)
     at.sidebar.slider(key="ddp_layers").set_value(2)
     at.sidebar.select_slider(key="ddp_width").set_value(64)
     at.sidebar.select_slider(key="ddp_cap").set_value(25.0)
     ok(at)
-    assert metric(at, "bucket all-reduces started during backward") == "0 of 1"  # one bucket: after backward
+    assert metric(at, "all-reduces started in backward") == "0 of 1"  # one bucket: after backward
 
 
 def test_traces_page_offers_downloads_and_shows_a_timeline():

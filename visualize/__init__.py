@@ -18,13 +18,29 @@ from ._buffers import buffer_table as buffer_table
 from ._colors import PALETTE as PALETTE
 from ._colors import chunk_colors as chunk_colors
 from ._colors import rank_colors as rank_colors
+from ._compare import SYMBOLS as SYMBOLS
 from ._compare import Comparison as Comparison
 from ._compare import Crossover as Crossover
 from ._compare import Curve as Curve
+from ._compare import coincident as coincident
 from ._compare import compare_algorithms as compare_algorithms
 from ._compare import crossovers as crossovers
+from ._compare import formula_symbols as formula_symbols
+from ._compare import model_ratios as model_ratios
+from ._compare import model_sides as model_sides
+from ._compare import segments as segments
+from ._compare import size_label as size_label
+from ._compare import symbol_table as symbol_table
+from ._ddp import DdpBar as DdpBar
+from ._ddp import DdpBucket as DdpBucket
+from ._ddp import DdpGantt as DdpGantt
+from ._ddp import DdpRun as DdpRun
+from ._ddp import ddp_gantt as ddp_gantt
+from ._ddp import ddp_run as ddp_run
 from ._figures import buffer_figure as buffer_figure
 from ._figures import comparison_figure as comparison_figure
+from ._figures import ddp_figure as ddp_figure
+from ._figures import ddp_lanes as ddp_lanes
 from ._figures import graph_figure as graph_figure
 from ._figures import timeline_figure as timeline_figure
 from ._figures import wait_for_figure as wait_for_figure
@@ -54,12 +70,17 @@ __all__ = [
     "Arrow",
     "CodeResult",
     "SCENARIOS",
+    "SYMBOLS",
     "BufferTable",
     "Cell",
     "Comparison",
     "Contention",
     "Crossover",
     "Curve",
+    "DdpBar",
+    "DdpBucket",
+    "DdpGantt",
+    "DdpRun",
     "LinkUse",
     "PALETTE",
     "Row",
@@ -69,21 +90,32 @@ __all__ = [
     "buffer_table",
     "chunk_colors",
     "code_allowed",
+    "coincident",
     "collective_run",
     "collectives",
     "compare_algorithms",
     "comparison_figure",
     "crossovers",
+    "ddp_figure",
+    "ddp_gantt",
+    "ddp_lanes",
+    "ddp_run",
+    "formula_symbols",
     "graph_figure",
     "lanes",
     "messages_by_step",
+    "model_ratios",
+    "model_sides",
     "positions",
     "rank_colors",
     "run_code",
     "run_scenario",
     "scenario_source",
+    "segments",
+    "size_label",
     "step_graph",
     "steps",
+    "symbol_table",
     "timeline",
     "timeline_figure",
     "wait_for",

@@ -1,16 +1,53 @@
-"""Algorithm comparison: simulated virtual time against message size, next to the alpha-beta model."""
+"""Algorithm comparison: simulated virtual time against message size, next to the alpha-beta model.
+
+The model's symbols are those of ``simdist.algorithms`` (:data:`SYMBOLS` says what each
+means); :func:`symbol_table` gives their values for one comparison.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from simdist._topology import as_topology
 from simdist.algorithms import ALGORITHMS, FORMULAS, cost
+from simdist.algorithms._chunks import CHAIN_SEGMENT_BYTES, SEGMENT_BYTES, ceil_log2, floor_log2
 
 from ._runs import collective_run
 
-__all__ = ["Curve", "Crossover", "Comparison", "compare_algorithms", "crossovers"]
+__all__ = [
+    "SYMBOLS",
+    "Comparison",
+    "Crossover",
+    "Curve",
+    "coincident",
+    "compare_algorithms",
+    "crossovers",
+    "formula_symbols",
+    "model_ratios",
+    "model_sides",
+    "segments",
+    "size_label",
+    "symbol_table",
+]
+
+SYMBOLS: dict[str, str] = {
+    "α": "seconds per message (latency of the path between two ranks)",
+    "β": "seconds per byte (1 / the path's bandwidth)",
+    "γ": "seconds per byte reduced",
+    "p": "ranks (the world size)",
+    "n": "bytes: the largest per-rank buffer of the operation (the x axis)",
+    "⌈lg p⌉": "log₂ p rounded up",
+    "⌊lg p⌋": "log₂ p rounded down",
+    "p'": "2^⌊lg p⌋, the largest power of two ≤ p",
+    "e": "0 if p is a power of two, else 1 (the extra folding steps of recursive doubling/halving)",
+    "S": "segments per block of the pipelined rings: max(1, ⌈n / (p·s)⌉)",
+    "C": "segments of the pipelined chain: max(1, ⌈n / c⌉)",
+}
+"""Every symbol of the cost formulas (``simdist.algorithms.FORMULAS``) -> what it stands for."""
+
+_TOKEN = re.compile("|".join(re.escape(k) for k in sorted(SYMBOLS, key=len, reverse=True)) + r"|[A-Za-zα-ω]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +58,8 @@ class Curve:
     formula: str
     simulated: tuple[float, ...]
     model: tuple[float, ...]
+    model_slowest: tuple[float, ...] = ()
+    """The formula with the α, β of the slowest pair of ranks (:attr:`Comparison.slowest`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +80,11 @@ class Comparison:
         curves: one per algorithm, in registry order.
         crossovers: where the fastest algorithm in simulation changes.
         model_crossovers: the same for the alpha-beta model.
-        alpha, beta: the model's parameters, from the topology (seconds, seconds per byte).
+        alpha, beta: the model's parameters, from the topology (seconds, seconds per byte):
+            those of the path between ranks 0 and 1.
+        slowest: ``(0, r)``, the pair whose path has the least bandwidth (then the most
+            latency), and ``slowest_alpha``, ``slowest_beta`` its parameters; the same as
+            ranks 0 and 1 on a topology where every pair is alike.
     """
 
     op: str
@@ -53,6 +96,9 @@ class Comparison:
     curves: tuple[Curve, ...]
     crossovers: tuple[Crossover, ...]
     model_crossovers: tuple[Crossover, ...]
+    slowest: tuple[int, int] = (0, 1)
+    slowest_alpha: float = 0.0
+    slowest_beta: float = 0.0
 
 
 def crossovers(sizes: Sequence[int], times: dict[str, Sequence[float]]) -> list[Crossover]:
@@ -91,12 +137,15 @@ def compare_algorithms(
     sizes = tuple(sorted(set(int(s) for s in sizes)))
     if not sizes or sizes[0] < 0:
         raise ValueError(f"sizes={sizes!r} must be one or more non-negative byte counts")
-    alpha, beta = as_topology(topology, world).alpha_beta()
+    topo = as_topology(topology, world)
+    alpha, beta = topo.alpha_beta()
+    far, slow_alpha, slow_beta = _slowest_pair(topo, world)
     curves = []
     for name in ALGORITHMS[op]:
         sim = tuple(collective_run(op, name, world, n, topology, seed, record_steps=False).time for n in sizes)
         model = tuple(cost(op, name, n, world, alpha, beta) for n in sizes)
-        curves.append(Curve(name, FORMULAS[op][name], sim, model))
+        slow = tuple(cost(op, name, n, world, slow_alpha, slow_beta) for n in sizes)
+        curves.append(Curve(name, FORMULAS[op][name], sim, model, slow))
     return Comparison(
         op,
         world,
@@ -107,4 +156,120 @@ def compare_algorithms(
         tuple(curves),
         tuple(crossovers(sizes, {c.algorithm: c.simulated for c in curves})),
         tuple(crossovers(sizes, {c.algorithm: c.model for c in curves})),
+        (0, far),
+        slow_alpha,
+        slow_beta,
     )
+
+
+def _slowest_pair(topo, world: int) -> tuple[int, float, float]:
+    """``(r, alpha, beta)`` of the path from rank 0 with the least bandwidth, then the most latency."""
+    if world < 2:
+        return 1, 0.0, 0.0
+    best = max(range(1, world), key=lambda r: (1.0 / topo.path(0, r)[2], topo.path(0, r)[1], -r))
+    _, alpha, bandwidth = topo.path(0, best)
+    return best, alpha, 1.0 / bandwidth
+
+
+def formula_symbols(formula: str) -> list[str]:
+    """The symbols of :data:`SYMBOLS` that ``formula`` uses, in :data:`SYMBOLS` order.
+
+    Raises:
+        ValueError: if ``formula`` holds a name that is not a symbol (``'lg'`` outside
+            ``⌈lg p⌉``/``⌊lg p⌋``, an unknown letter).
+    """
+    found = set(_TOKEN.findall(formula))
+    unknown = found - set(SYMBOLS)
+    if unknown:
+        raise ValueError(f"formula={formula!r} uses {sorted(unknown)}, which SYMBOLS does not define")
+    return [k for k in SYMBOLS if k in found]
+
+
+def size_label(nbytes: float) -> str:
+    """``nbytes`` in binary units: ``16 B``, ``1 KiB``, ``4 MiB``, ``1.5 KiB``."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes:.3g} B"
+
+
+def _seconds(t: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if t >= scale:
+            return f"{t / scale:.3g} {unit}"
+    return f"{t * 1e9:.3g} ns"
+
+
+def _spread(values: list[int]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo}" if lo == hi else f"{lo} to {hi}"
+
+
+def segments(cmp: Comparison) -> list[int]:
+    """``S``, the segments per block of the pipelined rings, at each of ``cmp``'s sizes."""
+    return [max(1, -(-n // (cmp.world * SEGMENT_BYTES))) for n in cmp.sizes]
+
+
+def symbol_table(cmp: Comparison, slowest: bool = False) -> list[dict[str, str]]:
+    """One row per symbol that ``cmp``'s formulas use (α, β, p and n always): symbol, meaning, value here.
+
+    Values are those the model lines use at ``cmp``'s world and sizes: α, β of ranks 0
+    and 1, or of the slowest pair with ``slowest``; γ is 0 because the simulator charges
+    no time for reducing.
+    """
+    used = {s for c in cmp.curves for s in formula_symbols(c.formula)} | {"α", "β", "p", "n"}
+    p = cmp.world
+    down = floor_log2(p)
+    alpha, beta = (cmp.slowest_alpha, cmp.slowest_beta) if slowest else (cmp.alpha, cmp.beta)
+    pair = f"ranks 0 and {cmp.slowest[1] if slowest else 1}"
+    values = {
+        "α": f"{_seconds(alpha)} ({pair})",
+        "β": f"{beta * 1e9:.3g} ns/B, i.e. {1 / beta / 1e9:.3g} GB/s ({pair})" if beta else "0",
+        "γ": "0 here: the simulator charges no time for reducing",
+        "p": str(p),
+        "n": f"{size_label(cmp.sizes[0])} to {size_label(cmp.sizes[-1])}",
+        "⌈lg p⌉": str(ceil_log2(p)),
+        "⌊lg p⌋": str(down),
+        "p'": str(1 << down),
+        "e": str(0 if 1 << down == p else 1),
+        "S": f"{_spread(segments(cmp))} at these sizes "
+             f"(s = {size_label(SEGMENT_BYTES)})",
+        "C": f"{_spread([max(1, -(-n // CHAIN_SEGMENT_BYTES)) for n in cmp.sizes])} at these sizes "
+             f"(c = {size_label(CHAIN_SEGMENT_BYTES)})",
+    }  # fmt: skip
+    return [{"symbol": k, "meaning": SYMBOLS[k], "value here": values[k]} for k in SYMBOLS if k in used]
+
+
+def coincident(cmp: Comparison, rel: float = 1e-9) -> list[tuple[str, ...]]:
+    """Groups of two or more algorithms whose simulated times agree (within ``rel``) at every size."""
+    groups: list[list[Curve]] = []
+    for c in cmp.curves:
+        for g in groups:
+            if all(abs(a - b) <= rel * max(abs(a), abs(b)) for a, b in zip(g[0].simulated, c.simulated)):
+                g.append(c)
+                break
+        else:
+            groups.append([c])
+    return [tuple(c.algorithm for c in g) for g in groups if len(g) > 1]
+
+
+def model_ratios(cmp: Comparison, slowest: bool = False) -> dict[str, tuple[float, float]]:
+    """Algorithm -> (least, greatest) simulated time ÷ model time over the sizes (model > 0 only).
+
+    ``slowest`` picks the model with the slowest pair's α, β instead of ranks 0 and 1's.
+    """
+    out = {}
+    for c in cmp.curves:
+        model = c.model_slowest if slowest else c.model
+        ratios = [s / m for s, m in zip(c.simulated, model) if m > 0]
+        out[c.algorithm] = (min(ratios), max(ratios)) if ratios else (1.0, 1.0)
+    return out
+
+
+def model_sides(cmp: Comparison, slowest: bool = False, within: float = 0.01) -> tuple[list[str], ...]:
+    """``(above, below, on)``: algorithms with a point more than ``within`` (relative) above their model line,
+    with every point more than ``within`` below it, and the rest (on the line at some size, never above)."""
+    ratios = model_ratios(cmp, slowest)
+    above = [a for a, (_, hi) in ratios.items() if hi > 1 + within]
+    below = [a for a, (_, hi) in ratios.items() if hi < 1 - within]
+    return above, below, [a for a in ratios if a not in above and a not in below]

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import networkx as nx
 
 from ._buffers import BufferTable
 from ._colors import chunk_colors, mix, rank_colors
-from ._compare import Comparison
+from ._compare import Comparison, coincident, size_label
+from ._ddp import DdpBar, DdpGantt
 from ._timeline import Timeline
 
-__all__ = ["graph_figure", "buffer_figure", "timeline_figure", "comparison_figure", "wait_for_figure"]
+__all__ = ["graph_figure", "buffer_figure", "timeline_figure", "comparison_figure", "wait_for_figure", "ddp_figure",
+           "ddp_lanes"]
 
 US = 1e6  # figures show microseconds
+INK = "#222222"  # axis and legend text of the figures meant to be projected
 
 
 def _go() -> Any:
@@ -233,38 +237,89 @@ def timeline_figure(tl: Timeline) -> Any:
     return fig
 
 
-def comparison_figure(cmp: Comparison) -> Any:
-    """A plotly Figure of :func:`compare_algorithms`: time (µs) against size (log-log).
+MARKERS = ("circle", "square", "diamond", "triangle-up", "x", "star", "triangle-down", "cross")
+DASHES = ("solid", "dot", "dashdot", "longdash", "longdashdot")
+COINCIDENT_SHIFT = 2**0.18  # the x offset (a factor) between curves that coincide
 
-    Each algorithm: the simulated curve (solid, markers) and its alpha-beta formula's
-    prediction (dashed, the formula in the legend); dotted lines mark simulated crossovers.
+
+def _time_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
+    """Tick values (µs) and labels ("1 µs", "10 ms") for a log axis from ``lo`` to ``hi`` µs."""
+    vals = []
+    k = math.floor(math.log10(lo))
+    while 10**k <= hi * 1.0001:
+        vals.append(10.0**k)
+        k += 1
+    if len(vals) < 3:  # under two decades: add 2 and 5 times each power of ten
+        vals = sorted(v * m for v in [vals[0] / 10, *vals] for m in (1, 2, 5) if lo / 1.0001 <= v * m <= hi * 1.0001)
+    text = []
+    for v in vals:
+        unit, scale = ("s", 1e6) if v >= 1e6 else ("ms", 1e3) if v >= 1e3 else ("µs", 1.0) if v >= 1 else ("ns", 1e-3)
+        text.append(f"{v / scale:g} {unit}")
+    return vals, text
+
+
+def _size_ticks(sizes: tuple[int, ...]) -> tuple[list[int], list[str]]:
+    """At most 8 of ``sizes``, evenly picked, labelled in binary units."""
+    step = max(1, math.ceil(len(sizes) / 8))
+    picked = [n for n in sizes[::step] if n > 0]
+    return picked, [size_label(n) for n in picked]
+
+
+def comparison_figure(cmp: Comparison, slowest: bool = False) -> Any:
+    """A plotly Figure of :func:`compare_algorithms`: time against size, both axes logarithmic.
+
+    Each algorithm has its own colour, marker and line dash: the simulated curve (markers,
+    thick line; in the legend) and the alpha-beta formula's prediction (thin dashed line in
+    the same colour, no markers; one legend entry stands for all of them), with
+    ranks 0 and 1's α, β, or the slowest pair's with ``slowest``. Curves that
+    :func:`coincident` finds identical are shifted sideways by a factor of
+    ``COINCIDENT_SHIFT`` each, so every one shows (the hover gives the true size). Sizes are
+    labelled in binary units, times in µs/ms; dotted lines mark simulated crossovers.
     """
     go = _go()
     colors = rank_colors(len(cmp.curves))
+    shift = {name: COINCIDENT_SHIFT**k for group in coincident(cmp) for k, name in enumerate(group)}
     fig = go.Figure()
-    for c, color in zip(cmp.curves, colors):
+    times = []
+    for i, (c, color) in enumerate(zip(cmp.curves, colors)):
+        xs = [n * shift.get(c.algorithm, 1.0) for n in cmp.sizes]
+        labels = [size_label(n) for n in cmp.sizes]
+        model = c.model_slowest if slowest and c.model_slowest else c.model
+        times += [t * US for t in (*c.simulated, *model) if t > 0]
         fig.add_trace(
             go.Scatter(
-                x=list(cmp.sizes),
-                y=[t * US for t in c.simulated],
-                mode="lines+markers",
-                name=f"{c.algorithm} (simulated)",
-                line=dict(color=color),
-                legendgroup=c.algorithm,
+                x=xs, y=[t * US for t in c.simulated], mode="lines+markers", name=c.algorithm,
+                legendgroup=c.algorithm, line={"color": color, "width": 2.5, "dash": DASHES[i % len(DASHES)]},
+                marker={"symbol": MARKERS[i % len(MARKERS)], "size": 10, "color": color},
+                customdata=labels, hovertemplate=f"{c.algorithm}, simulated<br>%{{customdata}}: %{{y:.4g}} µs"
+                                                 "<extra></extra>",
             )
-        )
-        fig.add_trace(go.Scatter(x=list(cmp.sizes), y=[t * US for t in c.model], mode="lines",
-                                 name=f"{c.algorithm} model: {c.formula}", line=dict(color=color, dash="dash"),
-                                 legendgroup=c.algorithm))  # fmt: skip
+        )  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=xs, y=[t * US for t in model], mode="lines", name=f"{c.algorithm} (model)", showlegend=False,
+                legendgroup=c.algorithm, line={"color": color, "width": 1.5, "dash": "dash"}, opacity=0.8,
+                customdata=labels, hovertemplate=f"{c.algorithm}, model: {c.formula}<br>%{{customdata}}: "
+                                                 "%{y:.4g} µs<extra></extra>",
+            )
+        )  # fmt: skip
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="model (dashed)",
+                             line={"color": "#555555", "width": 1.5, "dash": "dash"}))  # fmt: skip
     for x in cmp.crossovers:
         at = (x.below * x.above) ** 0.5 if x.below > 0 else x.above
-        fig.add_vline(x=at, line=dict(color="#888888", dash="dot"), annotation_text=f"{x.before} → {x.after}",
-                      annotation_textangle=-90)  # fmt: skip
-    fig.update_xaxes(type="log", title="bytes")
-    fig.update_yaxes(type="log", title="virtual time (µs)")
-    fig.update_layout(title=f"{cmp.op} on {cmp.world} ranks ({cmp.topology}; α = {cmp.alpha * US:g} µs, "
-                            f"β = {cmp.beta * 1e9:g} ns/B)", plot_bgcolor="white",
-                      margin=dict(l=10, r=10, t=40, b=10))  # fmt: skip
+        fig.add_vline(x=at, line={"color": "#888888", "dash": "dot"})
+    tickvals, ticktext = _size_ticks(cmp.sizes)
+    axis = {"tickfont": {"size": 14, "color": INK}, "title_font": {"size": 15, "color": INK}, "gridcolor": "#EEEEEE"}
+    fig.update_xaxes(type="log", title="message size n", tickvals=tickvals, ticktext=ticktext,
+                     minor={"showgrid": False}, **axis)  # fmt: skip
+    if times:
+        yvals, ytext = _time_ticks(min(times), max(times))
+        fig.update_yaxes(tickvals=yvals, ticktext=ytext)
+    fig.update_yaxes(type="log", title="virtual time", **axis)
+    which = f"ranks 0 and {cmp.slowest[1]}" if slowest else "ranks 0 and 1"
+    fig.update_layout(title=f"{cmp.op} on {cmp.world} ranks, {cmp.topology} topology (model: α, β of {which})",
+                      plot_bgcolor="white", height=520, font={"size": 14}, legend={"font": {"size": 14, "color": INK}},
+                      margin={"l": 10, "r": 10, "t": 50, "b": 10})  # fmt: skip
     return fig
 
 
@@ -301,4 +356,145 @@ def wait_for_figure(g: nx.DiGraph) -> Any:
     fig.update_layout(title="wait-for graph" + (f": cycle {' → '.join(map(str, cycle + cycle[:1]))}" if cycle else ""))
     _blank_axes(fig)
     fig.update_xaxes(range=[-2, 2])
+    return fig
+
+
+def _ink(color: str) -> str:
+    """Black or white, whichever reads better on ``color``."""
+    r, g, b = (int(color[i : i + 2], 16) for i in (1, 3, 5))
+    return "#000000" if 0.299 * r + 0.587 * g + 0.114 * b > 150 else "#FFFFFF"
+
+
+def ddp_lanes(g: DdpGantt, merge: bool = True) -> tuple[list[tuple[int, ...]], dict[DdpBar, float], int]:
+    """Where the bars of :func:`ddp_gantt` go: ``(row groups, bar -> y, collective lanes per group)``.
+
+    Each group is its backward row (at ``y = 1.6·depth'·k`` for the ``k``-th group), then
+    ``depth`` collective lanes, as many as the most all-reduces any rank has in flight at
+    once; an all-reduce takes the first lane free at its start, the construction bar the
+    first. With ``merge``, ranks whose bars have identical labels and times share one group
+    (only the first rank's bars are placed); otherwise every rank has its own.
+    """
+    per_rank: dict[int, list[DdpBar]] = {r: [] for r in range(g.world)}
+    for bar in g.bars:
+        per_rank[bar.rank].append(bar)
+    groups: list[tuple[int, ...]] = []
+    seen: dict[tuple, int] = {}
+    for r, mine in per_rank.items():
+        key = tuple((b.kind, b.label, b.t_start, b.t_end) for b in mine) if merge else (r,)
+        if key in seen:
+            groups[seen[key]] += (r,)
+        else:
+            seen[key] = len(groups)
+            groups.append((r,))
+    lanes_of: dict[int, list[list[DdpBar]]] = {}
+    for k, group in enumerate(groups):
+        lanes = lanes_of[k] = []
+        for bar in per_rank[group[0]]:
+            if bar.kind == "backward":
+                continue
+            lane = next((i for i, ln in enumerate(lanes) if ln[-1].t_end <= bar.t_start), len(lanes))
+            if lane == len(lanes):
+                lanes.append([])
+            lanes[lane].append(bar)
+    depth = max((len(v) for v in lanes_of.values()), default=1)
+    y: dict[DdpBar, float] = {}
+    for k, group in enumerate(groups):
+        top = k * (depth + 1.6)
+        for bar in per_rank[group[0]]:
+            if bar.kind == "backward":
+                y[bar] = top
+        for i, lane in enumerate(lanes_of[k]):
+            for bar in lane:
+                y[bar] = top + 1 + i
+    return groups, y, depth
+
+
+def _ranks_text(ranks: tuple[int, ...]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}–{ranks[-1]}"
+    return "ranks " + ",".join(map(str, ranks))
+
+
+def ddp_figure(g: DdpGantt, show_construction: bool = False, contention: Timeline | None = None,
+               merge: bool = True) -> Any:
+    """A plotly Figure of :func:`ddp_gantt`: per rank a backward row and its all-reduce lanes (µs).
+
+    Each gradient is a pale bar in its bucket's colour, labelled with the parameter's name;
+    each bucket's all-reduce a solid bar in the same colour labelled ``bucket i``; a dashed
+    line marks the end of each rank's backward. DDP's construction (the model check and
+    the parameter broadcast) is one grey bar per rank when ``show_construction``, else left
+    out of the time axis. With ``merge`` (and no ``contention``), ranks with identical bars
+    share one row group, labelled with their ranks. With ``contention`` (the run's
+    :func:`timeline`), each message that shared a link with another in flight is a red line
+    between the two ranks' first collective lanes.
+    """
+    go = _go()
+    groups, y, depth = ddp_lanes(g, merge and contention is None)
+    colors = rank_colors(max(len(g.buckets), 1))
+    fig = go.Figure()
+    shown = [b for b in y if show_construction or b.kind != "construction"]
+    who = {group[0]: _ranks_text(group) for group in groups}
+
+    def add_bars(sel: list[DdpBar], name: str, fill: str, line: str, group: str, legend: bool) -> None:
+        if not sel:
+            return
+        fig.add_trace(
+            go.Bar(
+                base=[b.t_start * US for b in sel], x=[(b.t_end - b.t_start) * US for b in sel],
+                y=[y[b] for b in sel], orientation="h", width=0.8, name=name, legendgroup=group, showlegend=legend,
+                marker={"color": fill, "line": {"color": line, "width": 1.5}}, text=[b.label for b in sel],
+                textposition="inside", insidetextanchor="middle", textangle=0,
+                textfont={"color": _ink(fill), "size": 13},
+                hovertext=[f"{who[b.rank]}: {b.label}{' gradient' if b.kind == 'backward' else ''}<br>"
+                           f"{b.t_start * US:.1f}–{b.t_end * US:.1f} µs ({(b.t_end - b.t_start) * US:.1f} µs)"
+                           for b in sel],
+                hoverinfo="text",
+            )
+        )  # fmt: skip
+
+    for bucket, color in zip(g.buckets, colors):
+        group = f"bucket {bucket.index}"
+        add_bars([b for b in shown if b.kind == "all_reduce" and b.bucket == bucket.index],
+                 f"bucket {bucket.index}: {', '.join(bucket.params)}", color, color, group, True)
+        add_bars([b for b in shown if b.kind == "backward" and b.bucket == bucket.index],
+                 f"bucket {bucket.index} gradients", mix(color, 0.3), color, group, False)  # fmt: skip
+    add_bars([b for b in shown if b.kind == "construction"], "DDP construction", "#D9D9D9", "#999999",
+             "construction", True)
+    top = {r: k * (depth + 1.6) for k, group in enumerate(groups) for r in group}
+    for k, group in enumerate(groups):
+        end = g.backward[group[0]][1] * US
+        fig.add_shape(type="line", x0=end, x1=end, y0=top[group[0]] - 0.5, y1=top[group[0]] + depth + 0.5,
+                      line={"color": "#222222", "width": 2, "dash": "dash"}, layer="below")  # fmt: skip
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line={"color": "#222222", "width": 2, "dash": "dash"},
+                             name="end of backward"))  # fmt: skip
+    if contention is not None and contention.contention:
+        hot = {c.first for c in contention.contention} | {c.second for c in contention.contention}
+        xs, ys = [], []
+        for a in contention.arrows:
+            if a.index in hot and a.src in top and a.dst in top:
+                xs += [a.t_start * US, a.t_end * US, None]
+                ys += [top[a.src] + 1, top[a.dst] + 1, None]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"color": "#D62728", "width": 1.5}, opacity=0.7,
+                                 name="message that shared a link", hoverinfo="skip"))  # fmt: skip
+    ticks, text = [], []
+    for k, group in enumerate(groups):
+        ticks += [k * (depth + 1.6), k * (depth + 1.6) + 1]
+        text += [f"{_ranks_text(group)}: backward", "all-reduce"]
+    font = {"size": 14, "color": INK}
+    fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=ticks, ticktext=text, tickfont=font,
+                     showgrid=False, zeroline=False)  # fmt: skip
+    t0 = min((b.t_start for b in shown), default=0.0)
+    t1 = max((b.t_end for b in shown), default=g.duration)
+    pad = 0.02 * (t1 - t0 or 1e-6)
+    fig.update_xaxes(title="virtual time (µs)", range=[(t0 - pad) * US, (t1 + pad) * US], tickfont=font,
+                     title_font=font, gridcolor="#EEEEEE")  # fmt: skip
+    lanes = len(groups) * (depth + 1.6)
+    fig.update_layout(
+        barmode="overlay", plot_bgcolor="white", height=int(max(260, 28 * lanes + 150)), font={"size": 13},
+        uniformtext={"minsize": 11, "mode": "hide"}, bargap=0,
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0, "font": font},
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+    )  # fmt: skip
     return fig
