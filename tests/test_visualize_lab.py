@@ -199,7 +199,7 @@ def traced_socket_program(rank, world_size):
             dist.send(t, dst=right)
             dist.recv(t, src=left)
         else:
-            dist.recv(t, src=left)
+            dist.recv(t)  # from any rank: the trace names the sender
             dist.send(t, dst=right)
     dist.barrier()
     dist.destroy_process_group()
@@ -230,6 +230,7 @@ def test_a_real_runs_trace_says_wall_clock_time_and_counts_its_messages(tmp_path
     assert sends == recvs == 2 * SENDS_PER_RANK  # each rank's sends, as the program makes them
     loaded = load_traces([(f.name, f.read_bytes()) for f in files])
     assert loaded.problems == () and loaded.names == ("rank0.trace.json", "rank1.trace.json")
+    assert all(e.peer == 1 - e.rank and e.nbytes == 400 for e in loaded.trace.of_kind("send", "recv"))
     summary = summarize(loaded.trace)
     assert (summary.clock, summary.ranks, summary.messages, summary.collectives) == ("real", 2, sends, 4)
     fig = trace_figure(loaded.trace)

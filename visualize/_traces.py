@@ -54,7 +54,9 @@ class TraceSummary:
     def describe(self) -> str:
         """One short line for a title: the kind of run and what it holds."""
         run = "simulated run (virtual time)" if self.clock == "virtual" else "real run (wall-clock time)"
-        return f"{run}: {self.ranks} ranks, {self.collectives} collectives, {self.messages} messages"
+        counts = ", ".join(f"{n} {what}{'' if n == 1 else 's'}" for n, what in
+                           ((self.ranks, "rank"), (self.collectives, "collective"), (self.messages, "message")))
+        return f"{run}: {counts}"
 
     @property
     def note(self) -> str:
@@ -154,4 +156,6 @@ def trace_figure(trace: Trace) -> Any:
     else:
         fig.update_xaxes(title="virtual time (µs, simulated)")
     fig.update_layout(title=dict(text=summary.describe(), font=dict(size=18)), font=dict(size=15))
+    fig.update_xaxes(tickfont=dict(size=15), title_font=dict(size=16))  # the app's theme sets smaller ones
+    fig.update_yaxes(tickfont=dict(size=16))
     return fig
