@@ -1,8 +1,7 @@
-"""Traces: download the current run as Chrome/Perfetto JSON; upload a simdist trace and see its timeline."""
+"""Traces: download the current run as Chrome/Perfetto JSON; upload simdist traces and see their timeline."""
 
 import streamlit as st
 
-import simdist
 from simdist import visualize as V
 
 st.title("Traces")
@@ -24,11 +23,19 @@ if not uploaded:
     trace = res.trace
     st.caption("No trace uploaded: showing the run above.")
 else:
-    try:
-        trace = simdist.Trace.merge([simdist.Trace.from_json(f.getvalue().decode()) for f in uploaded])
-    except (ValueError, KeyError, TypeError) as exc:
-        st.error(f"This file is not a simdist trace: {exc}")
+    loaded = V.load_traces([(f.name, f.getvalue()) for f in uploaded])
+    for name, why in loaded.problems:
+        kept = f"; showing the other {len(loaded.names)} file(s)" if loaded.trace is not None else ""
+        (st.warning if loaded.trace is not None else st.error)(f"**{name}** was left out: {why}{kept}.")
+    if loaded.trace is None:
         st.stop()
-tl = V.timeline(trace)
-st.metric("events", len(trace))
-st.plotly_chart(V.timeline_figure(tl), key="uploaded_timeline")
+    trace = loaded.trace
+summary = V.summarize(trace)
+cols = st.columns(5)
+cols[0].metric("clock", summary.clock, help="virtual: the simulator's clock; real: wall-clock time of a real run")
+cols[1].metric("ranks", summary.ranks)
+cols[2].metric("collectives", summary.collectives)
+cols[3].metric("messages", summary.messages)
+cols[4].metric("events", len(trace))
+st.caption(summary.note)
+st.plotly_chart(V.trace_figure(trace), key="uploaded_timeline")

@@ -18,7 +18,7 @@ from . import _arrays as A
 from ._callsite import user_call_site
 from ._entry import library_call
 from ._checks import check_int, check_list, check_splits, resolve, root_of, same_kind, to_group_rank
-from ._group import GroupMember, Options
+from ._group import GroupMember, Options, ProcessGroup
 from ._reduce_op import ReduceOp, as_reduce_op
 from ._registry import BACKEND_ENV, backend_spec
 from ._work import Work
@@ -200,9 +200,13 @@ def new_group(
     Group ranks follow the sorted global ranks, as in torch, or the order of ``ranks``
     when ``sort_ranks=False``. Every rank of the world must call ``new_group`` with the
     same ranks, in the same order as its other ``new_group`` calls; ranks outside the
-    group get ``GroupMember.NON_GROUP_MEMBER``.
+    group get ``GroupMember.NON_GROUP_MEMBER``. ``group_desc`` names the group in error
+    reports and traces' views (``"group a"`` rather than ``"group 1"``).
     """
     world = require_world("new_group")
+    if group_desc is not None and not isinstance(group_desc, str):
+        raise TypeError(f"group_desc must be a str naming the group, got {type(group_desc).__name__} "
+                        f"({group_desc!r:.60})")
     if ranks is None:
         members = list(range(world.size))
     else:
@@ -218,7 +222,10 @@ def new_group(
             raise ValueError(f"ranks={list(ranks)} names a rank more than once")
         if not members:
             raise ValueError("ranks=[] is empty; a group needs at least one rank")
-    return world.new_group(members, backend=backend, timeout=timeout)
+    group = world.new_group(members, backend=backend, timeout=timeout)
+    if group_desc and isinstance(group, ProcessGroup):
+        group.group_desc = group_desc
+    return group
 
 
 @library_call

@@ -43,6 +43,9 @@ class ProcessGroup(ABC):
     """
 
     backend: str = "?"
+    group_desc: str | None = None
+    """The name the program gave the group (``new_group(..., group_desc="a")``, as in torch);
+    reports call the group by it, else by its number."""
 
     def __init__(self, rank: int, ranks: Sequence[int], group_id: int = 0):
         self.rank = rank

@@ -6,6 +6,7 @@ A real browser visits every page in tests/test_browser.py.
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -134,8 +135,17 @@ def test_deadlock_lab_shows_every_scenario():
     for name in V.SCENARIOS:
         at.selectbox(key="scenario").select(name)
         ok(at)
-        assert "no rank can proceed" in at.code[1].value and "_scenarios.py:" in at.code[1].value
-        assert V.SCENARIOS[name].fn.__name__ in at.code[0].value
+        program, report = at.code[0], at.code[1]
+        assert program.value == V.scenario_source(name).rstrip("\n") and program.proto.show_line_numbers
+        assert "no rank can proceed" in report.value and report.proto.wrap_lines
+        lines = program.value.splitlines()
+        table = next(m.value for m in at.markdown if m.value.startswith("| rank | line |"))
+        found = re.findall(r"rank (\d+) is blocked in (\w+).* at program\.py:(\d+)", report.value)
+        assert found
+        for rank, op, line in found:
+            assert f"dist.{op}(" in lines[int(line) - 1]  # the report's line of the program shown calls the op
+            assert f"| **{rank}** | **{line}** |" in table  # and the table under it says the same
+        assert "/" not in "".join(re.findall(r" at (\S+)", report.value))  # no library paths
 
 
 def chart(at: AppTest, key: str) -> dict:
@@ -186,7 +196,8 @@ def test_traces_page_offers_downloads_and_shows_a_timeline():
     at.selectbox(key="tr_op").select("all_gather")
     at.slider(key="tr_world").set_value(8)
     ok(at)
-    assert int(metric(at, "events")) > 0
+    assert int(metric(at, "events")) > 0 and metric(at, "clock") == "virtual"
+    assert int(metric(at, "messages")) == 7 * 8  # ring all_gather: p - 1 steps of p messages
 
 
 def test_your_code_needs_the_opt_in(monkeypatch):

@@ -224,7 +224,8 @@ def test_traces_page_shows_an_uploaded_trace(app_url, chromium_path, tmp_path):
             assert page.locator('[data-testid="stException"]').count() == 0
             page.screenshot(path=str(tmp_path / "uploaded.png"), full_page=True)
             upload.set_input_files(str(bad))
-            page.get_by_text("This file is not a simdist trace", exact=False).wait_for(timeout=RUN_TIMEOUT_MS)
+            page.get_by_text("was left out: it is JSON but not a simdist trace", exact=False).wait_for(
+                timeout=RUN_TIMEOUT_MS)
             assert page.locator('[data-testid="stException"]').count() == 0
         finally:
             browser.close()

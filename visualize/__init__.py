@@ -54,9 +54,12 @@ from ._runs import collective_run as collective_run
 from ._sandbox import CodeResult as CodeResult
 from ._sandbox import code_allowed as code_allowed
 from ._sandbox import run_code as run_code
+from ._scenarios import PROGRAM as PROGRAM
 from ._scenarios import SCENARIOS as SCENARIOS
+from ._scenarios import Blocked as Blocked
 from ._scenarios import run_scenario as run_scenario
 from ._scenarios import scenario_source as scenario_source
+from ._scenarios import where_blocked as where_blocked
 from ._timeline import Arrow as Arrow
 from ._timeline import Contention as Contention
 from ._timeline import LinkUse as LinkUse
@@ -65,9 +68,16 @@ from ._timeline import Timeline as Timeline
 from ._timeline import lanes as lanes
 from ._timeline import messages_by_step as messages_by_step
 from ._timeline import timeline as timeline
+from ._traces import LoadedTraces as LoadedTraces
+from ._traces import TraceSummary as TraceSummary
+from ._traces import load_traces as load_traces
+from ._traces import summarize as summarize
+from ._traces import trace_clock as trace_clock
+from ._traces import trace_figure as trace_figure
 
 __all__ = [
     "Arrow",
+    "Blocked",
     "CodeResult",
     "SCENARIOS",
     "SYMBOLS",
@@ -82,10 +92,13 @@ __all__ = [
     "DdpGantt",
     "DdpRun",
     "LinkUse",
+    "LoadedTraces",
     "PALETTE",
+    "PROGRAM",
     "Row",
     "Span",
     "Timeline",
+    "TraceSummary",
     "buffer_figure",
     "buffer_table",
     "chunk_colors",
@@ -103,6 +116,7 @@ __all__ = [
     "formula_symbols",
     "graph_figure",
     "lanes",
+    "load_traces",
     "messages_by_step",
     "model_ratios",
     "model_sides",
@@ -115,10 +129,14 @@ __all__ = [
     "size_label",
     "step_graph",
     "steps",
+    "summarize",
     "symbol_table",
     "timeline",
     "timeline_figure",
+    "trace_clock",
+    "trace_figure",
     "wait_for",
     "wait_for_figure",
+    "where_blocked",
     "world_of",
 ]

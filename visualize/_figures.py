@@ -323,39 +323,145 @@ def comparison_figure(cmp: Comparison, slowest: bool = False) -> Any:
     return fig
 
 
-def wait_for_figure(g: nx.DiGraph) -> Any:
-    """A plotly Figure of :func:`wait_for`: blocked ranks on a circle, ``a → b`` when a waits for b.
+_EM = 0.62  # a character's width in em, a little over a sans-serif font's average, to estimate text boxes
+_LINE = 1.3  # a line's height in em
+_NODE_FONT, _EDGE_FONT = 18, 16  # px: legible from the back of a lecture hall
 
-    Edges of the deadlock cycle are red; each rank's label says what it is blocked in and where.
+
+def _text_box(text: str, size: int, pad: int) -> tuple[float, float]:
+    """The width and height in px of an annotation showing ``text`` (lines split by ``<br>``)."""
+    lines = [line.replace("<b>", "").replace("</b>", "") for line in text.split("<br>")]
+    return max(len(line) for line in lines) * size * _EM + 2 * pad, len(lines) * size * _LINE + 2 * pad
+
+
+def _overlap(a: tuple[float, ...], b: tuple[float, ...], gap: float = 4.0) -> bool:
+    """Whether boxes ``(x, y, w, h)`` (centred) come closer than ``gap``."""
+    return abs(a[0] - b[0]) < (a[2] + b[2]) / 2 + gap and abs(a[1] - b[1]) < (a[3] + b[3]) / 2 + gap
+
+
+def _edge_end(c: tuple[float, float], d: tuple[float, float], box: tuple[float, ...]) -> float:
+    """How far from centre ``c`` along unit direction ``d`` the border of ``box`` lies (plus a little air)."""
+    tx = box[2] / 2 / abs(d[0]) if d[0] else float("inf")
+    ty = box[3] / 2 / abs(d[1]) if d[1] else float("inf")
+    return min(tx, ty) + 6
+
+
+def _wait_for_layout(g: nx.DiGraph, width: float, ry: float, lift: float) -> tuple[dict, list]:
+    """Node boxes ``{n: (x, y, w, h)}`` and edges ``[(u, v, start, end, label_box)]`` in px around (0, 0).
+
+    Nodes lie on an ellipse of radii ``width / 2`` (less a box) and ``ry``; each arrow's label
+    sits beside its arrow, ``lift`` px further out.
+    """
+    size = {n: _text_box(g.nodes[n]["_text"], _NODE_FONT, 8) for n in g.nodes}
+    bw = max((w for w, _ in size.values()), default=0)
+    rx = max(width / 2 - bw / 2 - 4, 0)
+    boxes = {n: (g.nodes[n]["pos"][0] * rx, g.nodes[n]["pos"][1] * ry, *size[n]) for n in g.nodes}
+    edges = []
+    for u, v, d in g.edges(data=True):
+        (x0, y0, *_), (x1, y1, *_) = boxes[u], boxes[v]
+        length = ((x1 - x0) ** 2 + (y1 - y0) ** 2) ** 0.5 or 1.0
+        ux, uy = (x1 - x0) / length, (y1 - y0) / length
+        nx_, ny_ = -uy, ux  # the left of u -> v: a pair of opposite edges parts to both sides
+        off = 14 if g.has_edge(v, u) else 0
+        a, b = _edge_end((x0, y0), (ux, uy), boxes[u]), _edge_end((x1, y1), (-ux, -uy), boxes[v])
+        start = (x0 + ux * a + nx_ * off, y0 + uy * a + ny_ * off)
+        end = (x1 - ux * b + nx_ * off, y1 - uy * b + ny_ * off)
+        label = None
+        if d.get("_text"):
+            lw, lh = _text_box(d["_text"], _EDGE_FONT, 4)
+            mx, my = (start[0] + end[0]) / 2, (start[1] + end[1]) / 2
+            if not off and mx * nx_ + my * ny_ < -1e-6:
+                nx_, ny_ = -nx_, -ny_  # a lone edge: its label on the side away from the middle of the graph
+            side = abs(nx_) * lw / 2 + abs(ny_) * lh / 2 + 8 + lift
+            x = min(max(mx + nx_ * side, lw / 2 - width / 2), width / 2 - lw / 2)  # kept inside the sides
+            label = (x, my + ny_ * side, lw, lh)
+        edges.append((u, v, start, end, label))
+    return boxes, edges
+
+
+def _crowded(boxes: dict, edges: list, width: float) -> bool:
+    """Whether two text boxes overlap or one reaches past the sides (``width`` wide, centred on 0)."""
+    every = list(boxes.values()) + [e[4] for e in edges if e[4] is not None]
+    if any(abs(b[0]) + b[2] / 2 > width / 2 for b in every):
+        return True
+    return any(_overlap(a, b) for i, a in enumerate(every) for b in every[i + 1 :])
+
+
+def wait_for_figure(g: nx.DiGraph, width: int = 720) -> Any:
+    """A plotly Figure of :func:`wait_for`, ``width`` px wide: a box per rank, ``a → b`` when a waits for b.
+
+    Each rank's box says what it is blocked in and where (``program.py:8``; up to 4 ranks),
+    each arrow what it waits for the other rank to call (up to 8 ranks); beyond, the hover
+    says it. The deadlock cycle is red. Text is 16-20 px and the boxes are placed (the
+    figure grows taller) so that no two texts overlap.
+    ``fig.layout.meta["boxes"]`` lists every text box ``(x, y, w, h)`` in px of the plot
+    area, as estimated for the layout.
     """
     go = _go()
-    fig = go.Figure()
-    pos = {n: d["pos"] for n, d in g.nodes(data=True)}
-    notes = []
+    g = nx.DiGraph(g)
+    world = g.number_of_nodes()
+    labelled = world <= 8
+    for n, d in g.nodes(data=True):  # up to 4 ranks a box says all; up to 8 not where; beyond, only the rank
+        lines = [f"<b>rank {n}</b>", d.get("call", "?")] + ([d["site"]] if d.get("site") else [])
+        d["_text"] = "<br>".join(lines[: 3 if world <= 4 else 2 if labelled else 1])
     for u, v, d in g.edges(data=True):
-        a, b = _shorten(pos[u], pos[v], 0.1)
-        hot = d.get("in_cycle")
-        notes.append(dict(
-            x=b[0], y=b[1], ax=a[0], ay=a[1], xref="x", yref="y", axref="x", ayref="y", showarrow=True,
-            arrowhead=2, arrowwidth=2.5 if hot else 1.2, arrowcolor="#D62728" if hot else "#888888",
-        ))  # fmt: skip
-    nodes = list(g.nodes)
+        d["_text"] = f"waits for<br>{d['waits_for']}" if labelled and d.get("waits_for") else ""
+    plot_w = width - 20
+    pair = g.number_of_nodes() <= 2  # side by side: the labels move apart; else the ellipse also grows taller
+    tries = [(ry, lift) for ry in ([0.0] if pair else range(120, 2000, 20)) for lift in range(0, 121, 6)]
+    for ry, lift in tries:  # the flattest layout whose texts keep apart (else the last tried)
+        boxes, edges = _wait_for_layout(g, plot_w, ry, lift)
+        if not _crowded(boxes, edges, plot_w):
+            break
+    every = list(boxes.values()) + [e[4] for e in edges if e[4] is not None]
+    low = min((b[1] - b[3] / 2 for b in every), default=0) - 6
+    high = max((b[1] + b[3] / 2 for b in every), default=0) + 6
+    plot_h = high - low
+    cx = plot_w / 2
+
+    def at(p: tuple[float, ...]) -> tuple[float, float]:
+        return p[0] + cx, p[1] - low
+
+    notes = []
+    for u, v, start, end, label in edges:
+        hot = g.edges[u, v].get("in_cycle")
+        color = "#D62728" if hot else "#666666"
+        (x0, y0), (x1, y1) = at(start), at(end)
+        notes.append(dict(x=x1, y=y1, ax=x0, ay=y0, xref="x", yref="y", axref="x", ayref="y", text="",
+                          showarrow=True, arrowhead=2, arrowsize=1.3, arrowwidth=3 if hot else 2, arrowcolor=color))
+        if label is not None:
+            x, y = at(label)
+            notes.append(dict(x=x, y=y, text=g.edges[u, v]["_text"], showarrow=False,
+                              font=dict(size=_EDGE_FONT, color=color),
+                              bgcolor="rgba(255,255,255,0.92)", borderpad=4))
+    for n, box in boxes.items():
+        d = g.nodes[n]
+        color = "#888888" if d.get("finished") else d.get("color", "#888888")
+        x, y = at(box)
+        notes.append(dict(x=x, y=y, text=d["_text"], showarrow=False, font=dict(size=_NODE_FONT, color="#111111"),
+                          bgcolor=mix(color, 0.15), bordercolor=color, borderwidth=3, borderpad=5))
+    fig = go.Figure()
+    nodes = list(boxes)
     fig.add_trace(
         go.Scatter(
-            x=[pos[n][0] for n in nodes], y=[pos[n][1] for n in nodes], mode="markers+text",
-            marker=dict(size=26, color=[g.nodes[n]["color"] for n in nodes]), text=[str(n) for n in nodes],
-            textfont=dict(color="white"), hovertext=[g.nodes[n]["label"] for n in nodes], hoverinfo="text",
+            x=[at(boxes[n])[0] for n in nodes], y=[at(boxes[n])[1] for n in nodes], mode="markers",
+            marker=dict(size=40, opacity=0), hovertext=[g.nodes[n].get("label", "") for n in nodes],
+            hoverinfo="text",
         )
     )  # fmt: skip
-    for n in nodes:
-        x, y = pos[n]
-        notes.append(dict(x=x * 1.25, y=y * 1.25 - 0.05, text=g.nodes[n]["label"], showarrow=False,
-                          font=dict(size=10)))  # fmt: skip
-    fig.update_layout(annotations=notes)
     cycle = g.graph.get("cycle") or []
-    fig.update_layout(title="wait-for graph" + (f": cycle {' → '.join(map(str, cycle + cycle[:1]))}" if cycle else ""))
+    finished = sorted(n for n, d in g.nodes(data=True) if d.get("finished"))
+    title = "wait-for graph: " + (f"cycle {' → '.join(map(str, cycle + cycle[:1]))}" if cycle else
+                                  f"no cycle; waiting for finished rank{'s' if len(finished) > 1 else ''} "
+                                  f"{', '.join(map(str, finished))}" if finished else "no cycle")
     _blank_axes(fig)
-    fig.update_xaxes(range=[-2, 2])
+    fig.update_xaxes(range=[0, plot_w], fixedrange=True)
+    fig.update_yaxes(range=[0, plot_h], fixedrange=True)
+    fig.update_layout(
+        annotations=notes, title=dict(text=title, font=dict(size=20)), width=width, height=plot_h + 60,
+        autosize=False, margin=dict(l=10, r=10, t=50, b=10),
+        meta={"boxes": [(*at(b), b[2], b[3]) for b in every]},
+    )  # fmt: skip
     return fig
 
 

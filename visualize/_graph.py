@@ -142,28 +142,71 @@ def step_graph(trace: Trace, step: int, topology: Any = None, collective_id: int
     return g
 
 
+def _group_text(data: dict) -> str:
+    """`` on group a`` (its ``group_desc``) or `` on group 3``; empty for the default group."""
+    if not data.get("group"):
+        return ""
+    return f" on group {data.get('group_desc') or data['group']}"
+
+
+def _call(data: dict) -> str:
+    """What a blocked rank called, as the program wrote it: ``send(dst=1, tag=2)``, ``all_reduce on group a``."""
+    op = data.get("op", "?")
+    if op in ("send", "recv"):
+        peer = "any" if data.get("peer") is None else data["peer"]
+        tag = f", tag={data['tag']}" if data.get("tag") else ""
+        return f"{op}({'dst' if op == 'send' else 'src'}={peer}{tag}){_group_text(data)}"
+    return f"{op}{_group_text(data)}"
+
+
+def _waits_for(rank: int, data: dict) -> str:
+    """What ``rank`` (blocked as ``data`` says) needs the rank it waits for to call."""
+    op = data.get("op", "?")
+    tag = f", tag={data['tag']}" if data.get("tag") else ""
+    if op == "send":
+        return f"recv(src={rank}{tag}){_group_text(data)}"
+    if op == "recv":
+        return f"send(dst={rank}{tag}){_group_text(data)}"
+    return _call(data)
+
+
+def _site(call_site: str | None) -> tuple[str | None, int | None]:
+    """``('program.py:8', 8)`` from a call site ``'/any/dir/program.py:8'``; ``(None, None)`` without one."""
+    if not call_site or ":" not in call_site:
+        return None, None
+    path, _, line = call_site.rpartition(":")
+    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+    return f"{name}:{line}", int(line) if line.isdigit() else None
+
+
 def _label(rank: int, data: dict) -> str:
     if data.get("finished"):
         return f"rank {rank}: finished"
-    op = data.get("op", "?")
-    if op in ("send", "recv"):
-        peer = "any" if data.get("peer") is None else data.get("peer")
-        text = f"rank {rank}: {op}({'dst' if op == 'send' else 'src'}={peer}, tag={data.get('tag')})"
-    else:
-        text = f"rank {rank}: {op}"
-        if data.get("missing"):
-            text += f" (waiting for ranks {data['missing']})"
+    text = f"rank {rank}: {_call(data)}"
+    if data.get("missing"):
+        text += f" (waiting for ranks {data['missing']})"
     if data.get("call_site"):
         text += f" at {data['call_site']}"
     return text
 
 
+def _layout(ranks: list[int]) -> dict[int, tuple[float, float]]:
+    """Ranks on the unit circle clockwise from the top; two ranks side by side (left, right)."""
+    if len(ranks) == 2:
+        return {ranks[0]: (-1.0, 0.0), ranks[1]: (1.0, 0.0)}
+    return dict(zip(ranks, _circle(max(len(ranks), 1))))
+
+
 def wait_for(err: DeadlockError) -> nx.DiGraph:
     """The wait-for graph of ``err`` ready to draw: ``a -> b`` means rank ``a`` waits for rank ``b``.
 
-    A copy of ``err.graph`` whose nodes also carry ``pos`` (a circle), ``color`` and
-    ``label`` (the blocked op, its peer and tag, and the user's call site), and whose
-    edges carry ``in_cycle`` (on ``err.cycle``). ``g.graph["cycle"]`` is ``err.cycle``.
+    A copy of ``err.graph`` whose nodes also carry ``pos`` (on the unit circle; two ranks
+    left and right), ``color``, ``call`` (what the rank is blocked in, as the program wrote
+    it: ``send(dst=1)``, ``all_reduce on group a`` for a group made with ``group_desc="a"``),
+    ``site`` (``'program.py:8'``, the file's name and line) and ``line`` (the line number, or
+    ``None``), and ``label`` (all of it, with the full call site). Edges carry ``waits_for``
+    (what ``b`` must call to release ``a``: ``recv(src=0)``) and ``in_cycle`` (on
+    ``err.cycle``). ``g.graph["cycle"]`` is ``err.cycle``.
 
     Raises:
         ValueError: if ``err`` carries no graph.
@@ -172,16 +215,18 @@ def wait_for(err: DeadlockError) -> nx.DiGraph:
         raise ValueError("err carries no wait-for graph (err.graph is None)")
     g = nx.DiGraph(err.graph)
     ranks = sorted(n for n in g.nodes if isinstance(n, int))
-    world = max(ranks, default=-1) + 1
-    circle = _circle(max(world, 1))
-    colors = rank_colors(world)
+    colors = rank_colors(max(ranks, default=-1) + 1)
+    pos = _layout(ranks)
     for n, data in g.nodes(data=True):
-        data["pos"] = circle[n] if isinstance(n, int) else (0.0, 0.0)
+        data["pos"] = pos.get(n, (0.0, 0.0))
         data["color"] = colors[n] if isinstance(n, int) else "#BBBBBB"
+        data["call"] = "finished" if data.get("finished") else _call(data)
+        data["site"], data["line"] = _site(data.get("call_site"))
         data["label"] = _label(n, data)
     cycle = list(err.cycle)
     on_cycle = {(a, b) for a, b in zip(cycle, cycle[1:] + cycle[:1])} if cycle else set()
     for a, b, data in g.edges(data=True):
         data["in_cycle"] = (a, b) in on_cycle
+        data["waits_for"] = _waits_for(a, g.nodes[a])
     g.graph["cycle"] = cycle
     return g

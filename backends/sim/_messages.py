@@ -96,14 +96,16 @@ class Post(Waitable):
         """The operation the message belongs to: ``'send'``/``'recv'`` or the collective's name."""
         return self.kind if self.run is None else self.run.call.op
 
-    def describe(self) -> str:
+    def describe(self, group: str | None = None) -> str:
+        """One line on the message; ``group`` is what to call its group (default ``'group N'``)."""
+        group = group or f"group {self.group}"
         if self.kind == "send":
             what = f"send {self.owner}->{self.dst}"
         else:
             what = f"recv {self.owner}<-{'any' if self.src is None else self.src}"
         where = f" at {self.call_site}" if self.call_site else ""
         run = self.run
-        coll = f" in {run.call.op} (collective {run.seq} of group {self.group})" if run else f" on group {self.group}"
+        coll = f" in {run.call.op} (collective {run.seq} of {group})" if run else f" on {group}"
         return f"{what} tag {self.tag} ({self.nbytes} bytes, {self.dtype}){coll}{where}"
 
 
@@ -134,4 +136,5 @@ class CollectiveRun(Waitable):
 
     def describe(self) -> str:
         where = f" at {self.call.call_site}" if self.call.call_site else ""
-        return f"{self.call.op} (collective {self.seq} of group {self.group.group_id}){where}"
+        group = f"group {self.group.group_desc or self.group.group_id}"
+        return f"{self.call.op} (collective {self.seq} of {group}){where}"

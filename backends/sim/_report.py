@@ -13,6 +13,16 @@ from ._messages import CollectiveRun, Post
 __all__ = ["deadlock_error", "leaks", "undestroyed"]
 
 
+def _group_names(engine: Any) -> dict[int, str]:
+    """The names the program gave its groups (``new_group(..., group_desc=...)``), by group id."""
+    return {g.group_id: g.group_desc for rs in engine.ranks if rs.world is not None
+            for g in rs.world.groups if g.group_desc}  # fmt: skip
+
+
+def _group(gid: int | None, names: dict[int, str]) -> str:
+    return f"group {names.get(gid, gid)}"
+
+
 def _blocked_entry(engine: Any, rs: Any) -> tuple[dict, list[int]]:
     """What ``rs`` is blocked on, and the ranks it waits for."""
     what, items = rs.blocked or ("?", [])
@@ -45,14 +55,14 @@ def _blocked_entry(engine: Any, rs: Any) -> tuple[dict, list[int]]:
     return entry, sorted(set(w for w in waits if w is not None))
 
 
-def _line(entry: dict, engine: Any) -> str:
-    op, rank = entry["op"], entry["rank"]
+def _line(entry: dict, engine: Any, names: dict[int, str]) -> str:
+    op, rank, group = entry["op"], entry["rank"], _group(entry["group"], names)
     if op in ("send", "recv"):
         peer = "any" if entry["peer"] is None else entry["peer"]
         arg = "dst" if op == "send" else "src"
-        text = f"rank {rank} is blocked in {op}({arg}={peer}, tag={entry['tag']}) on group {entry['group']}"
+        text = f"rank {rank} is blocked in {op}({arg}={peer}, tag={entry['tag']}) on {group}"
     else:
-        text = f"rank {rank} is blocked in {op} (collective {entry.get('collective')} of group {entry['group']})"
+        text = f"rank {rank} is blocked in {op} (collective {entry.get('collective')} of {group})"
         missing = entry.get("missing")
         if missing:
             done = [r for r in missing if engine.ranks[r].done]
@@ -64,23 +74,44 @@ def _line(entry: dict, engine: Any) -> str:
     return text
 
 
+def _unmatched(engine: Any, names: dict[int, str]) -> tuple[list[str], list[str]]:
+    """Every unmatched message described, and the lines the report shows of them.
+
+    The program's own sends and receives are shown one a line; the messages inside a
+    collective (its algorithm's, such as a barrier's empty ones) are counted per collective.
+    """
+    posts = [p for by_src in engine.sends.values() for q in by_src.values() for p in q]
+    posts += [p for waiting in engine.recvs.values() for p in waiting]
+    every = [p.describe(_group(p.group, names)) for p in posts]
+    shown = [d for p, d in zip(posts, every) if p.run is None]
+    inside: dict[tuple[str, int, str], int] = {}
+    for p in posts:
+        if p.run is not None:
+            key = (p.run.call.op, p.run.seq, _group(p.group, names))
+            inside[key] = inside.get(key, 0) + 1
+    shown += [f"+ {n} messages inside {op} (collective {seq} of {group}); err.unmatched lists them"
+              for (op, seq, group), n in inside.items()]  # fmt: skip
+    return every, shown
+
+
 def deadlock_error(engine: Any) -> DeadlockError:
     """The DeadlockError describing the engine's current state (no rank can run)."""
     graph = nx.DiGraph()
     blocked = []
     lines = []
+    names = _group_names(engine)
     for rs in engine.ranks:
         if rs.done:
             graph.add_node(rs.rank, finished=True)
             continue
         entry, waits = _blocked_entry(engine, rs)
+        entry["group_desc"] = names.get(entry["group"])
         blocked.append(entry)
         graph.add_node(rs.rank, **{k: v for k, v in entry.items() if k != "rank"})
         for w in waits:
             graph.add_edge(rs.rank, w)
-        lines.append("  " + _line(entry, engine))
-    unmatched = [p.describe() for by_src in engine.sends.values() for q in by_src.values() for p in q]
-    unmatched += [p.describe() for waiting in engine.recvs.values() for p in waiting]
+        lines.append("  " + _line(entry, engine, names))
+    unmatched, shown = _unmatched(engine, names)
     try:
         cycle = [u for u, _ in nx.find_cycle(graph)]
     except nx.NetworkXNoCycle:
@@ -91,11 +122,11 @@ def deadlock_error(engine: Any) -> DeadlockError:
     parts = [head, *lines]
     if cycle:
         parts.append("wait-for cycle: " + " -> ".join(str(r) for r in cycle + cycle[:1]))
-    if unmatched:
+    if shown:
         parts.append("unmatched messages:")
-        parts += [f"  {u}" for u in unmatched[:20]]
-        if len(unmatched) > 20:
-            parts.append(f"  ... and {len(unmatched) - 20} more")
+        parts += [f"  {u}" for u in shown[:20]]
+        if len(shown) > 20:
+            parts.append(f"  ... and {len(shown) - 20} more")
     parts.append(f"replay token: {engine.token()}")
     return DeadlockError("\n".join(parts), graph=graph, blocked=blocked, unmatched=unmatched, cycle=cycle)
 

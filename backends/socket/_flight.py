@@ -6,8 +6,9 @@ most every ``interval`` seconds (never on the operation's path). A rank whose op
 times out reads every member's entry and says, for instance, "rank 2 completed #41
 (barrier) and never entered #42 (all_reduce) on group 0; its last call site is train.py:88".
 
-With ``SIMDIST_TRACE=DIR`` the recorder also keeps every collective as a trace event, in
-real seconds since rank 0's epoch (published in the store), and writes
+With ``SIMDIST_TRACE=DIR`` the recorder also keeps every collective and every waited
+point-to-point send and receive as a trace event, in real seconds since rank 0's epoch
+(published in the store), and writes
 ``DIR/rank{r}.trace.json`` when the process group is destroyed; ``simdist.Trace.merge``
 joins the files, and the visualizer's Traces page shows them.
 """
@@ -75,6 +76,23 @@ class FlightRecorder:
                                          t_start=entry["t0"] - self.epoch, t_end=time.time() - self.epoch,
                                          collective_id=entry["seq"], call_site=entry["site"], algorithm=algorithm))
         self.dirty.set()
+
+    @property
+    def tracing(self) -> bool:
+        """Whether this rank writes a trace (``SIMDIST_TRACE`` is set)."""
+        return self.events is not None
+
+    def p2p(self, kind: str, group: int, peer: int | None, tag: int, nbytes: int, t0: float,
+            call_site: str | None) -> None:
+        """Record (tracing only) a point-to-point ``kind`` (``'send'``/``'recv'``) begun at wall time ``t0``, done now."""
+        if self.events is None:
+            return
+        from simdist._trace import Event
+
+        event = Event(rank=self.rank, kind=kind, op=kind, group=group, peer=peer, tag=tag, nbytes=nbytes,
+                      t_start=t0 - self.epoch, t_end=time.time() - self.epoch, call_site=call_site)
+        with self.lock:
+            self.events.append(event)
 
     def recent(self) -> list[dict]:
         """This rank's last operations, oldest first."""

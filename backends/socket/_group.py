@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -83,23 +84,32 @@ class SocketGroup(AlgorithmicGroup):
 
     def send(self, tensor: Any, dst: int, opts: Options) -> Work:
         buf = A.stage_in(tensor)
+        t0 = time.time()
         handle = self.peers.isend(buf, self.ranks[dst], _ctx(self.group_id, _P2P), opts.tag or 0)
-        return self._p2p_work(handle, [tensor], None, opts)
+        return self._p2p_work(handle, [tensor], None, opts, None, ("send", self.ranks[dst], A.nbytes(buf), t0))
 
     def recv(self, tensor: Any, src: int | None, opts: Options) -> Work:
         buf, back = A.stage_out(tensor)
         peer = None if src is None else self.ranks[src]
+        t0 = time.time()
         handle = self.peers.irecv(buf, peer, _ctx(self.group_id, _P2P), opts.tag or 0)
         source = (lambda: handle.source) if peer is None else peer
-        return self._p2p_work(handle, [tensor], back, opts, source)
+        return self._p2p_work(handle, [tensor], back, opts, source, ("recv", source, A.nbytes(buf), t0))
 
-    def _p2p_work(self, handle: Any, outputs: list, back: Any, opts: Options, source: Any = None) -> Work:
+    def _p2p_work(self, handle: Any, outputs: list, back: Any, opts: Options, source: Any,
+                  record: tuple) -> Work:
+        """The work of a send or receive; ``record`` (kind, peer, bytes, start) goes to the trace once it is waited."""
         peers = self.peers
+        recorder = self.recorder if self.recorder is not None and self.recorder.tracing else None
 
         def finish(timeout: float | None) -> None:
             peers.wait([handle], self.timeout if timeout is None else timeout)
             if back is not None:
                 back()
+            if recorder is not None:
+                kind, peer, nbytes, t0 = record
+                peer = peer() if callable(peer) else peer
+                recorder.p2p(kind, self.group_id, peer, opts.tag or 0, nbytes, t0, opts.call_site)
 
         return DeferredWork(finish, lambda: bool(getattr(handle, "done", False)), outputs, source)
 
