@@ -28,6 +28,7 @@ def test_the_config_binds_to_loopback_and_sends_no_statistics():
     assert config["server"]["address"] == "127.0.0.1"
     assert config["server"]["showEmailPrompt"] is False
     assert config["browser"]["gatherUsageStats"] is False
+    assert config["client"]["toolbarMode"] == "viewer"
 
 
 def _listening_addresses(port: int) -> set[str]:
@@ -82,11 +83,15 @@ def test_the_app_listens_on_loopback_only_and_the_browser_stays_there(readme_ser
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 720})
             page.on("request", lambda r: requests.append(r.url))
+            page.on("response", lambda r: console_errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
             page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
             page.goto(url + "/", wait_until="domcontentloaded", timeout=60_000)
             _wait_for_run(page)
-            for link in _page_links(page, url)[1:]:
-                page.goto(link, wait_until="domcontentloaded", timeout=60_000)
+            links = _page_links(page, url)
+            assert len(links) == 6, links  # every page of app.py
+            for link in links[1:]:  # clicked, as a student moves between pages
+                page.locator(f'[data-testid="stSidebarNav"] a[href="{link}"]').click()
+                page.wait_for_url(link, timeout=60_000)
                 _wait_for_run(page)
         finally:
             browser.close()
