@@ -1,0 +1,133 @@
+"""Step recording (``record_steps=True``): each rank's data after every step of a collective,
+and the step in which it received each message.
+
+A collective's algorithm runs against a :class:`Recorder` wrapped around the engine's
+transport. The recorder adds to the trace:
+
+- one ``'received'`` event per receive, in the order the rank posted them (so the
+  ``k``-th one from a peer with a tag is the ``k``-th message of that peer and tag):
+  ``step`` is the rank's step whose wait completed it;
+- one ``'step'`` event per step boundary: ``step = k`` holds the leading values of the
+  rank's data after its first ``k`` waits and the computation that follows them (the
+  combine), before anything of the next step arrives; ``k = 0`` is before any wait and
+  the last one is after the algorithm returned. The data is the output buffer, or what
+  the algorithm :func:`~simdist.algorithms.observe`\\ s (kind ``'work'`` then).
+
+Data a pre-posted receive would write into the recorded leading values lands in a
+private buffer first and is copied in when the step that waits on it completes, so a
+snapshot never shows a message before the rank has waited on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+from simdist import _arrays as A
+from simdist._algorithmic import CollectiveCall
+from simdist._trace import Event
+from simdist.algorithms import Observer
+
+__all__ = ["LIMIT", "recorded"]
+
+LIMIT = 64
+"""Leading values recorded per snapshot (as ``simdist._arrays.snapshot``)."""
+
+
+def recorded(call: CollectiveCall) -> CollectiveCall:
+    """``call`` run through a :class:`Recorder` (the engine then records no snapshots itself)."""
+    return dataclasses.replace(call, start=_Start(call).start, snapshot=None)
+
+
+class _Start:
+    """Makes the recorded generator of one rank's call, given the engine's transport."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: CollectiveCall):
+        self.call = call
+
+    def start(self, transport: Any) -> Iterator[list]:
+        rec = Recorder(transport, self.call)
+        return rec.run(self.call.start(rec))
+
+
+class Recorder(Observer):
+    """The transport an algorithm sees while its steps are recorded (see the module doc)."""
+
+    __slots__ = ("call", "head", "pending", "rank", "size", "steps", "t", "view")
+
+    def __init__(self, transport: Any, call: CollectiveCall):
+        self.t = transport
+        self.rank, self.size = transport.rank, transport.size
+        self.call = call
+        self.head = None if call.snapshot is None else A.narrow(call.snapshot, 0, LIMIT)
+        self.view: list | None = None  # the observed working data, once there is some
+        self.steps = 0
+        self.pending: dict[int, tuple[Event, Any, Any]] = {}  # id(handle) -> (event, landing, buffer)
+
+    # --- the Transport ------------------------------------------------------------
+
+    def isend(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Any:
+        return self.t.isend(buf, peer, tag, chunk=chunk)
+
+    def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Any:
+        landing = buf
+        if self.head is not None and A.may_overlap(buf, self.head):
+            landing = A.empty(buf, A.numel(buf))
+        handle = self.t.irecv(landing, peer, tag, chunk=chunk)
+        event = self._event("received", peer=self.t.ranks[peer], tag=tag, nbytes=handle.nbytes, chunk=chunk)
+        self.t.engine.trace.add(event)
+        self.pending[id(handle)] = (event, landing, buf)
+        return handle
+
+    def wait(self, handles: Any) -> None:
+        self.t.wait(handles)
+
+    def observe(self, buf: Any, offset: int) -> None:
+        if self.view is None:
+            self.view = []
+        if offset >= LIMIT:
+            return
+        values = A.snapshot(buf, LIMIT - offset)
+        if len(self.view) < offset:
+            self.view += [0.0] * (offset - len(self.view))
+        self.view[offset : offset + len(values)] = values
+
+    # --- the generator --------------------------------------------------------------
+
+    def run(self, gen: Iterator[list]) -> Iterator[list]:
+        """``gen``'s steps, with a snapshot at every step boundary and each receive's step noted."""
+        for handles in gen:
+            self._snapshot()
+            yield handles
+            for h in handles:
+                self._received(h)
+            self.steps += 1
+        self._snapshot()
+
+    def _received(self, handle: Any) -> None:
+        entry = self.pending.pop(id(handle), None)
+        if entry is None:
+            return
+        event, landing, buf = entry
+        if landing is not buf:
+            A.copy_(buf, landing)
+        event.step = self.steps
+        event.t_start = event.t_end = handle.t_done
+
+    def _snapshot(self) -> None:
+        if self.view is not None:
+            kind, values = "work", list(self.view)
+        elif self.head is not None:
+            kind, values = "step", A.snapshot(self.head)
+        else:
+            return
+        t = self.t.run.t
+        self.t.engine.trace.add(self._event(kind, t_start=t, t_end=t, step=self.steps, snapshot=values))
+
+    def _event(self, kind: str, **fields: Any) -> Event:
+        """An event of this rank's part in the collective."""
+        run, call = self.t.run, self.call
+        return Event(self.t.me, kind, call.op, self.t.gid, collective_id=run.coll_id, algorithm=call.algorithm, **fields)
