@@ -45,14 +45,6 @@ if c3.button("▶ play", disabled=st.session_state.playing):
     st.session_state.step, st.session_state.playing = 1, True
 step = st.session_state.step
 c4.progress(min(step, last) / max(last, 1), text=f"step {step} of {last}" if step <= last else "result")
-st.caption("A round holds the messages that can travel at once: a message's round is one more than the latest "
-           "round among the messages its sender received, or sent in an earlier step, before sending it.")
-
-tl = V.timeline(trace, topology=topology)
-m1, m2, m3 = st.columns(3)
-m1.metric("virtual time", f"{tl.duration * 1e6:.2f} µs")
-m2.metric("messages", len(tl.arrows))
-m3.metric("replay token", token)
 
 table = V.buffer_table(trace, step if step <= last else None)
 scratch = any(r.source == "work" for r in V.buffer_table(trace, last).rows)
@@ -60,19 +52,32 @@ left, right = st.columns(2)
 with left:
     if step <= last:
         g = V.step_graph(trace, step, topology=topology)
-        st.subheader(f"Round {step} of {last}: {g.number_of_edges()} messages")
+        n = g.number_of_edges()
+        st.subheader(f"Round {step} of {last}: {n} message{'s' if n != 1 else ''}")
         st.plotly_chart(V.graph_figure(g), key="graph")
+    elif scratch and op == "reduce_scatter":
+        st.subheader("Done: each rank keeps its own block's sum (a local copy, no messages)")
     elif scratch:
-        st.subheader("Done: each rank puts its result in place (local, no messages)")
+        st.subheader("Done: each rank rotates its blocks into place (local, no messages)")
     else:
         st.subheader("Done: every rank holds its result")
+    st.caption("A round holds the messages that can travel at once: a message's round is one more than the latest "
+               "round among the messages its sender received, or sent in an earlier step, before sending it.")
 with right:
     st.subheader(f"Buffers after round {step}" if step <= last else "Buffers at the end")
-    note = ("This algorithm works in scratch: rows show that working data (reduce_scatter: every block's "
-            "partial sum; Bruck: blocks in the order the rank holds them) until the end. ") if scratch else ""
+    st.plotly_chart(V.buffer_figure(table), key="buffers")
+    note = ""
+    if scratch:
+        note = ("Until the end, rows show each rank's partial sum of every block (kept in scratch). " if op ==
+                "reduce_scatter" else "Until the end, rows show the blocks in the order the rank holds them (scratch). ")
     st.caption(note + "Colour: the chunk a value belongs to; text (small buffers): how many ranks' inputs it "
                "sums, or the rank it came from. Hover a cell for its origin. Only the first 64 values are recorded.")
-    st.plotly_chart(V.buffer_figure(table), key="buffers")
+
+tl = V.timeline(trace, topology=topology)
+m1, m2, m3 = st.columns(3)
+m1.metric("virtual time", f"{tl.duration * 1e6:.2f} µs")
+m2.metric("messages", len(tl.arrows))
+m3.metric("replay token", token)
 st.subheader("Timeline (virtual time; arrows are messages)")
 st.plotly_chart(V.timeline_figure(tl), key="timeline")
 if tl.contention:

@@ -107,7 +107,7 @@ def graph_figure(g: nx.MultiDiGraph) -> Any:
     )  # fmt: skip
     title = f"round {g.graph.get('step')}" + (f" of {g.graph['rounds']}" if g.graph.get("rounds") else "")
     if g.graph.get("op"):
-        title = f"{g.graph['op']} ({g.graph.get('algorithm')}), {title}: {g.number_of_edges()} messages"
+        title = f"{g.graph['op']} ({g.graph.get('algorithm')}), {title}"
     fig.update_layout(title=title)
     _blank_axes(fig)
     return fig

@@ -13,9 +13,10 @@ transport. The recorder adds to the trace:
   the last one is after the algorithm returned. The data is the output buffer, or what
   the algorithm :func:`~simdist.algorithms.observe`\\ s (kind ``'work'`` then).
 
-Data a pre-posted receive would write into the recorded leading values lands in a
-private buffer first and is copied in when the step that waits on it completes, so a
-snapshot never shows a message before the rank has waited on it.
+A snapshot never shows a message before the rank has waited on it: where a receive
+still pending (posted, maybe already arrived, not yet waited on) covers recorded
+values, the snapshot keeps the values they had when it was posted (an algorithm may
+not touch a receive's buffer before it completes).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class _Start:
 class Recorder(Observer):
     """The transport an algorithm sees while its steps are recorded (see the module doc)."""
 
-    __slots__ = ("call", "head", "pending", "rank", "size", "steps", "t", "view")
+    __slots__ = ("call", "head", "hidden", "pending", "rank", "size", "steps", "t", "view")
 
     def __init__(self, transport: Any, call: CollectiveCall):
         self.t = transport
@@ -65,7 +66,8 @@ class Recorder(Observer):
         self.head = None if call.snapshot is None else A.narrow(call.snapshot, 0, LIMIT)
         self.view: list | None = None  # the observed working data, once there is some
         self.steps = 0
-        self.pending: dict[int, tuple[Event, Any, Any]] = {}  # id(handle) -> (event, landing, buffer)
+        self.pending: dict[int, Event] = {}  # id(handle) -> its 'received' event
+        self.hidden: dict[int, tuple[int, list]] = {}  # id(handle) -> (start, values) it covers in ``head``
 
     # --- the Transport ------------------------------------------------------------
 
@@ -73,13 +75,15 @@ class Recorder(Observer):
         return self.t.isend(buf, peer, tag, chunk=chunk)
 
     def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Any:
-        landing = buf
-        if self.head is not None and A.may_overlap(buf, self.head):
-            landing = A.empty(buf, A.numel(buf))
-        handle = self.t.irecv(landing, peer, tag, chunk=chunk)
+        span = None if self.head is None else A.overlap_span(buf, self.head)
+        if span is not None:
+            before = A.snapshot(A.narrow(self.head, span[0], span[1] - span[0]))
+        handle = self.t.irecv(buf, peer, tag, chunk=chunk)
         event = self._event("received", peer=self.t.ranks[peer], tag=tag, nbytes=handle.nbytes, chunk=chunk)
         self.t.engine.trace.add(event)
-        self.pending[id(handle)] = (event, landing, buf)
+        self.pending[id(handle)] = event
+        if span is not None:
+            self.hidden[id(handle)] = (span[0], before)
         return handle
 
     def wait(self, handles: Any) -> None:
@@ -108,12 +112,10 @@ class Recorder(Observer):
         self._snapshot()
 
     def _received(self, handle: Any) -> None:
-        entry = self.pending.pop(id(handle), None)
-        if entry is None:
+        event = self.pending.pop(id(handle), None)
+        if event is None:
             return
-        event, landing, buf = entry
-        if landing is not buf:
-            A.copy_(buf, landing)
+        self.hidden.pop(id(handle), None)
         event.step = self.steps
         event.t_start = event.t_end = handle.t_done
 
@@ -122,6 +124,8 @@ class Recorder(Observer):
             kind, values = "work", list(self.view)
         elif self.head is not None:
             kind, values = "step", A.snapshot(self.head)
+            for start, before in self.hidden.values():
+                values[start : start + len(before)] = before
         else:
             return
         t = self.t.run.t
