@@ -325,7 +325,7 @@ def copy_(dst: Array, src: Array) -> None:
 
 def snapshot(buf: Array, limit: int = 64) -> list:
     """Up to ``limit`` leading values of a flat buffer, as plain Python numbers (for traces)."""
-    head = buf[:limit]
+    head = buf[:limit] if numel(buf) > limit else buf
     if isinstance(head, torch.Tensor):
         if head.dtype in (torch.bfloat16, torch.float16):
             head = head.float()

@@ -67,7 +67,7 @@ def test_previous_next_and_play_walk_through_every_step():
     ok(at)
     assert at.session_state.step == 15 and not at.session_state.playing  # 14 rounds, then the result
     assert any("at the end" in s.value for s in at.subheader)
-    assert not button(at, "▶ play").disabled  # and it can play again, from round 1
+    assert not button(at, "▶ play").disabled  # enabled again: a second press plays to the result again
     button(at, "▶ play").click()
     ok(at)
     assert at.session_state.step == 15 and not at.session_state.playing

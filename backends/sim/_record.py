@@ -21,7 +21,6 @@ not touch a receive's buffer before it completes).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,33 +36,34 @@ LIMIT = 64
 
 
 def recorded(call: CollectiveCall) -> CollectiveCall:
-    """``call`` run through a :class:`Recorder` (the engine then records no snapshots itself)."""
-    return dataclasses.replace(call, start=_Start(call).start, snapshot=None)
+    """``call``, made to run through a :class:`Recorder` (its own per-call object, changed in place:
+    the engine then records no snapshots itself)."""
+    call.start, call.snapshot = _Start(call.start, call.snapshot).start, None
+    return call
 
 
 class _Start:
     """Makes the recorded generator of one rank's call, given the engine's transport."""
 
-    __slots__ = ("call",)
+    __slots__ = ("buf", "make")
 
-    def __init__(self, call: CollectiveCall):
-        self.call = call
+    def __init__(self, make: Any, buf: Any):
+        self.make, self.buf = make, buf
 
     def start(self, transport: Any) -> Iterator[list]:
-        rec = Recorder(transport, self.call)
-        return rec.run(self.call.start(rec))
+        rec = Recorder(transport, self.buf)
+        return rec.run(self.make(rec))
 
 
 class Recorder(Observer):
     """The transport an algorithm sees while its steps are recorded (see the module doc)."""
 
-    __slots__ = ("call", "head", "hidden", "pending", "rank", "size", "steps", "t", "view")
+    __slots__ = ("head", "hidden", "pending", "rank", "size", "steps", "t", "view")
 
-    def __init__(self, transport: Any, call: CollectiveCall):
+    def __init__(self, transport: Any, buf: Any):
         self.t = transport
         self.rank, self.size = transport.rank, transport.size
-        self.call = call
-        self.head = None if call.snapshot is None else A.narrow(call.snapshot, 0, LIMIT)
+        self.head = None if buf is None else A.narrow(buf, 0, LIMIT)  # the output's recorded values
         self.view: list | None = None  # the observed working data, once there is some
         self.steps = 0
         self.pending: dict[int, Event] = {}  # id(handle) -> its 'received' event
@@ -133,5 +133,6 @@ class Recorder(Observer):
 
     def _event(self, kind: str, **fields: Any) -> Event:
         """An event of this rank's part in the collective."""
-        run, call = self.t.run, self.call
+        run = self.t.run
+        call = run.call
         return Event(self.t.me, kind, call.op, self.t.gid, collective_id=run.coll_id, algorithm=call.algorithm, **fields)
