@@ -30,51 +30,63 @@ with st.sidebar:
     topology = st.selectbox("topology", names, key="topology")
 
 trace, token = run(op, algorithm, world, SIZES[size], topology)
-steps = V.steps(trace)
-last = len(steps)  # one past the last step: the result
+last = len(V.steps(trace))  # rounds 1 .. last; last + 1 shows the result
 if st.session_state.get("config") != (op, algorithm, world, size, topology):
     st.session_state.config = (op, algorithm, world, size, topology)
-    st.session_state.step = min(len(steps) // 2, last)  # the first screen shows the run mid-flight
+    st.session_state.step = max(1, last // 2)  # the first screen shows the run mid-flight
     st.session_state.playing = False
 
 c1, c2, c3, c4 = st.columns([1, 1, 1, 4])
-if c1.button("◀ previous", disabled=st.session_state.step <= 0):
+if c1.button("◀ previous", disabled=st.session_state.step <= 1):
     st.session_state.step -= 1
-if c2.button("next ▶", disabled=st.session_state.step >= last):
+if c2.button("next ▶", disabled=st.session_state.step > last):
     st.session_state.step += 1
 if c3.button("▶ play", disabled=st.session_state.playing):
-    st.session_state.step, st.session_state.playing = 0, True
+    st.session_state.step, st.session_state.playing = 1, True
 step = st.session_state.step
-c4.progress(step / max(last, 1), text=f"step {step} of {last - 1}" if step < last else "result")
+c4.progress(min(step, last) / max(last, 1), text=f"step {step} of {last}" if step <= last else "result")
+
+table = V.buffer_table(trace, step if step <= last else None)
+scratch = any(r.source == "work" for r in V.buffer_table(trace, last).rows)
+left, right = st.columns(2)
+with left:
+    if step <= last:
+        g = V.step_graph(trace, step, topology=topology)
+        n = g.number_of_edges()
+        st.subheader(f"Round {step} of {last}: {n} message{'s' if n != 1 else ''}")
+        st.plotly_chart(V.graph_figure(g), key="graph")
+    elif scratch and op == "reduce_scatter":
+        st.subheader("Done: each rank keeps its own block's sum (a local copy, no messages)")
+    elif scratch:
+        st.subheader("Done: each rank rotates its blocks into place (local, no messages)")
+    else:
+        st.subheader("Done: every rank holds its result")
+    st.caption("A round holds the messages that can travel at once: a message's round is one more than the latest "
+               "round among the messages its sender received, or sent in an earlier step, before sending it.")
+with right:
+    st.subheader(f"Buffers after round {step}" if step <= last else "Buffers at the end")
+    st.plotly_chart(V.buffer_figure(table), key="buffers")
+    note = ""
+    if scratch:
+        note = ("Until the end, rows show each rank's partial sum of every block (kept in scratch). " if op ==
+                "reduce_scatter" else "Until the end, rows show the blocks in the order the rank holds them (scratch). ")
+    st.caption(note + "Colour: the chunk a value belongs to; text (small buffers): how many ranks' inputs it "
+               "sums, or the rank it came from. Hover a cell for its origin. Only the first 64 values are recorded.")
 
 tl = V.timeline(trace, topology=topology)
 m1, m2, m3 = st.columns(3)
 m1.metric("virtual time", f"{tl.duration * 1e6:.2f} µs")
 m2.metric("messages", len(tl.arrows))
 m3.metric("replay token", token)
-
-left, right = st.columns(2)
-with left:
-    if step < last:
-        g = V.step_graph(trace, steps[step], topology=topology)
-        st.subheader(f"Step {steps[step]}: {g.number_of_edges()} messages")
-        st.plotly_chart(V.graph_figure(g), key="graph")
-    else:
-        st.subheader("Done: every rank holds its result")
-with right:
-    table = V.buffer_table(trace, steps[step] if step < last else None)
-    st.subheader("Buffers after this step" if step < last else "Buffers at the end")
-    st.caption("Colour: the chunk a value belongs to; text (small buffers): how many ranks' inputs it sums. "
-               "Hover a cell for its origin. Only the first 64 values of each buffer are recorded.")
-    st.plotly_chart(V.buffer_figure(table), key="buffers")
 st.subheader("Timeline (virtual time; arrows are messages)")
 st.plotly_chart(V.timeline_figure(tl), key="timeline")
 if tl.contention:
     st.caption(f"{len(tl.contention)} pairs of messages shared a link at the same time (contention).")
 
 if st.session_state.playing:
-    if st.session_state.step < last:
+    if st.session_state.step <= last:
         time.sleep(0.5)
         st.session_state.step += 1
-        st.rerun()
-    st.session_state.playing = False
+    else:  # played to the result: stop, and draw the play button enabled again
+        st.session_state.playing = False
+    st.rerun()

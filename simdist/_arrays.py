@@ -33,6 +33,7 @@ __all__ = [
     "flat",
     "stage_in",
     "may_overlap",
+    "overlap_span",
     "stage_out",
     "empty",
     "zeros",
@@ -191,6 +192,9 @@ def _byte_bounds(x: Array) -> tuple[int, int] | None:
         return None
     if isinstance(x, torch.Tensor):
         size = x.element_size()
+        if x.is_contiguous():
+            ptr = x.data_ptr()
+            return ptr, ptr + x.numel() * size
         ptr, strides = x.data_ptr(), [s * size for s in x.stride()]
     else:
         size = x.itemsize
@@ -204,6 +208,18 @@ def may_overlap(a: Array, b: Array) -> bool:
     """Whether the memory of ``a`` and ``b`` may overlap (a conservative test on byte ranges)."""
     ba, bb = _byte_bounds(a), _byte_bounds(b)
     return ba is not None and bb is not None and ba[0] < bb[1] and bb[0] < ba[1]
+
+
+def overlap_span(view: Array, base: Array) -> tuple[int, int] | None:
+    """The elements ``base[i:j]`` of flat buffer ``base`` that ``view`` may touch, as ``(i, j)``.
+
+    ``None`` if they share no memory; the span is rounded out to whole elements of ``base``.
+    """
+    bv, bb = _byte_bounds(view), _byte_bounds(base)
+    if bv is None or bb is None or not (bv[0] < bb[1] and bb[0] < bv[1]):
+        return None
+    size = itemsize(base)
+    return (max(bv[0], bb[0]) - bb[0]) // size, -(-(min(bv[1], bb[1]) - bb[0]) // size)
 
 
 def stage_out(x: Array) -> tuple[Array, Callable[[], None] | None]:
@@ -309,7 +325,7 @@ def copy_(dst: Array, src: Array) -> None:
 
 def snapshot(buf: Array, limit: int = 64) -> list:
     """Up to ``limit`` leading values of a flat buffer, as plain Python numbers (for traces)."""
-    head = buf[:limit]
+    head = buf[:limit] if numel(buf) > limit else buf
     if isinstance(head, torch.Tensor):
         if head.dtype in (torch.bfloat16, torch.float16):
             head = head.float()

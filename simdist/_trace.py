@@ -15,8 +15,11 @@ class Event:
 
     ``kind`` is ``'message'`` (one message from ``rank`` to ``peer``), ``'collective'``
     (one rank's span in a collective), ``'send'``/``'recv'`` (a point-to-point operation),
-    ``'compute'`` (annotated computation) or ``'step'`` (an algorithm step ended on
-    ``rank``; ``snapshot`` holds the leading values of its buffer). Times are seconds.
+    ``'compute'`` (annotated computation), ``'step'`` (``rank`` had completed ``step`` steps
+    of a collective's algorithm and the computation after them; ``snapshot`` holds the
+    leading values of its output buffer), ``'work'`` (the same, for the working data of an
+    algorithm that keeps it elsewhere) or ``'received'`` (a collective's message from
+    ``peer`` reached ``rank``, whose wait in its step ``step`` completed it). Times are seconds.
     """
 
     rank: int

@@ -49,8 +49,10 @@ def test_first_screen_shows_a_ring_all_reduce_mid_flight():
     assert at.sidebar.selectbox(key="op").value == "all_reduce"
     assert at.sidebar.selectbox(key="algorithm").value == "ring"
     assert at.session_state.step == len(V.steps(V.collective_run("all_reduce", "ring", 8, 4096).trace)) // 2
-    assert int(metric(at, "messages")) == 2 * 7 * 8  # ring: 2(p-1) steps, p messages each
-    assert any(s.value.startswith("Step ") for s in at.subheader)
+    assert int(metric(at, "messages")) == 2 * 7 * 8  # ring: 2(p-1) rounds, p messages each
+    assert "Round 7 of 14: 8 messages" in [s.value for s in at.subheader]
+    assert at.get("progress")[0].proto.text == "step 7 of 14"  # numbered from 1
+    assert any("a message's round is one more than" in c.value for c in at.caption)
 
 
 def test_previous_next_and_play_walk_through_every_step():
@@ -64,8 +66,15 @@ def test_previous_next_and_play_walk_through_every_step():
     assert at.session_state.step == start
     button(at, "▶ play").click()
     ok(at)
-    assert at.session_state.step == 14 and not at.session_state.playing  # played to the result
+    assert at.session_state.step == 15 and not at.session_state.playing  # 14 rounds, then the result
     assert any("at the end" in s.value for s in at.subheader)
+    assert not button(at, "▶ play").disabled  # enabled again: a second press plays to the result again
+    button(at, "▶ play").click()
+    ok(at)
+    assert at.session_state.step == 15 and not at.session_state.playing
+    button(at, "◀ previous").click()
+    ok(at)
+    assert "Round 14 of 14: 8 messages" in [s.value for s in at.subheader]
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",

@@ -6,9 +6,14 @@ It reads traces only; it never imports a backend (``collective_run`` goes throug
 ``simdist.simulate``)::
 
     res = collective_run("all_reduce", "ring", 8, 1 << 20)
-    g = step_graph(res.trace, steps(res.trace)[0])      # who sends what in step 0
-    table = buffer_table(res.trace, 3)                  # every rank's buffer after step 3
+    steps(res.trace)                                    # the rounds: [1, 2, ..., 14]
+    g = step_graph(res.trace, 1)                        # who sends what in round 1
+    table = buffer_table(res.trace, 3)                  # every rank's buffer after round 3
     tl = timeline(res.trace)                            # lanes, arrows, link contention
+
+A step of these views is a *communication round*, numbered from 1: a message's round is
+one more than the latest round among the messages its sender received, or sent in an
+earlier step, before sending it (:func:`round_of`).
 """
 
 from ._buffers import BufferTable as BufferTable
@@ -50,6 +55,9 @@ from ._graph import step_graph as step_graph
 from ._graph import steps as steps
 from ._graph import wait_for as wait_for
 from ._graph import world_of as world_of
+from ._rounds import Rounds as Rounds
+from ._rounds import message_rounds as message_rounds
+from ._rounds import round_of as round_of
 from ._runs import collective_run as collective_run
 from ._sandbox import CodeResult as CodeResult
 from ._sandbox import code_allowed as code_allowed
@@ -96,6 +104,7 @@ __all__ = [
     "PALETTE",
     "PROGRAM",
     "Row",
+    "Rounds",
     "Span",
     "Timeline",
     "TraceSummary",
@@ -117,11 +126,13 @@ __all__ = [
     "graph_figure",
     "lanes",
     "load_traces",
+    "message_rounds",
     "messages_by_step",
     "model_ratios",
     "model_sides",
     "positions",
     "rank_colors",
+    "round_of",
     "run_code",
     "run_scenario",
     "scenario_source",

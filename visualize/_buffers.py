@@ -1,4 +1,4 @@
-"""The per-rank buffer table of one algorithm step, each value tagged with its origin."""
+"""The per-rank buffer table after one communication round, each value tagged with its origin."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from simdist._trace import Trace
 
-from ._graph import _default_collective, steps, world_of
+from ._graph import _default_collective, world_of
+from ._rounds import round_of
 from ._runs import decode, layout_chunk, layout_chunks
 
 __all__ = ["Cell", "Row", "BufferTable", "buffer_table"]
@@ -34,12 +35,13 @@ class Cell:
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """One rank's leading values after a step.
+    """One rank's leading values after a round.
 
-    ``source`` says where they come from: ``'step'`` (this step's snapshot), ``'earlier'``
-    (the latest earlier snapshot: the simulator records none for a step whose messages
-    had completed before the rank waited), ``'final'`` (the collective's result, for steps
-    at or after the last one) or ``'input'`` (before any snapshot).
+    ``source`` says where they come from: ``'step'`` (the rank's output buffer after the
+    steps it had completed by then; ``snapshot_step`` says how many), ``'work'`` (the
+    working data the algorithm keeps outside its output, such as reduce_scatter's partial
+    sums or Bruck's blocks, after as many steps), ``'final'`` (the collective's result)
+    or ``'input'`` (rebuilt from the run's inputs: the trace has no snapshots).
     """
 
     rank: int
@@ -50,9 +52,10 @@ class Row:
 
 @dataclass(frozen=True, slots=True)
 class BufferTable:
-    """The leading values of every rank's buffer after ``step`` (``rows[r]`` is rank ``r``).
+    """The leading values of every rank's buffer after round ``step`` (``rows[r]`` is rank ``r``).
 
-    ``step`` is one past the last step when the table shows the collective's result.
+    ``step`` is 0 for the inputs and ``rounds + 1`` when the table shows the collective's
+    result (after any local work that follows the last round, such as Bruck's rotation).
     """
 
     op: str | None
@@ -62,6 +65,7 @@ class BufferTable:
     encoding: str
     elements: int | None
     rows: tuple[Row, ...]
+    rounds: int = 0
 
 
 def _initial(op: str, rank: int, world: int, elements: int, encoding: str, root: int) -> list[float]:
@@ -77,51 +81,64 @@ def _initial(op: str, rank: int, world: int, elements: int, encoding: str, root:
 
 
 def buffer_table(trace: Trace, step: int | None = None, collective_id: int | None = None) -> BufferTable:
-    """Every rank's leading buffer values after algorithm ``step`` (``None``: after the collective), with origins.
+    """Every rank's leading buffer values after communication round ``step``, with origins.
 
-    Values come from the trace's ``'step'`` snapshots (``record_steps=True``). For a run
-    of :func:`collective_run` the origin of each value is decoded from the input
-    encoding, so cells can be coloured by chunk or by origin rank; for other traces
-    ``ranks``/``origin`` are empty and ``chunk`` is ``None``. A step beyond the last
-    shows the collective's result, as does ``step=None`` (the buffers after the last
-    step may still be scratch: Bruck rotates its blocks into place after it). ``step=-1``
-    shows the inputs.
+    Round ``k`` is over for a rank once it has received and combined every message of
+    rounds ``1 .. k`` it waits on, and nothing later (rounds: :func:`round_of`): the row
+    is the rank's snapshot after its last step that waited only on such messages.
+    ``step=0`` shows the data before any message; ``None`` or a step past the last round
+    shows the collective's result. Snapshots are recorded by the simulator with
+    ``record_steps=True``: each rank's output buffer, or the working data of algorithms
+    that keep it elsewhere (reduce_scatter's partial sums in the input's layout, Bruck's
+    blocks before their final local rotation; rows with ``source == 'work'``).
+
+    For a run of :func:`collective_run` the origin of each value is decoded from the
+    input encoding, so cells can be coloured by chunk or by origin rank; for other
+    traces ``ranks``/``origin`` are empty and ``chunk`` is ``None``.
+
+    Raises:
+        ValueError: if ``step`` is negative.
     """
+    if step is not None and (not isinstance(step, int) or step < 0):
+        raise ValueError(f"step={step!r} must be a round number >= 0 (0: the inputs) or None (the result)")
     cid = _default_collective(trace, collective_id)
     meta = trace.meta.get("visualize") or {}
     world = world_of(trace)
     encoding = meta.get("encoding", "none")
     elements = meta.get("elements")
     op, algorithm = meta.get("op"), meta.get("algorithm")
-    snaps: dict[int, dict[int, list]] = {}
+    snaps: dict[int, dict[int, tuple[str, list]]] = {}
     for e in trace.events:
-        if e.kind == "step" and e.collective_id == cid and e.snapshot is not None:
-            snaps.setdefault(e.rank, {})[e.step] = e.snapshot
+        if e.kind in ("step", "work") and e.collective_id == cid and e.snapshot is not None:
+            snaps.setdefault(e.rank, {})[e.step] = (e.kind, e.snapshot)
             op, algorithm = op or e.op, algorithm or e.algorithm
-    known = steps(trace, cid)
-    last = max([s for by in snaps.values() for s in by] + known, default=-1)
+    rounds = round_of(trace, cid)
     final = meta.get("final")
+    if step is None or step > rounds.count:
+        step = rounds.count + 1
     rows = []
-    if step is None:
-        step = last + 1 if final is not None else last
     for r in range(world):
         mine = snaps.get(r, {})
-        earlier = [s for s in mine if s <= step]
-        if step in mine:
-            values, source, at = mine[step], "step", step
-        elif final is not None and step >= last >= 0:
+        if step > rounds.count and final is not None:
             values, source, at = final[r], "final", None
-        elif earlier:
-            at = max(earlier)
-            values, source = mine[at], "earlier"
+        elif mine:
+            done = rounds.after(r, step)
+            at = max(mine) if done is None else max(k for k in mine if k <= done)
+            source, values = mine[at]
         elif meta and op is not None and elements is not None:
             values, source, at = _initial(op, r, world, elements, encoding, meta.get("root", 0)), "input", None
         else:
             values, source, at = [], "input", None
-        chunks = layout_chunks(op, r, len(values), world, elements) if meta and elements else [None] * len(values)
+        laid = layout_chunks(op, r, len(values), world, elements) if meta and elements else [None] * len(values)
         cells = []
-        for v, chunk in zip(values, chunks):
+        for i, v in enumerate(values):
             ranks, src_chunk = decode(v, encoding, world)
-            cells.append(Cell(v, chunk, ranks, ranks[0] if len(ranks) == 1 else None, src_chunk))
+            origin = ranks[0] if len(ranks) == 1 else None
+            chunk = laid[i]
+            if source == "work" and meta and elements:
+                # reduce_scatter's partial sums lie in its input's layout; moved blocks
+                # lie wherever the algorithm keeps them, so their chunk is their origin
+                chunk = i // elements if encoding == "bits" else origin
+            cells.append(Cell(v, chunk, ranks, origin, src_chunk))
         rows.append(Row(r, tuple(cells), source, at))
-    return BufferTable(op, algorithm, step, world, encoding, elements, tuple(rows))
+    return BufferTable(op, algorithm, step, world, encoding, elements, tuple(rows), rounds.count)

@@ -109,9 +109,9 @@ def graph_figure(g: nx.MultiDiGraph) -> Any:
             hoverinfo="text",
         )
     )  # fmt: skip
-    title = f"step {g.graph.get('step')}"
+    title = f"round {g.graph.get('step')}" + (f" of {g.graph['rounds']}" if g.graph.get("rounds") else "")
     if g.graph.get("op"):
-        title = f"{g.graph['op']} ({g.graph.get('algorithm')}), {title}: {g.number_of_edges()} messages"
+        title = f"{g.graph['op']} ({g.graph.get('algorithm')}), {title}"
     fig.update_layout(title=title)
     _blank_axes(fig)
     return fig
@@ -140,7 +140,7 @@ def buffer_figure(table: BufferTable) -> Any:
 
     Reduced data (all_reduce, reduce, reduce_scatter) is coloured by chunk, paler while
     fewer ranks' inputs are summed in (the text says how many); moved data is coloured
-    by the rank it came from. Rows that show an earlier snapshot are marked.
+    by the rank it came from. Rows rebuilt from the inputs are marked.
     """
     go = _go()
     palette: list[str] = []
@@ -170,7 +170,7 @@ def buffer_figure(table: BufferTable) -> Any:
     for j, color in enumerate(palette or ["#FFFFFF"]):
         scale += [(j / k, color), ((j + 1) / k, color)]
     zz = [[None if v is None else v + 0.5 for v in r] for r in z]
-    labels = [f"rank {r.rank}" + ("" if r.source in ("step", "final") else f" ({r.source})") for r in table.rows]
+    labels = [f"rank {r.rank}" + (" (input)" if r.source == "input" else "") for r in table.rows]
     fig = go.Figure(
         go.Heatmap(
             z=zz, x=list(range(width)), y=labels, colorscale=scale, zmin=0, zmax=k, showscale=False,
@@ -182,7 +182,12 @@ def buffer_figure(table: BufferTable) -> Any:
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title="element")
     name = f"{table.op} ({table.algorithm})" if table.op else "buffers"
-    fig.update_layout(title=f"{name} after step {table.step}", plot_bgcolor="white",
+    when = "at the end" if table.step > table.rounds else f"after round {table.step}"
+    if table.step == 0:
+        when = "before any message"
+    elif any(r.source == "work" for r in table.rows):
+        when += " (working data)"
+    fig.update_layout(title=f"{name} {when}", plot_bgcolor="white",
                       height=max(200, 28 * len(table.rows) + 80), margin=dict(l=10, r=10, t=40, b=10))  # fmt: skip
     return fig
 
@@ -214,7 +219,7 @@ def timeline_figure(tl: Timeline) -> Any:
         xs += [a.t_start * US, a.t_end * US, None]
         ys += [a.src, a.dst, None]
         chunk = "several chunks" if a.chunk is None else f"chunk {a.chunk}"
-        tip = f"{a.src} → {a.dst}: {a.nbytes} B, step {a.step}, {chunk}"
+        tip = f"{a.src} → {a.dst}: {a.nbytes} B, {chunk}" + ("" if a.round is None else f", round {a.round}")
         tips += [tip, tip, None]
     for src, (xs, ys, tips) in sorted(by_sender.items()):
         hot = src == -1

@@ -1,4 +1,4 @@
-"""Graphs of a trace: the data flow of one algorithm step, node positions for a topology,
+"""Graphs of a trace: the data flow of one communication round, node positions for a topology,
 and the wait-for graph of a deadlock."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from simdist._topology import Topology, as_topology
 from simdist._trace import Trace
 
 from ._colors import rank_colors
+from ._rounds import round_of
 
 __all__ = ["world_of", "collectives", "steps", "positions", "step_graph", "wait_for"]
 
@@ -39,15 +40,14 @@ def _default_collective(trace: Trace, collective_id: int | None) -> int | None:
 
 
 def steps(trace: Trace, collective_id: int | None = None) -> list[int]:
-    """The algorithm steps of one collective (default: the first with messages), ascending.
+    """The communication rounds of one collective (default: the first with messages): ``[1 .. R]``.
 
-    A step is one ``yield`` of the algorithm on the sending rank; steps in which no rank
-    sent a message are not listed.
+    Round ``k`` holds the messages that could go at the ``k``-th hop: a message's round
+    is one more than the latest round among the messages its sender received, or sent
+    in an earlier step, before sending it (see :func:`simdist.visualize.round_of`).
     """
     cid = _default_collective(trace, collective_id)
-    return sorted(
-        {e.step for e in trace.events if e.kind == "message" and e.collective_id == cid and e.step is not None}
-    )
+    return list(range(1, round_of(trace, cid).count + 1))
 
 
 def _circle(n: int, radius: float = 1.0, center: tuple[float, float] = (0.0, 0.0)) -> list[tuple[float, float]]:
@@ -98,17 +98,18 @@ def positions(topology: Any, world: int) -> dict[Any, tuple[float, float]]:
 
 
 def step_graph(trace: Trace, step: int, topology: Any = None, collective_id: int | None = None) -> nx.MultiDiGraph:
-    """The data flow of one algorithm step: one node per rank, one edge per message sent in it.
+    """The data flow of one communication round: one node per rank, one edge per message of the round.
 
     Nodes are ranks ``0 .. world-1`` with ``pos`` (from :func:`positions`), ``color``,
-    ``sent`` and ``received`` (messages in this step). Edges ``src -> dst`` (keyed, so
+    ``sent`` and ``received`` (messages in this round). Edges ``src -> dst`` (keyed, so
     that two messages between one pair stay two edges) carry ``nbytes``, ``chunk``
-    (``None`` for a message spanning several chunks), ``tag``, ``t_start``, ``t_end``.
-    ``g.graph`` holds ``step``, ``collective_id``, ``op``, ``algorithm``, ``topology``,
-    ``world``, ``switches`` (``{name: pos}``) and ``links`` (the topology's links).
+    (``None`` for a message spanning several chunks), ``tag``, ``t_start``, ``t_end``
+    and ``step`` (the sender's algorithm step). ``g.graph`` holds ``step`` (the round),
+    ``rounds`` (how many the collective has), ``collective_id``, ``op``, ``algorithm``,
+    ``topology``, ``world``, ``switches`` (``{name: pos}``) and ``links`` (the topology's links).
 
     Args:
-        step: the sender's algorithm step (see :func:`steps`).
+        step: the round, from 1 (see :func:`steps`).
         topology: a name, Topology or graph; default the run's (``'switch'`` if unknown).
         collective_id: default the first collective with messages.
     """
@@ -116,21 +117,26 @@ def step_graph(trace: Trace, step: int, topology: Any = None, collective_id: int
     topo = _topology(topology, trace, world)
     pos = positions(topo, world)
     cid = _default_collective(trace, collective_id)
+    rounds = round_of(trace, cid)
     colors = rank_colors(world)
     g = nx.MultiDiGraph()
     for r in range(world):
         g.add_node(r, pos=pos[r], color=colors[r], sent=0, received=0)
     op = algorithm = None
-    for e in trace.events:
-        if e.kind != "message" or e.collective_id != cid or e.step != step:
+    for i, k in sorted(rounds.of.items()):
+        if k != step:
             continue
+        e = trace.events[i]
         op, algorithm = e.op, e.algorithm
-        g.add_edge(e.rank, e.peer, nbytes=e.nbytes, chunk=e.chunk, tag=e.tag, t_start=e.t_start, t_end=e.t_end)
+        g.add_edge(
+            e.rank, e.peer, nbytes=e.nbytes, chunk=e.chunk, tag=e.tag, t_start=e.t_start, t_end=e.t_end, step=e.step
+        )
         g.nodes[e.rank]["sent"] += 1
         g.nodes[e.peer]["received"] += 1
     links = [] if topo.name == "fully_connected" else [tuple(x) for x in topo.graph.edges()]
     g.graph.update(
         step=step,
+        rounds=rounds.count,
         collective_id=cid,
         op=op,
         algorithm=algorithm,

@@ -9,6 +9,7 @@ from typing import Any
 from simdist._trace import Event, Trace
 
 from ._graph import _topology, world_of
+from ._rounds import message_rounds, round_of
 
 __all__ = ["Span", "Arrow", "LinkUse", "Contention", "Timeline", "lanes", "messages_by_step", "timeline"]
 
@@ -23,11 +24,10 @@ def lanes(trace: Trace) -> dict[int, list[Event]]:
 
 
 def messages_by_step(trace: Trace, collective_id: int) -> dict[int, list[Event]]:
-    """The messages of one collective, grouped by the sender's algorithm step."""
+    """The messages of one collective, grouped by communication round (from 1; see :func:`round_of`)."""
     out: dict[int, list[Event]] = defaultdict(list)
-    for e in trace.events:
-        if e.kind == "message" and e.collective_id == collective_id:
-            out[e.step or 0].append(e)
+    for i, k in sorted(round_of(trace, collective_id).of.items()):
+        out[k].append(trace.events[i])
     return dict(sorted(out.items()))
 
 
@@ -45,7 +45,11 @@ class Span:
 
 @dataclass(frozen=True, slots=True)
 class Arrow:
-    """One message: from ``(src, t_start)`` to ``(dst, t_end)``; ``index`` numbers the messages."""
+    """One message: from ``(src, t_start)`` to ``(dst, t_end)``; ``index`` numbers the messages.
+
+    ``step`` is the sender's algorithm step, ``round`` the collective's communication
+    round (:func:`round_of`; ``None`` outside collectives).
+    """
 
     index: int
     src: int
@@ -57,6 +61,7 @@ class Arrow:
     step: int | None
     chunk: int | None
     collective_id: int | None
+    round: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,13 +133,14 @@ def timeline(trace: Trace, topology: Any = None) -> Timeline:
     spans: dict[int, list[Span]] = {r: [] for r in range(world)}
     arrows: list[Arrow] = []
     links: dict[tuple[Any, Any], list[LinkUse]] = defaultdict(list)
-    for e in trace.events:
+    rounds = message_rounds(trace)
+    for e, k in zip(trace.events, rounds):
         if e.kind in ("collective", "send", "recv", "compute"):
             spans.setdefault(e.rank, []).append(Span(e.rank, e.kind, _label(e), e.t_start, e.t_end, e.collective_id))
         elif e.kind == "message" and e.peer is not None and e.peer != e.rank:
             i = len(arrows)
             arrows.append(
-                Arrow(i, e.rank, e.peer, e.t_start, e.t_end, e.nbytes, e.op, e.step, e.chunk, e.collective_id)
+                Arrow(i, e.rank, e.peer, e.t_start, e.t_end, e.nbytes, e.op, e.step, e.chunk, e.collective_id, k)
             )
             path, _, bandwidth = topo.path(e.rank, e.peer)
             busy = e.t_start + e.nbytes / bandwidth

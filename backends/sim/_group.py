@@ -12,6 +12,7 @@ from simdist._work import Work
 from simdist._world import World
 
 from ._messages import Post, Waitable
+from ._record import recorded
 
 __all__ = ["SimGroup", "SimWorld", "SimWork"]
 
@@ -116,6 +117,8 @@ class SimGroup(AlgorithmicGroup):
             from ._engine import Abort
 
             raise Abort
+        if engine.record_steps:
+            call = recorded(call)
         run = engine.start_collective(me, self, call)
         work = SimWork(self, run, call.op, call.outputs, track=bool(opts.async_op))
         if opts.async_op:

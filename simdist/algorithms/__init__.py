@@ -45,6 +45,7 @@ from ._select import cost as cost
 from ._select import get as get
 from ._transport import Algorithm as Algorithm
 from ._transport import Handle as Handle
+from ._transport import Observer as Observer
 from ._transport import Transport as Transport
 from ._transport import run_blocking as run_blocking
 
@@ -53,6 +54,7 @@ __all__ = [
     "FORMULAS",
     "Algorithm",
     "Handle",
+    "Observer",
     "Transport",
     "choose",
     "chunk_bounds",

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import _arrays as A
 from ._chunks import check_numel, first_of, fold, real_of, recv, send
-from ._transport import Algorithm, Transport
+from ._transport import Algorithm, Transport, observe
 
 __all__ = ["ring", "recursive_doubling", "bruck"]
 
@@ -85,7 +85,8 @@ def bruck(t: Transport, inp: Any, out: Any) -> Algorithm:
     to rank ``r - 2^k`` and receives as many from ``r + 2^k``.
 
     Rank ``r`` collects the blocks of ranks ``r, r+1, ...`` in that order in a scratch
-    buffer, then rotates them into place. Latency-optimal for short messages at any ``p``.
+    buffer (the filled part is its observed working data), then rotates them into place.
+    Latency-optimal for short messages at any ``p``.
     """
     p, n = t.size, A.numel(inp)
     r = t.rank
@@ -95,12 +96,14 @@ def bruck(t: Transport, inp: Any, out: Any) -> Algorithm:
         return
     work = out if r == 0 else A.empty(out, p * n)
     A.copy_(A.narrow(work, 0, n), inp)
+    observe(t, A.narrow(work, 0, n))
     dist, step = 1, 0
     while dist < p:
         count = min(dist, p - dist)
         yield recv(t, A.narrow(work, dist * n, count * n), (r + dist) % p, step) + send(
             t, A.narrow(work, 0, count * n), (r - dist) % p, step
         )
+        observe(t, A.narrow(work, 0, (dist + count) * n))
         dist, step = dist << 1, step + 1
     if r:
         # work[i] is rank (r + i) % p's block

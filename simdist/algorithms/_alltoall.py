@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from .. import _arrays as A
 from ._chunks import check_counts, offsets, recv, send
-from ._transport import Algorithm, Transport
+from ._transport import Algorithm, Transport, observe
 
 __all__ = ["pairwise", "bruck", "direct"]
 
@@ -66,8 +66,9 @@ def bruck(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_cou
     Rank ``r`` first rotates its blocks so that position ``i`` holds the block for rank
     ``r + i``; at step ``k`` it packs the positions with bit ``k`` set, sends them to
     ``r + 2^k`` and unpacks what ``r - 2^k`` sent into the same positions. Position
-    ``i`` then holds rank ``r - i``'s block for ``r``. About ``log2 p / 2`` of the data
-    per step: latency-optimal, for short messages.
+    ``i`` then holds rank ``r - i``'s block for ``r``, and a local rotation puts the
+    blocks in place. About ``log2 p / 2`` of the data per step: latency-optimal, for
+    short messages. The slots are the rank's observed working data (:func:`observe`).
 
     Raises:
         ValueError: if the counts are not all equal (Bruck moves fixed-size blocks).
@@ -91,6 +92,7 @@ def bruck(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_cou
     slot = [A.narrow(work, i * m, m) for i in range(p)]
     for i in range(p):
         A.copy_(slot[i], sends[(r + i) % p])
+    observe(t, work)
     half = (p + 1) // 2 * m
     packed, unpacked = A.empty(inp, half), A.empty(inp, half)
     dist, step = 1, 0
@@ -104,6 +106,7 @@ def bruck(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_cou
         )
         for k, i in enumerate(moving):
             A.copy_(slot[i], A.narrow(unpacked, k * m, m))
+        observe(t, work)
         dist, step = dist << 1, step + 1
     for i in range(p):
         A.copy_(recvs[(r - i) % p], slot[i])

@@ -5,6 +5,10 @@
 ``r``. Counts may differ between blocks (and be 0). ``inp`` is never written, except
 where ``out`` is a view of it (in-place reduce-scatter: ``out`` is block ``r`` of
 ``inp``). Each block's result is computed on one rank only.
+
+The partial sums travel in scratch, so the algorithms that forward them :func:`observe`
+them in the input's layout: a rank's working data is its partial sum of every block
+(its own input where nothing was reduced in yet).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from ._chunks import (
     segment_grid,
     send,
 )
-from ._transport import Algorithm, Transport
+from ._transport import Algorithm, Transport, observe
 
 __all__ = ["ring", "ring_pipelined", "pairwise", "recursive_halving"]
 
@@ -57,11 +61,13 @@ def ring(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) 
     bufs = [A.empty(inp, width), A.empty(inp, width)]  # partial sums, alternately
     right, left = (r + 1) % p, (r - 1) % p
     outgoing = blocks[(r - 1) % p]
+    observe(t, inp)
     for step in range(p - 1):
         s, g = (r - step - 1) % p, (r - step - 2) % p
         incoming = A.narrow(bufs[step % 2], 0, counts[g])
         yield recv(t, incoming, left, step, g) + send(t, outgoing, right, step, s)
         A.reduce_(incoming, blocks[g], op)
+        observe(t, incoming, offs[g])
         outgoing = incoming
     A.copy_(out, outgoing)  # block r, finished (``out`` may be a view of ``inp``)
 
@@ -102,6 +108,7 @@ def ring_pipelined(
     def post(i: int) -> list:
         return recv(t, landing(i), left, i // parts, (r - i // parts - 2) % p)
 
+    observe(t, inp)
     pending = {i: post(i) for i in range(nslots)}
     first = (r - 1) % p
     sends = [h for k in range(parts) for h in send(t, segment(blocks[first], k, width), right, 0, first)]
@@ -114,6 +121,7 @@ def ring_pipelined(
             pending[old + nslots] = post(old + nslots)  # into old's slot, whose send is done
         incoming = landing(i)
         A.reduce_(incoming, segment(blocks[g], k, width), op)
+        observe(t, incoming, offs[g] + k * width)
         if s + 1 < p - 1:
             forwarded[i] = send(t, incoming, right, s + 1, g)
         else:
@@ -164,12 +172,14 @@ def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], o
 
     if newrank != -1:
         A.copy_(acc, inp)
+    observe(t, inp)
     if r < 2 * rem:
         if newrank == -1:
             yield send(t, inp, r + 1, 0)
         else:
             yield recv(t, tmp, r - 1, 0)
             A.reduce_(acc, tmp, op)
+            observe(t, acc)
     if newrank != -1:
         lo, hi, step = 0, pof2, 1
         mask = pof2 >> 1
@@ -184,6 +194,7 @@ def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], o
             incoming = A.narrow(tmp, 0, A.numel(kept))
             yield recv(t, incoming, peer, step) + send(t, span(acc, *give), peer, step)
             A.reduce_(kept, incoming, op)
+            observe(t, acc)
             mask, step = mask >> 1, step + 1
         # new rank ``lo`` now holds the results for original ranks first_of(lo) .. r
         A.copy_(out, A.narrow(acc, offs[r], counts[r]))
@@ -191,5 +202,6 @@ def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], o
         tag = pof2.bit_length()
         if newrank == -1:
             yield recv(t, out, r + 1, tag, r)
+            observe(t, out, offs[r])
         else:
             yield send(t, A.narrow(acc, offs[r - 1], counts[r - 1]), r - 1, tag, r - 1)

@@ -13,6 +13,10 @@ backend decides how waiting happens: the socket backend blocks in place
 (:func:`run_blocking`), the simulator resumes the generator from its scheduler, which
 is what lets an ``async_op=True`` collective progress while the caller computes.
 
+An algorithm that keeps partial results in scratch rather than in its output calls
+:func:`observe` after each step, so that a transport that records traces (an
+:class:`Observer`, the simulator's) can show them; other transports ignore it.
+
 Ranks seen by an algorithm are group ranks ``0 .. t.size - 1``. Messages between one
 pair of ranks with one tag arrive in the order they were sent. Buffers are flat,
 contiguous arrays handled only through :mod:`simdist._arrays`.
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Generator, Iterable, Protocol
 
-__all__ = ["Handle", "Transport", "Algorithm", "run_blocking"]
+__all__ = ["Handle", "Transport", "Algorithm", "Observer", "observe", "run_blocking"]
 
 Handle = Any
 """An opaque token for one posted send or receive."""
@@ -49,6 +53,26 @@ class Transport(Protocol):
 
     def wait(self, handles: Iterable[Handle]) -> None:
         """Block until every handle has completed (used by :func:`run_blocking`)."""
+
+
+class Observer:
+    """A transport that records each rank's working data for traces (declared by subclassing)."""
+
+    def observe(self, buf: Any, offset: int) -> None:
+        """Record that ``buf`` now holds elements ``offset ..`` of this rank's working data."""
+        raise NotImplementedError
+
+
+def observe(t: Transport, buf: Any, offset: int = 0) -> None:
+    """Show ``buf`` to a recording transport as elements ``offset ..`` of this rank's working data.
+
+    The working data is laid out as the algorithm's module says (for reduce_scatter,
+    the input's ``p`` blocks; for Bruck, its scratch). Once a rank has observed
+    something, a trace shows its observed data instead of its output buffer. A no-op
+    unless ``t`` is an :class:`Observer`.
+    """
+    if isinstance(t, Observer):
+        t.observe(buf, offset)
 
 
 def run_blocking(algorithm: Algorithm, transport: Transport) -> None:

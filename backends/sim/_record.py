@@ -1,0 +1,138 @@
+"""Step recording (``record_steps=True``): each rank's data after every step of a collective,
+and the step in which it received each message.
+
+A collective's algorithm runs against a :class:`Recorder` wrapped around the engine's
+transport. The recorder adds to the trace:
+
+- one ``'received'`` event per receive, in the order the rank posted them (so the
+  ``k``-th one from a peer with a tag is the ``k``-th message of that peer and tag):
+  ``step`` is the rank's step whose wait completed it;
+- one ``'step'`` event per step boundary: ``step = k`` holds the leading values of the
+  rank's data after its first ``k`` waits and the computation that follows them (the
+  combine), before anything of the next step arrives; ``k = 0`` is before any wait and
+  the last one is after the algorithm returned. The data is the output buffer, or what
+  the algorithm :func:`~simdist.algorithms.observe`\\ s (kind ``'work'`` then).
+
+A snapshot never shows a message before the rank has waited on it: where a receive
+still pending (posted, maybe already arrived, not yet waited on) covers recorded
+values, the snapshot keeps the values they had when it was posted (an algorithm may
+not touch a receive's buffer before it completes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from simdist import _arrays as A
+from simdist._algorithmic import CollectiveCall
+from simdist._trace import Event
+from simdist.algorithms import Observer
+
+__all__ = ["LIMIT", "recorded"]
+
+LIMIT = 64
+"""Leading values recorded per snapshot (as ``simdist._arrays.snapshot``)."""
+
+
+def recorded(call: CollectiveCall) -> CollectiveCall:
+    """``call``, made to run through a :class:`Recorder` (its own per-call object, changed in place:
+    the engine then records no snapshots itself)."""
+    call.start, call.snapshot = _Start(call.start, call.snapshot).start, None
+    return call
+
+
+class _Start:
+    """Makes the recorded generator of one rank's call, given the engine's transport."""
+
+    __slots__ = ("buf", "make")
+
+    def __init__(self, make: Any, buf: Any):
+        self.make, self.buf = make, buf
+
+    def start(self, transport: Any) -> Iterator[list]:
+        rec = Recorder(transport, self.buf)
+        return rec.run(self.make(rec))
+
+
+class Recorder(Observer):
+    """The transport an algorithm sees while its steps are recorded (see the module doc)."""
+
+    __slots__ = ("head", "hidden", "pending", "rank", "size", "steps", "t", "view")
+
+    def __init__(self, transport: Any, buf: Any):
+        self.t = transport
+        self.rank, self.size = transport.rank, transport.size
+        self.head = None if buf is None else A.narrow(buf, 0, LIMIT)  # the output's recorded values
+        self.view: list | None = None  # the observed working data, once there is some
+        self.steps = 0
+        self.pending: dict[int, Event] = {}  # id(handle) -> its 'received' event
+        self.hidden: dict[int, tuple[int, list]] = {}  # id(handle) -> (start, values) it covers in ``head``
+
+    # --- the Transport ------------------------------------------------------------
+
+    def isend(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Any:
+        return self.t.isend(buf, peer, tag, chunk=chunk)
+
+    def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Any:
+        span = None if self.head is None else A.overlap_span(buf, self.head)
+        if span is not None:
+            before = A.snapshot(A.narrow(self.head, span[0], span[1] - span[0]))
+        handle = self.t.irecv(buf, peer, tag, chunk=chunk)
+        event = self._event("received", peer=self.t.ranks[peer], tag=tag, nbytes=handle.nbytes, chunk=chunk)
+        self.t.engine.trace.add(event)
+        self.pending[id(handle)] = event
+        if span is not None:
+            self.hidden[id(handle)] = (span[0], before)
+        return handle
+
+    def wait(self, handles: Any) -> None:
+        self.t.wait(handles)
+
+    def observe(self, buf: Any, offset: int) -> None:
+        if self.view is None:
+            self.view = []
+        if offset >= LIMIT:
+            return
+        values = A.snapshot(buf, LIMIT - offset)
+        if len(self.view) < offset:
+            self.view += [0.0] * (offset - len(self.view))
+        self.view[offset : offset + len(values)] = values
+
+    # --- the generator --------------------------------------------------------------
+
+    def run(self, gen: Iterator[list]) -> Iterator[list]:
+        """``gen``'s steps, with a snapshot at every step boundary and each receive's step noted."""
+        for handles in gen:
+            self._snapshot()
+            yield handles
+            for h in handles:
+                self._received(h)
+            self.steps += 1
+        self._snapshot()
+
+    def _received(self, handle: Any) -> None:
+        event = self.pending.pop(id(handle), None)
+        if event is None:
+            return
+        self.hidden.pop(id(handle), None)
+        event.step = self.steps
+        event.t_start = event.t_end = handle.t_done
+
+    def _snapshot(self) -> None:
+        if self.view is not None:
+            kind, values = "work", list(self.view)
+        elif self.head is not None:
+            kind, values = "step", A.snapshot(self.head)
+            for start, before in self.hidden.values():
+                values[start : start + len(before)] = before
+        else:
+            return
+        t = self.t.run.t
+        self.t.engine.trace.add(self._event(kind, t_start=t, t_end=t, step=self.steps, snapshot=values))
+
+    def _event(self, kind: str, **fields: Any) -> Event:
+        """An event of this rank's part in the collective."""
+        run = self.t.run
+        call = run.call
+        return Event(self.t.me, kind, call.op, self.t.gid, collective_id=run.coll_id, algorithm=call.algorithm, **fields)
