@@ -54,7 +54,7 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
     ``max_runs`` defaults to 100, or ``pytest --simdist-max-schedules N``. ``options``
     go to :func:`simdist.simulate` (``detail``, ``topology``, ``eager_limit``, ...).
     """
-    from simdist._launch import simulate
+    from simdist.backends.sim import simulate
     from simdist._pytest_plugin import OPTIONS
 
     if strategy not in ("pct", "random", "exhaustive"):
@@ -111,7 +111,7 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
 def minimize(fn: Callable, nprocs: int, args: tuple, err: DistError, options: dict,
              budget: int = MINIMIZE_RUNS) -> DistError:
     """The error of the simplest schedule found that fails like ``err``: shorter, then with more zero choices."""
-    from simdist._launch import simulate
+    from simdist.backends.sim import simulate
 
     best, choices, spent = err, list(err.choices), 0
 

@@ -81,7 +81,7 @@ def run(fn: Callable, nprocs: int, *, args: tuple = (), seed: int | None = None,
     :class:`NondeterminismError` says what in the program is not under the simulator's
     control. The error's ``schedule`` is the replay token.
     """
-    from simdist._launch import simulate
+    from simdist.backends.sim import simulate
 
     kwargs = dict(detail=detail, topology=topology, eager_limit=eager_limit, timeout=timeout, **options)
     kwargs.setdefault("leaks", "ignore")
@@ -113,7 +113,7 @@ def same_failure(a: BaseException, b: BaseException | None) -> bool:
 
 def check_replays(fn: Callable, nprocs: int, args: tuple, err: DistError, kwargs: dict) -> None:
     """Replay ``err``'s schedule; raise :class:`NondeterminismError` from ``err`` if it does not fail the same way."""
-    from simdist._launch import simulate
+    from simdist.backends.sim import simulate
 
     try:
         simulate(fn, nprocs, args, schedule=err.schedule, **kwargs)
@@ -155,7 +155,7 @@ def _user_caller() -> str | None:
 
 def _diagnose(fn: Callable, nprocs: int, args: tuple, token: str, kwargs: dict) -> list[str]:
     """Rerun with the clocks and ``Thread.start`` watched; what the program did that a replay cannot repeat."""
-    from simdist._launch import simulate
+    from simdist.backends.sim import simulate
 
     seen: dict[str, set[str]] = {"clock": set(), "thread": set()}
     clocks = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
