@@ -26,10 +26,14 @@ def _go() -> Any:
     return go
 
 
+PROJECTED = {"size": 14, "color": "#222222"}
+"""The font of the Collectives figures: legible on a projector at 1280x720."""
+
+
 def _blank_axes(fig: Any) -> None:
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, scaleanchor="x", scaleratio=1)
-    fig.update_layout(plot_bgcolor="white", showlegend=False, margin=dict(l=10, r=10, t=40, b=10))
+    fig.update_layout(plot_bgcolor="white", showlegend=False, margin=dict(l=10, r=10, t=40, b=10), font=PROJECTED)
 
 
 def _shorten(a: tuple[float, float], b: tuple[float, float], gap: float) -> tuple[tuple[float, float], ...]:
@@ -104,7 +108,7 @@ def graph_figure(g: nx.MultiDiGraph) -> Any:
         go.Scatter(
             x=[pos[n][0] for n in nodes], y=[pos[n][1] for n in nodes], mode="markers+text",
             marker=dict(size=size, color=[g.nodes[n]["color"] for n in nodes], line=dict(color="white", width=1)),
-            text=[str(n) for n in nodes], textfont=dict(color="white", size=11 if world <= 8 else 9),
+            text=[str(n) for n in nodes], textfont=dict(color="white", size=15 if world <= 8 else 12),
             hovertext=[f"rank {n}: sent {g.nodes[n]['sent']}, received {g.nodes[n]['received']}" for n in nodes],
             hoverinfo="text",
         )
@@ -174,7 +178,7 @@ def buffer_figure(table: BufferTable) -> Any:
     fig = go.Figure(
         go.Heatmap(
             z=zz, x=list(range(width)), y=labels, colorscale=scale, zmin=0, zmax=k, showscale=False,
-            text=text, texttemplate="%{text}" if width <= 24 else "", textfont=dict(size=9), hovertext=hover,
+            text=text, texttemplate="%{text}" if width <= 24 else "", textfont=dict(size=12), hovertext=hover,
             hoverinfo="text",
             xgap=1, ygap=1,
         )
@@ -187,7 +191,7 @@ def buffer_figure(table: BufferTable) -> Any:
         when = "before any message"
     elif any(r.source == "work" for r in table.rows):
         when += " (working data)"
-    fig.update_layout(title=f"{name} {when}", plot_bgcolor="white",
+    fig.update_layout(title=f"{name} {when}", plot_bgcolor="white", font=PROJECTED,
                       height=max(200, 28 * len(table.rows) + 80), margin=dict(l=10, r=10, t=40, b=10))  # fmt: skip
     return fig
 
@@ -238,6 +242,7 @@ def timeline_figure(tl: Timeline) -> Any:
     if tl.contention:
         title += f", {len(tl.contention)} link conflicts"
     fig.update_layout(title=title, barmode="overlay", plot_bgcolor="white", height=max(250, 26 * tl.world + 100),
+                      font=PROJECTED,
                       margin=dict(l=10, r=10, t=40, b=10), showlegend=bool(tl.contention))  # fmt: skip
     return fig
 
