@@ -315,7 +315,7 @@ class Engine:
         if nxt is None:
             self.fail(deadlock_error(self))
         if nxt is not me:
-            _isolation.end_turn(me)
+            _isolation.end_turn(me, nxt)
             self._handover(nxt)
             me.lock.acquire()
             _isolation.take_turn(self, me)

@@ -24,9 +24,10 @@ gives alone: the same values, schedule and trace. What they share is process-wid
 - *Turns.* One rank thread, of any simulation, runs at a time: a rank takes the turn
   (:func:`take_turn`) when it receives its simulation's baton and installs its generator
   states, and gives it up (:func:`end_turn`) at its next scheduling point once they are
-  saved. The baton is always taken before the turn, and no thread waits for a baton
-  while holding the turn, so the two cannot deadlock. A run that times out gives up the
-  turn of its rank that is stuck (:func:`abandon`): the others go on.
+  saved; within a short time slice the turn goes along with the baton to the next rank
+  of the same run. The baton is always taken before the turn, and no thread waits for a
+  baton while holding the turn, so the two cannot deadlock. A run that times out gives
+  up the turn of its rank that is stuck (:func:`abandon`): the others go on.
 - *Stand-ins.* While any simulation runs, ``sys.stdout`` and ``os.environ`` are replaced
   by objects that answer per thread (a rank thread: its prefix and its environment; any
   other thread: the real ones), and torch's hooks are installed; the first simulation
@@ -47,6 +48,7 @@ import platform
 import random
 import sys
 import threading
+import time
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
@@ -57,6 +59,10 @@ from simdist import _torch_cuda, _torch_spawn
 
 __all__ = ["abandon", "end_turn", "enter", "enter_thread", "leave", "leave_thread", "pin_target", "take_turn"]
 
+SLICE = 0.002
+"""Seconds of real time a run keeps the turn while its ranks pass the baton among themselves (then it lets
+other runs in): fewer hand-offs between runs, which wake threads of other runs."""
+
 _local = threading.local()  # on a rank thread: .rank, .environ (its own copy), .prefix and .at_start (stdout)
 
 
@@ -66,6 +72,7 @@ class _Shared:
     def __init__(self) -> None:
         self.turn = threading.Lock()  # held by the one rank thread, of any simulation, running user code
         self.holder: dict[Any, bool] = {}  # {the rank (RankState) holding the turn: True}; popped by who gives it up
+        self.slice_end = 0.0  # when the run holding the turn is to release it (time.perf_counter)
         self.gauss_pending = True  # whether the installed states may hold numpy's cached normal
         self.setup = threading.Lock()  # held while a simulation starts or ends
         self.runs = 0
@@ -133,13 +140,12 @@ class _RawState:
     """
 
     def __init__(self, address: int, size: int):
-        self.address, self.size = address, size
-
-    def get(self) -> bytes:
-        return ctypes.string_at(self.address, self.size)
+        # a view of the bytes: copying through it is several times faster than ctypes.string_at/memmove
+        self.view = memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+        self.get = self.view.tobytes
 
     def set(self, data: bytes) -> None:
-        ctypes.memmove(self.address, data, self.size)
+        self.view[:] = data
 
 
 def _python_raw() -> _RawState | None:
@@ -227,12 +233,14 @@ def _seeded(rank: int) -> _RngState:
 
 
 def take_turn(engine: Any, rs: Any) -> None:
-    """Wait for the turn, then install rank ``rs``'s generator states (it has just received the baton).
+    """Wait for the turn, unless it came with the baton, then install rank ``rs``'s generator states.
 
     A rank of a run that is failing unwinds with whatever states are installed.
     """
-    _shared.turn.acquire()
-    _shared.holder[rs] = True
+    if rs not in _shared.holder:
+        _shared.turn.acquire()
+        _shared.holder[rs] = True
+        _shared.slice_end = time.perf_counter() + SLICE
     if engine.aborting:
         return
     if rs.rng is None:
@@ -242,12 +250,14 @@ def take_turn(engine: Any, rs: Any) -> None:
     _shared.gauss_pending = rs.rng.np_gauss
 
 
-def end_turn(rs: Any, done: bool = False) -> None:
-    """Save rank ``rs``'s generator states and give up the turn (it is about to pass the baton on).
+def end_turn(rs: Any, to: Any = None, done: bool = False) -> None:
+    """Save rank ``rs``'s generator states and give up the turn: it is about to pass the baton to ``to``.
 
-    A rank that is ``done`` (finished, or unwound) saves nothing. A rank whose run timed out
-    and gave up the turn for it (:func:`abandon`) gives up nothing: whoever pops the
-    holder's entry (one atomic step) releases the turn, so it is released once.
+    Within its run's time slice the turn goes with the baton to ``to``; after it (or without
+    ``to``) the turn is released for any rank of any run. A rank that is ``done`` (finished,
+    or unwound) saves nothing. A rank whose run timed out and gave up the turn for it
+    (:func:`abandon`) gives up nothing: whoever pops the holder's entry (one atomic step)
+    releases the turn, so it is released once.
     """
     state = None if done else (rs.rng or _RngState()).capture()
     if _shared.holder.pop(rs, False):
@@ -255,7 +265,10 @@ def end_turn(rs: Any, done: bool = False) -> None:
         _shared.gauss_pending = True if state is None else state.np_gauss
         if state is not None:
             rs.rng = state
-        _shared.turn.release()
+        if to is not None and time.perf_counter() < _shared.slice_end:
+            _shared.holder[to] = True
+        else:
+            _shared.turn.release()
 
 
 def abandon(ranks: list) -> bool:
