@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["APP", "DONE", "DRAWN", "LAUNCH_ARGS", "PAGE_LINKS", "ROOT", "RUN_TIMEOUT_MS", "START_TIMEOUT", "app_url",
-           "chromium", "chromium_path", "free_port", "full_page_screenshot", "healthy", "page_links", "slug",
-           "wait_for_run"]
+__all__ = ["APP", "DONE", "DRAWN", "LAUNCH_ARGS", "PAGE_LINKS", "ROOT", "RUN_TIMEOUT_MS", "SKELETON", "START_TIMEOUT",
+           "app_url", "chromium", "chromium_path", "free_port", "full_page_screenshot", "healthy", "page_links",
+           "slug", "wait_for_run"]
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "app.py"
@@ -33,6 +33,7 @@ RUN_TIMEOUT_MS = 90_000  # for one page's script run to finish
 DONE = ('[data-testid="stApp"][data-test-connection-state="CONNECTED"]'
         ':is([data-test-script-state="notRunning"], [data-test-script-state="compilationError"])')
 DRAWN = '[data-testid="stMain"] [data-testid="stElementContainer"]'
+SKELETON = '[data-testid="stSkeleton"]'  # what stands in for an element whose code is still loading
 LAUNCH_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
 PAGE_LINKS = ('[data-testid="stSidebarNav"] a[href], a[data-testid="stSidebarNavLink"][href], '
               'a[data-testid="stTopNavLink"][href]')
@@ -117,6 +118,7 @@ def wait_for_run(page) -> None:
     while time.monotonic() < deadline:
         page.wait_for_selector(DONE, state="attached", timeout=RUN_TIMEOUT_MS)
         page.wait_for_selector('[data-testid="stStatusWidget"]', state="hidden", timeout=RUN_TIMEOUT_MS)
+        page.wait_for_selector(SKELETON, state="detached", timeout=RUN_TIMEOUT_MS)  # elements still loading
         count = page.locator(DRAWN).count()
         if count == last:
             break

@@ -22,7 +22,16 @@ import re
 import shutil
 
 import pytest
-from _browser import DONE, DRAWN, LAUNCH_ARGS, RUN_TIMEOUT_MS, app_url, chromium_path, slug  # noqa: F401 - fixtures
+from _browser import (  # noqa: F401 - app_url and chromium_path are fixtures
+    DONE,
+    DRAWN,
+    LAUNCH_ARGS,
+    RUN_TIMEOUT_MS,
+    SKELETON,
+    app_url,
+    chromium_path,
+    slug,
+)
 
 # ruff: noqa: F811 - the test takes the imported fixtures as arguments
 
@@ -32,15 +41,18 @@ VIEWPORTS = ({"width": 1280, "height": 720}, {"width": 1920, "height": 1080})
 ERROR_TEXT = re.compile(r"\b(?!DeadlockError\b)\w*Error\b|already running|Traceback|cannot be nested")
 """What no page may show: an error's name (the Deadlock lab names the error it explains), or the old refusal."""
 
-SETTLED = """([done, drawn]) => {
-    // The script run is over and what it drew has kept the same number of elements for a second.
+SETTLED = """([done, drawn, skeleton]) => {
+    // The script run is over, no element is still loading (a skeleton stands in for it), and the main
+    // section has kept the same elements and the same markup for a second.
     const status = document.querySelector('[data-testid="stStatusWidget"]');
+    const main = document.querySelector('[data-testid="stMain"]');
     const count = document.querySelectorAll(drawn).length;
     const ready = document.querySelector(done) !== null && count > 0
+        && !document.querySelector(skeleton)
         && !(status && status.getClientRects().length) && !(window.simdistArmed && !window.simdistRan);
-    const now = Date.now(), seen = window.simdistSeen;
-    if (!ready || !seen || seen.count !== count) {
-        window.simdistSeen = ready ? {count: count, since: now} : null;
+    const look = count + ":" + (main ? main.innerHTML.length : 0), now = Date.now(), seen = window.simdistSeen;
+    if (!ready || !seen || seen.look !== look) {
+        window.simdistSeen = ready ? {look: look, since: now} : null;
         return false;
     }
     return now - seen.since >= 1000;
@@ -80,7 +92,7 @@ async def settled(page, what: str) -> None:
     from playwright.async_api import TimeoutError as PlaywrightTimeout
 
     try:
-        await page.wait_for_function(SETTLED, arg=[DONE, DRAWN], polling=250, timeout=RUN_TIMEOUT_MS)
+        await page.wait_for_function(SETTLED, arg=[DONE, DRAWN, SKELETON], polling=250, timeout=RUN_TIMEOUT_MS)
     except PlaywrightTimeout:
         pytest.fail(f"{what}: the page did not settle within {RUN_TIMEOUT_MS / 1000:.0f} s; {await page.evaluate(STATE)}")
 
