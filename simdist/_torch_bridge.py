@@ -7,10 +7,10 @@ ends; simulations may run at once on several threads):
   each rank thread has its own default group and group registries (torch's thread
   isolation mode on), and autograd's device threads are off;
 - on a rank thread, torch's rendezvous (``env://``, ``tcp://``, ``file://``, a given store)
-  becomes a store shared by the ranks of its simulation (:func:`new_store`), and every group torch creates
-  (``init_process_group``, ``new_group``, ``DeviceMesh``'s groups) is first created in
-  simdist and then, in torch, as a :class:`~simdist._torch_group` bridge group, whatever
-  backend the program names; ``get_backend()`` still answers the name the program gave
+  becomes a store shared by the ranks of its simulation (:func:`new_store`), and every
+  group torch creates (``init_process_group``, ``new_group``, ``DeviceMesh``'s groups) is
+  first created in simdist and then, in torch, as a :class:`~simdist._torch_group` bridge
+  group, whatever backend the program names; ``get_backend()`` still answers the name the program gave
   (``"gloo"``, ``"nccl"``). Both hooks sit under torch's public functions, so a
   ``from torch.distributed import init_process_group`` made before the simulation works too;
 - torch's own folder is library code for call sites, and warnings raised on rank threads

@@ -1,10 +1,10 @@
 """The simulator's engine: rank threads, one baton, matching, virtual time.
 
 Exactly one rank thread runs at a time (one of all the simulations running in the
-process: a rank also waits for its turn, see :mod:`._isolation`). At every scheduling point the running rank
-posts what it wants, the engine completes whatever that makes possible (matches
-messages, advances collective algorithms), then the strategy picks the next runnable
-rank and the baton moves to it. No wall clock, OS scheduling or hash ordering enters
+process: a rank also waits for its turn, see :mod:`._isolation`). At every scheduling
+point the running rank posts what it wants, the engine completes whatever that makes
+possible (matches messages, advances collective algorithms), then the strategy picks
+the next runnable rank and the baton moves to it. No wall clock, OS scheduling or hash ordering enters
 a choice: a run is a function of the program and its choice list.
 """
 
