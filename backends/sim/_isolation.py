@@ -33,9 +33,9 @@ gives alone: the same values, schedule and trace. What they share is process-wid
   other thread: the real ones), and torch's hooks are installed; the first simulation
   to start installs them and the last to end removes them and puts back the generator
   states, ``sys.stdout`` and ``os.environ`` the process had when the first started.
-- A thread that is not a rank thread and draws from the global generators while
-  simulations run draws from the running rank's states (they are process-wide); it does
-  not change what any rank draws, which is installed in full when the rank takes its turn.
+- The global generators stay process-wide: a thread that is not a rank thread and draws
+  from them while simulations run draws from the running rank's states, and that rank
+  then no longer draws what it draws alone (the app's pages draw only on ranks).
 - ``simulate`` on a rank thread raises: simulations do not nest.
 """
 
