@@ -1,7 +1,5 @@
 """Compare algorithms: virtual time against message size, the alpha-beta formula of each, crossovers."""
 
-import threading
-
 import streamlit as st
 
 import simdist
@@ -12,16 +10,9 @@ SIZES = [1 << k for k in range(4, 23, 3)]  # 16 B to 4 MiB
 ON_LINE = 0.01  # a point within 1% of its line is on it
 
 
-@st.cache_resource
-def simulation_lock() -> threading.Lock:
-    """One simulation at a time in this server: a rerun can start while the run it replaces still simulates."""
-    return threading.Lock()
-
-
 @st.cache_data(show_spinner="simulating every algorithm at every size...", max_entries=32)
 def compare(op: str, world: int, topology: str):
-    with simulation_lock():
-        return V.compare_algorithms(op, world, SIZES, topology=topology)
+    return V.compare_algorithms(op, world, SIZES, topology=topology)
 
 
 def listing(names: list[str]) -> str:

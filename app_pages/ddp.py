@@ -1,22 +1,13 @@
 """DDP: how DistributedDataParallel buckets gradients and overlaps their all-reduces with backward."""
 
-import threading
-
 import streamlit as st
 
 from simdist import visualize as V
 
 
-@st.cache_resource
-def simulation_lock() -> threading.Lock:
-    """One simulation at a time in this server: a rerun can start while the run it replaces still simulates."""
-    return threading.Lock()
-
-
 @st.cache_data(show_spinner=False, max_entries=32)
 def run(world: int, widths: tuple, cap: float) -> V.DdpRun:
-    with simulation_lock():
-        return V.ddp_run(world, widths, cap)
+    return V.ddp_run(world, widths, cap)
 
 
 st.title("DDP: gradient buckets overlapping the backward pass")

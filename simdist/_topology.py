@@ -79,6 +79,12 @@ class Topology:
     def __repr__(self) -> str:
         return f"<Topology {self.name} of {self.size} ranks>"
 
+    def copy(self) -> Topology:
+        """The same network with busy times of its own (a run on it leaves this one's alone); the graph is shared."""
+        twin = Topology(self.name, self.size, self._build, self._route_fn, self._link_fn)
+        twin._graph = self._graph
+        return twin
+
     def path(self, a: int, b: int) -> tuple[tuple[Link, ...], float, float]:
         """``(links, alpha, bandwidth)`` of the route from rank ``a`` to rank ``b``."""
         key = (a, b)

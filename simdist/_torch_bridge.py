@@ -1,15 +1,16 @@
 """Unmodified ``torch.distributed`` code on simulated ranks: where the bridge touches torch's internals.
 
-While a simulation runs (:func:`install` at its start, :func:`uninstall` at its end):
+While any simulation runs (:func:`install` when the first starts, :func:`uninstall` when the last
+ends; simulations may run at once on several threads):
 
 - torch's process-group bookkeeping (``distributed_c10d._world``) becomes per thread, so
   each rank thread has its own default group and group registries (torch's thread
   isolation mode on), and autograd's device threads are off;
 - on a rank thread, torch's rendezvous (``env://``, ``tcp://``, ``file://``, a given store)
-  becomes a store shared by the simulation, and every group torch creates
-  (``init_process_group``, ``new_group``, ``DeviceMesh``'s groups) is first created in
-  simdist and then, in torch, as a :class:`~simdist._torch_group` bridge group, whatever
-  backend the program names; ``get_backend()`` still answers the name the program gave
+  becomes a store shared by the ranks of its simulation (:func:`new_store`), and every
+  group torch creates (``init_process_group``, ``new_group``, ``DeviceMesh``'s groups) is
+  first created in simdist and then, in torch, as a :class:`~simdist._torch_group` bridge
+  group, whatever backend the program names; ``get_backend()`` still answers the name the program gave
   (``"gloo"``, ``"nccl"``). Both hooks sit under torch's public functions, so a
   ``from torch.distributed import init_process_group`` made before the simulation works too;
 - torch's own folder is library code for call sites, and warnings raised on rank threads
@@ -36,12 +37,12 @@ import torch
 from . import _torch_profiler, _torch_versions
 from ._callsite import is_library_file, skip_directory, user_call_site
 
-__all__ = ["install", "uninstall", "enter_rank", "leave_rank", "in_rank"]
+__all__ = ["install", "uninstall", "new_store", "enter_rank", "leave_rank", "in_rank"]
 
 _OWN = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "tags_to_pg", "pg_to_tag")
 _state: dict[str, Any] = {}
 _registered = False
-_local = threading.local()  # .world: the rank's torch world; .group: the simdist group being bridged
+_local = threading.local()  # .world: the rank's torch world; .store: its run's; .group: the simdist group being bridged
 
 
 # -- per-thread torch worlds ------------------------------------------------------------------------------
@@ -93,7 +94,7 @@ def _rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs: Any) -
     from . import _api as api
 
     _join_simdist(rank, world_size, kwargs.get("timeout"))
-    yield _state["store"], api.get_rank(), api.get_world_size()
+    yield _local.store, api.get_rank(), api.get_world_size()
 
 
 def _join_simdist(rank: int, world_size: int, timeout: Any) -> None:
@@ -185,8 +186,8 @@ def _ddp_logging_data(ddp: Any) -> dict:
 # -- install / uninstall ----------------------------------------------------------------------------------
 
 
-def install(engine: Any) -> None:
-    """Make torch.distributed per rank thread and route it to simdist, for the simulation of ``engine``."""
+def install() -> None:
+    """Make torch.distributed per rank thread and route it to simdist, for the simulations about to run."""
     global _registered
     import torch.distributed as tdist
 
@@ -212,7 +213,7 @@ def install(engine: Any) -> None:
 
     _state.update(
         c10d=c10d, world=c10d._world, rendezvous=c10d.rendezvous, helper=c10d._new_process_group_helper,
-        multithreading=torch._C._is_multithreading_enabled(), store=tdist.HashStore(),
+        multithreading=torch._C._is_multithreading_enabled(),
         rank_world=_rank_world_class(), ddp_logging_data=DDP._get_ddp_logging_data,
     )
     DDP._get_ddp_logging_data = _ddp_logging_data
@@ -223,7 +224,7 @@ def install(engine: Any) -> None:
     torch._C._set_multithreading_enabled(False)
 
 
-def uninstall(engine: Any) -> None:
+def uninstall() -> None:
     """Undo :func:`install`."""
     if "showwarning" in _state:
         warnings.showwarning = _state["showwarning"]
@@ -244,15 +245,25 @@ def uninstall(engine: Any) -> None:
     _state.clear()
 
 
-def enter_rank() -> None:
-    """Give the calling rank thread its own torch world."""
+def new_store() -> Any:
+    """A store for the ranks of one simulation to share (``None`` where torch.distributed cannot run on ranks)."""
+    if "c10d" not in _state:
+        return None
+    import torch.distributed as tdist
+
+    return tdist.HashStore()
+
+
+def enter_rank(store: Any) -> None:
+    """Give the calling rank thread its own torch world; ``store`` is its simulation's (:func:`new_store`)."""
     _local.rank = True
     if "c10d" in _state:
         _local.world = _state["rank_world"]()
+        _local.store = store
 
 
 def leave_rank() -> None:
-    _local.world = _local.group = _local.rank = None
+    _local.world = _local.group = _local.rank = _local.store = None
 
 
 _ENTRIES = ("init_process_group", "rendezvous", "_new_process_group_helper")

@@ -86,6 +86,7 @@ class _Gpus:
         self.clock = clock
         self.defaults: dict[int, Stream] = {}
         self.streams: dict[int, Stream] = {}
+        self.stream_ids = itertools.count(1)  # per thread, as in a process of its own
 
     def names_gpu(self, device: Any) -> bool:
         """Whether ``device`` is a GPU spelling: an int, a 'cuda...' string or a cuda torch.device."""
@@ -174,12 +175,11 @@ def names_simulated_gpu(device: Any) -> bool:
 class Stream:
     """A simulated CUDA stream. Work runs on the CPU when it is issued, so every wait returns at once."""
 
-    _ids = itertools.count(1)
-
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any):
-        self.device_index = _here("torch.cuda.Stream").index(device, "torch.cuda.Stream(device=...)")
+        gpus = _here("torch.cuda.Stream")
+        self.device_index = gpus.index(device, "torch.cuda.Stream(device=...)")
         self.priority = priority
-        self.stream_id = next(Stream._ids)
+        self.stream_id = next(gpus.stream_ids)
 
     @classmethod
     def _default(cls, index: int) -> "Stream":

@@ -4,7 +4,7 @@ What is measured is what a room sees: nothing wider than the window or its box, 
 wait-for graph's texts at least 14 px and apart, the blocked lines of the program marked
 where the report says, and uploaded traces of a real run shown on a wall clock with the
 bad file named. Screenshots go to ``$SIMDIST_SCREENSHOTS`` when that is set (see
-tests/test_browser.py, whose server and helpers these tests share).
+tests/test_browser.py, whose server and helpers, in tests/_browser.py, these tests share).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from test_browser import RUN_TIMEOUT_MS, _full_page_screenshot, _wait_for_run, app_url, chromium_path  # noqa: F401
+from _browser import LAUNCH_ARGS, RUN_TIMEOUT_MS, app_url, chromium_path, full_page_screenshot, wait_for_run  # noqa: F401
 
 SIZES = [(1280, 720), (1920, 1080)]
-LAUNCH = dict(headless=True, args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+LAUNCH = dict(headless=True, args=LAUNCH_ARGS)
 
 OVERFLOW = """() => {
     const width = document.documentElement.clientWidth;
@@ -52,7 +52,7 @@ MARKED = """() => [...document.querySelectorAll('.st-key-program code > span')].
 def _select(page, label: str) -> None:
     page.locator('[data-testid="stSelectbox"]').first.click()
     page.get_by_role("option", name=label, exact=True).click()
-    _wait_for_run(page)
+    wait_for_run(page)
 
 
 @contextmanager
@@ -65,7 +65,7 @@ def _pages(executable: str, url: str, shots: list) -> Iterator:
         for width, height in SIZES:
             page = browser.new_page(viewport={"width": width, "height": height})
             page.goto(url, wait_until="domcontentloaded", timeout=60_000)
-            _wait_for_run(page)
+            wait_for_run(page)
             yield width, height, page
             page.close()
 
@@ -126,7 +126,7 @@ def test_deadlock_lab_reads_at_projector_sizes(app_url, chromium_path, tmp_path)
                 shot = tmp_path / f"deadlock_{width}x{height}_{i}_{slug}.png"
                 page.screenshot(path=str(shot))
                 full = tmp_path / f"deadlock_{width}x{height}_{i}_{slug}_full.png"
-                _full_page_screenshot(page, full)
+                full_page_screenshot(page, full)
                 shots += [shot, full]
 
 
@@ -167,7 +167,7 @@ def test_traces_page_shows_a_real_run_on_a_wall_clock_and_names_a_bad_file(app_u
             upload = page.locator('[data-testid="stFileUploaderDropzoneInput"]')
             upload.set_input_files([str(files[0]), str(bad), str(files[1])])
             page.get_by_text("wall clock)").wait_for(timeout=RUN_TIMEOUT_MS)
-            _wait_for_run(page)
+            wait_for_run(page)
             warning = page.locator('[data-testid="stAlert"]').inner_text()
             assert "notes.json was left out" in warning and "not a simdist trace" in warning, warning
             metrics = dict(zip(page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
@@ -177,5 +177,5 @@ def test_traces_page_shows_a_real_run_on_a_wall_clock_and_names_a_bad_file(app_u
             assert page.get_by_text(title).count() == 1
             assert page.evaluate(OVERFLOW) == []
             shot = tmp_path / f"traces_{width}x{height}_real_run_and_a_bad_file.png"
-            _full_page_screenshot(page, shot)
+            full_page_screenshot(page, shot)
             shots.append(shot)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from test_browser import APP, ROOT, START_TIMEOUT, _free_port, _healthy, _page_links, _terminate, _wait_for_run
-from test_browser import chromium_path as chromium_path  # the fixture
+from _browser import APP, LAUNCH_ARGS, ROOT, START_TIMEOUT, free_port, healthy, page_links, terminate, wait_for_run
+from _browser import chromium_path as chromium_path  # the fixture
 
 CONFIG = ROOT / ".streamlit" / "config.toml"
 
@@ -49,7 +49,7 @@ def _listening_addresses(port: int) -> set[str]:
 @pytest.fixture
 def readme_server(tmp_path):
     """``streamlit run app.py --server.port P`` from the repository root, with no settings from the environment."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMLIT_")}
     env["HOME"] = str(tmp_path)  # no ~/.streamlit of the person running the tests
@@ -59,13 +59,13 @@ def readme_server(tmp_path):
                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + START_TIMEOUT
-        while not _healthy(url):
+        while not healthy(url):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"streamlit did not serve {url} (exit status {proc.poll()}):\n{log_path.read_text()}")
             time.sleep(0.5)
         yield port, url, log_path
     finally:
-        _terminate(proc)
+        terminate(proc)
 
 
 @pytest.mark.timeout(240)
@@ -79,20 +79,20 @@ def test_the_app_listens_on_loopback_only_and_the_browser_stays_there(readme_ser
     requests, console_errors = [], []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
-                                     args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+                                     args=LAUNCH_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 720})
             page.on("request", lambda r: requests.append(r.url))
             page.on("response", lambda r: console_errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
             page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
             page.goto(url + "/", wait_until="domcontentloaded", timeout=60_000)
-            _wait_for_run(page)
-            links = _page_links(page, url)
+            wait_for_run(page)
+            links = page_links(page, url)
             assert len(links) == 6, links  # every page of app.py
             for link in links[1:]:  # clicked, as a student moves between pages
                 page.locator(f'[data-testid="stSidebarNav"] a[href="{link}"]').click()
                 page.wait_for_url(link, timeout=60_000)
-                _wait_for_run(page)
+                wait_for_run(page)
         finally:
             browser.close()
     assert requests and all(r.startswith((url + "/", url.replace("http", "ws") + "/", "data:", "blob:"))

@@ -1,9 +1,10 @@
 """The simulator's engine: rank threads, one baton, matching, virtual time.
 
-Exactly one rank thread runs at a time. At every scheduling point the running rank
-posts what it wants, the engine completes whatever that makes possible (matches
-messages, advances collective algorithms), then the strategy picks the next runnable
-rank and the baton moves to it. No wall clock, OS scheduling or hash ordering enters
+Exactly one rank thread runs at a time (one of all the simulations running in the
+process: a rank also waits for its turn, see :mod:`._isolation`). At every scheduling
+point the running rank posts what it wants, the engine completes whatever that makes
+possible (matches messages, advances collective algorithms), then the strategy picks
+the next runnable rank and the baton moves to it. No wall clock, OS scheduling or hash ordering enters
 a choice: a run is a function of the program and its choice list.
 """
 
@@ -127,7 +128,8 @@ class Engine:
         self.cpu_time = cpu_time
         self.cuda_as_cpu = cuda_as_cpu
         self.gpus_per_node = gpus_per_node
-        self.environ: Any = None  # os.environ while running, a copy per rank (set by _isolation.enter)
+        self.environ: dict[str, str] = {}  # the environment each rank's copy starts as (set by _isolation.enter)
+        self.torch_store: Any = None  # the store torch's rendezvous gives the ranks (set by _isolation.enter)
         self.algorithms = dict(algorithms or {})
         self.pin_core = _isolation.pin_target() if pin_cpu else None
         self.timeout = timeout
@@ -158,29 +160,38 @@ class Engine:
 
     def run(self) -> list:
         """Run every rank to the end; return their values or raise the run's error."""
-        saved = _isolation.enter(self)
+        _isolation.enter(self)
         try:
             self.topology.reset()
             first = self._select(None)
             self._handover(first)
             if not self.main_lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
-                self.aborting = True
-                raise DistTimeoutError(
-                    f"the simulation did not finish within timeout={self.timeout} s of real time; "
-                    f"rank {self.current.rank if self.current else '?'} was running (a loop that never "
-                    "reaches a simdist call, or a call that blocks outside simdist)"
-                )._with_schedule(self.token())
+                self._time_out()
             for rs in self.ranks:
                 if rs.thread is not None:
                     rs.thread.join()
             _threads.wait_ended(rs.thread for rs in self.ranks if rs.thread is not None)
         finally:
-            _isolation.leave(self, saved)
+            _isolation.leave(self)
             if isinstance(self.error, DistError):
                 self.error.choices = list(self.choices)
         if self.error is not None:
             raise self.error
         return [rs.value for rs in self.ranks]
+
+    def _time_out(self) -> None:
+        """Stop a run that has not finished within ``timeout``; its stuck rank gives up the turn, so others go on."""
+        self.aborting = True
+        running = self.current.rank if self.current else "?"
+        if _isolation.abandon(self.ranks) or not self.current or not self.current.started:
+            why = (f"rank {running} was running (a loop that never reaches a simdist call, or a call that blocks "
+                   "outside simdist)")
+        else:
+            why = (f"rank {running} was waiting for its turn: a rank of another simulation in this process did not "
+                   "reach a scheduling point")
+        raise DistTimeoutError(
+            f"the simulation did not finish within timeout={self.timeout} s of real time; {why}"
+        )._with_schedule(self.token())
 
     def now(self, rs: RankState) -> float:
         """Rank ``rs``'s virtual time in seconds (with ``cpu_time``, plus its CPU time since its last switch)."""
@@ -194,20 +205,24 @@ class Engine:
         return self.strategy.token() or encode_choices(self.choices)
 
     def _thread_main(self, rs: RankState) -> None:
-        set_thread_world(rs.world)
-        _isolation.enter_thread(self, rs)
+        _isolation.take_turn(self, rs)
         try:
-            if self.aborting:
-                raise Abort
-            rs.value = self.fn(rs.rank, *self.args)
-        except Abort:
-            pass
-        except BaseException as exc:  # noqa: BLE001 - a rank's failure is the run's result
-            if not self.aborting:
-                self._set_error(RankError(rs.rank, exc))
+            set_thread_world(rs.world)
+            _isolation.enter_thread(self, rs)
+            try:
+                if self.aborting:
+                    raise Abort
+                rs.value = self.fn(rs.rank, *self.args)
+            except Abort:
+                pass
+            except BaseException as exc:  # noqa: BLE001 - a rank's failure is the run's result
+                if not self.aborting:
+                    self._set_error(RankError(rs.rank, exc))
+            finally:
+                _isolation.leave_thread(self, rs)
+                set_thread_world(None)
         finally:
-            _isolation.leave_thread(self, rs)
-            set_thread_world(None)
+            _isolation.end_turn(rs, done=True)
             self._finish(rs)
 
     def _set_error(self, err: BaseException) -> None:
@@ -253,8 +268,8 @@ class Engine:
         self.main_lock.release()
 
     def _handover(self, nxt: RankState) -> None:
+        """Pass the baton to ``nxt`` (it then waits for its turn: see :mod:`._isolation`)."""
         self.current = nxt
-        _isolation.restore(self, nxt)
         if nxt.started:
             nxt.lock.release()
         else:
@@ -301,9 +316,10 @@ class Engine:
         if nxt is None:
             self.fail(deadlock_error(self))
         if nxt is not me:
-            _isolation.save(self, me)
+            _isolation.end_turn(me, nxt)
             self._handover(nxt)
             me.lock.acquire()
+            _isolation.take_turn(self, me)
             if self.aborting:
                 raise Abort
         if self.cpu_time:

@@ -1,10 +1,9 @@
-"""What makes rank threads behave like separate processes.
+"""What makes rank threads behave like separate processes, with any number of simulations at once.
 
 - Global random number generators (``random``, numpy's legacy global generator and
   torch's CPU generator) are saved and restored at every switch between ranks. Rank
   ``r`` starts with each of them seeded with ``r``, so a run does not depend on the
-  caller's state and seeding one rank never changes another. The caller's states are
-  restored when the run ends.
+  caller's state and seeding one rank never changes another.
 - ``os.environ`` is per rank: each rank starts with a copy of the environment as it was when
   the run started, and what it sets stays its own (``setup()`` functions that set MASTER_PORT
   change neither the other ranks nor the caller). Only Python-level reads see a rank's copy.
@@ -18,6 +17,27 @@
   ``gpus_per_node`` simulated GPUs backed by the CPU, so GPU code runs unchanged
   (``simdist._torch_cuda``).
 - ``torch.multiprocessing.spawn`` on a rank raises a clear error (``simdist._torch_spawn``).
+
+Several simulations may run at once, each started from its own thread (a Streamlit server
+serves every browser session from a thread of one process); each gives exactly what it
+gives alone: the same values, schedule and trace. What they share is process-wide:
+
+- *Turns.* One rank thread, of any simulation, runs at a time: a rank takes the turn
+  (:func:`take_turn`) when it receives its simulation's baton and installs its generator
+  states, and gives it up (:func:`end_turn`) at its next scheduling point once they are
+  saved; within a short time slice the turn goes along with the baton to the next rank
+  of the same run. The baton is always taken before the turn, and no thread waits for a
+  baton while holding the turn, so the two cannot deadlock. A run that times out gives
+  up the turn of its rank that is stuck (:func:`abandon`): the others go on.
+- *Stand-ins.* While any simulation runs, ``sys.stdout`` and ``os.environ`` are replaced
+  by objects that answer per thread (a rank thread: its prefix and its environment; any
+  other thread: the real ones), and torch's hooks are installed; the first simulation
+  to start installs them and the last to end removes them and puts back the generator
+  states, ``sys.stdout`` and ``os.environ`` the process had when the first started.
+- The global generators stay process-wide: a thread that is not a rank thread and draws
+  from them while simulations run draws from the running rank's states, and that rank
+  then no longer draws what it draws alone (the app's pages draw only on ranks).
+- ``simulate`` on a rank thread raises: simulations do not nest.
 """
 
 from __future__ import annotations
@@ -29,6 +49,7 @@ import platform
 import random
 import sys
 import threading
+import time
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
@@ -39,48 +60,78 @@ from simdist import _torch_cuda, _torch_spawn
 
 from . import _threads
 
-__all__ = ["enter", "leave", "enter_thread", "leave_thread", "save", "restore"]
+__all__ = ["abandon", "end_turn", "enter", "enter_thread", "leave", "leave_thread", "pin_target", "take_turn"]
 
-_running = threading.Lock()
+SLICE = 0.002
+"""Seconds of real time a run keeps the turn while its ranks pass the baton among themselves (then it lets
+other runs in): fewer hand-offs between runs, which wake threads of other runs."""
+
+_local = threading.local()  # on a rank thread: .rank, .environ (its own copy), .prefix and .at_start (stdout)
 
 
-def enter(engine: Any) -> tuple:
-    """Set up process-wide isolation for a run; returns what :func:`leave` restores."""
-    if not _running.acquire(blocking=False):
+class _Shared:
+    """What the simulations running in this process share, and what the process had before the first."""
+
+    def __init__(self) -> None:
+        self.turn = threading.Lock()  # held by the one rank thread, of any simulation, running user code
+        self.holder: dict[Any, bool] = {}  # {the rank (RankState) holding the turn: True}; popped by who gives it up
+        self.slice_end = 0.0  # when the run holding the turn is to release it (time.perf_counter)
+        self.gauss_pending = True  # whether the installed states may hold numpy's cached normal
+        self.setup = threading.Lock()  # held while a simulation starts or ends
+        self.runs = 0
+        self.saved: tuple | None = None  # the process's generators, sys.stdout and os.environ
+
+
+_shared = _Shared()
+
+
+def enter(engine: Any) -> None:
+    """Set up process-wide isolation for the run of ``engine`` (the first run installs the stand-ins)."""
+    rank = getattr(_local, "rank", None)
+    if rank is not None:
         raise RuntimeError(
-            "a simulation is already running in this process; simulations cannot be nested "
-            "(a rank called simdist.simulate or simdist.spawn)"
+            f"simulated rank {rank} started a simulation; simulations cannot be nested (a rank called "
+            "simdist.simulate or simdist.spawn): start it from outside the simulated ranks"
         )
-    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(), sys.stdout, os.environ)
-    if engine.prefix_output:
-        sys.stdout = _Prefixed(sys.stdout, engine)
-    engine.environ = _RankEnviron(os.environ)
-    os.environ = engine.environ  # type: ignore[assignment]  # noqa: B003 - put back by leave()
     from simdist import _torch_bridge
 
-    _torch_bridge.install(engine)
-    _torch_spawn.install()
-    if engine.cuda_as_cpu:
-        _torch_cuda.install()
-    return saved
+    with _shared.setup:
+        if _shared.runs == 0:
+            _shared.saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(), sys.stdout, os.environ)
+            _shared.gauss_pending = True
+            _torch_bridge.install()
+            if sys.stdout is not None:
+                sys.stdout = _Stdout(sys.stdout)
+            os.environ = _Environ(os.environ)  # type: ignore[assignment]  # noqa: B003 - put back by leave()
+        _shared.runs += 1
+        _torch_spawn.install()
+        if engine.cuda_as_cpu:
+            _torch_cuda.install()
+        engine.environ = dict(_shared.saved[4])  # what each rank's copy starts as
+    engine.torch_store = _torch_bridge.new_store()
 
 
-def leave(engine: Any, saved: tuple) -> None:
+def leave(engine: Any) -> None:
+    """Undo :func:`enter` (the last run puts back what the process had before the first)."""
     from simdist import _torch_bridge
 
-    _torch_bridge.uninstall(engine)
-    _torch_spawn.uninstall()
-    if engine.cuda_as_cpu:
-        _torch_cuda.uninstall()
-    py, npy, th, stdout, environ = saved
-    os.environ = environ  # noqa: B003 - the real mapping again
-    random.setstate(py)
-    np.random.set_state(npy)
-    torch.set_rng_state(th)
-    if engine.prefix_output:
-        sys.stdout.flush()
+    with _shared.setup:
+        _torch_spawn.uninstall()
+        if engine.cuda_as_cpu:
+            _torch_cuda.uninstall()
+        _shared.runs -= 1
+        if _shared.runs > 0:
+            return
+        _torch_bridge.uninstall()
+        py, npy, th, stdout, environ = _shared.saved
+        _shared.saved = None
+        os.environ = environ  # noqa: B003 - the real mapping again
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.set_rng_state(th)
+        if isinstance(sys.stdout, _Stdout):
+            sys.stdout.flush()
         sys.stdout = stdout
-    _running.release()
 
 
 class _RawState:
@@ -92,13 +143,12 @@ class _RawState:
     """
 
     def __init__(self, address: int, size: int):
-        self.address, self.size = address, size
-
-    def get(self) -> bytes:
-        return ctypes.string_at(self.address, self.size)
+        # a view of the bytes: copying through it is several times faster than ctypes.string_at/memmove
+        self.view = memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+        self.get = self.view.tobytes
 
     def set(self, data: bytes) -> None:
-        ctypes.memmove(self.address, data, self.size)
+        self.view[:] = data
 
 
 def _python_raw() -> _RawState | None:
@@ -185,19 +235,56 @@ def _seeded(rank: int) -> _RngState:
     return _RngState().capture()
 
 
-def save(engine: Any, rs: Any) -> None:
-    """Remember rank ``rs``'s generator states (it is about to lose the baton)."""
-    rs.rng = (rs.rng or _RngState()).capture()
-    engine.np_gauss_pending = rs.rng.np_gauss
+def take_turn(engine: Any, rs: Any) -> None:
+    """Wait for the turn, unless it came with the baton, then install rank ``rs``'s generator states.
 
-
-def restore(engine: Any, rs: Any) -> None:
-    """Install rank ``rs``'s generator states (it is about to get the baton)."""
+    A rank of a run that is failing unwinds with whatever states are installed.
+    """
+    if rs not in _shared.holder:
+        _shared.turn.acquire()
+        _shared.holder[rs] = True
+        _shared.slice_end = time.perf_counter() + SLICE
+    if engine.aborting:
+        return
     if rs.rng is None:
         rs.rng = _seeded(rs.rank)
     else:
-        rs.rng.install(getattr(engine, "np_gauss_pending", True))
-    engine.np_gauss_pending = rs.rng.np_gauss
+        rs.rng.install(_shared.gauss_pending)
+    _shared.gauss_pending = rs.rng.np_gauss
+
+
+def end_turn(rs: Any, to: Any = None, done: bool = False) -> None:
+    """Save rank ``rs``'s generator states and give up the turn: it is about to pass the baton to ``to``.
+
+    Within its run's time slice the turn goes with the baton to ``to``; after it (or without
+    ``to``) the turn is released for any rank of any run. A rank that is ``done`` (finished,
+    or unwound) saves nothing. A rank whose run timed out and gave up the turn for it
+    (:func:`abandon`) gives up nothing: whoever pops the holder's entry (one atomic step)
+    releases the turn, so it is released once.
+    """
+    state = None if done else (rs.rng or _RngState()).capture()
+    if _shared.holder.pop(rs, False):
+        # with no state saved, the rank may have drawn a normal since its last save
+        _shared.gauss_pending = True if state is None else state.np_gauss
+        if state is not None:
+            rs.rng = state
+        if to is not None and time.perf_counter() < _shared.slice_end:
+            _shared.holder[to] = True
+        else:
+            _shared.turn.release()
+
+
+def abandon(ranks: list) -> bool:
+    """Give up the turn for whichever of ``ranks`` holds it (a run that timed out, its rank stuck outside simdist).
+
+    Returns whether one of them held it.
+    """
+    for rs in ranks:
+        if _shared.holder.pop(rs, False):
+            _shared.gauss_pending = True
+            _shared.turn.release()
+            return True
+    return False
 
 
 def pin_target() -> int | None:
@@ -223,10 +310,14 @@ def _start_intra_op_pool() -> None:
 
 
 def enter_thread(engine: Any, rs: Any) -> None:
+    """Make the calling thread rank ``rs`` of ``engine``'s run (its environment, prefix, torch world, core)."""
     from simdist import _torch_bridge
 
-    engine.environ.start_rank()
-    _torch_bridge.enter_rank()
+    _local.rank = rs.rank
+    _local.environ = dict(engine.environ)
+    _local.prefix = f"[rank {rs.rank}] " if engine.prefix_output else None
+    _local.at_start = True
+    _torch_bridge.enter_rank(engine.torch_store)
     _threads.one_thread()
     if engine.pin_core is not None:
         os.sched_setaffinity(0, {engine.pin_core})
@@ -238,33 +329,26 @@ def leave_thread(engine: Any, rs: Any) -> None:
     from simdist import _torch_bridge
 
     _torch_bridge.leave_rank()
-    engine.environ.end_rank()
+    _local.rank = _local.environ = _local.prefix = None
     if engine.cuda_as_cpu:
         _torch_cuda.leave_thread()
 
 
-class _RankEnviron(MutableMapping):
-    """``os.environ`` while the simulator runs: each rank thread sees and edits its own copy.
+class _Environ(MutableMapping):
+    """``os.environ`` while simulations run: each rank thread sees and edits its own copy.
 
-    A rank's copy is the environment as it was when the run started. Any other thread (the
-    caller, threads a rank starts) sees and edits the real environment. Only Python-level reads
-    see a rank's copy: C code calling ``getenv`` and subprocesses started without ``env=`` see
-    the process environment.
+    A rank's copy is the environment as it was when its run started. Any other thread (a
+    caller, threads a rank starts) sees and edits the real environment. Only Python-level
+    reads see a rank's copy: C code calling ``getenv`` and subprocesses started without
+    ``env=`` see the process environment.
     """
 
-    def __init__(self, base: MutableMapping) -> None:
-        self.base = base
-        self.start = dict(base)
-        self.views: dict[int, dict[str, str]] = {}
-
-    def start_rank(self) -> None:
-        self.views[threading.get_ident()] = dict(self.start)
-
-    def end_rank(self) -> None:
-        self.views.pop(threading.get_ident(), None)
+    def __init__(self, real: MutableMapping) -> None:
+        self.real = real
 
     def _env(self) -> MutableMapping:
-        return self.views.get(threading.get_ident(), self.base)
+        env = getattr(_local, "environ", None)
+        return self.real if env is None else env
 
     def __getitem__(self, key: str) -> str:
         return self._env()[key]
@@ -285,25 +369,23 @@ class _RankEnviron(MutableMapping):
         return dict(self._env())
 
 
-class _Prefixed:
-    """A stdout that starts every line with ``[rank N]`` of the rank writing it."""
+class _Stdout:
+    """``sys.stdout`` while simulations run: on a rank thread of a run with ``prefix_output``, each line starts
+    ``[rank N]``; everything else is written as is."""
 
-    def __init__(self, inner: Any, engine: Any):
+    def __init__(self, inner: Any):
         self.inner = inner
-        self.engine = engine
-        self.at_start: dict[int, bool] = {}
 
     def write(self, text: str) -> int:
-        rs = self.engine.current
-        if rs is None or threading.current_thread() is threading.main_thread():
+        prefix = getattr(_local, "prefix", None)
+        if prefix is None:
             return self.inner.write(text)
-        prefix = f"[rank {rs.rank}] "
         out = []
         for line in text.splitlines(keepends=True):
-            if self.at_start.get(rs.rank, True):
+            if _local.at_start:
                 out.append(prefix)
             out.append(line)
-            self.at_start[rs.rank] = line.endswith("\n")
+            _local.at_start = line.endswith("\n")
         return self.inner.write("".join(out)) and len(text)
 
     def flush(self) -> None:

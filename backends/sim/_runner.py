@@ -10,7 +10,7 @@ import torch
 
 from simdist._callsite import user_call_site
 from simdist._errors import DistError, LeakWarning
-from simdist._topology import as_topology
+from simdist._topology import Topology, as_topology
 from simdist._trace import Trace
 
 from ._engine import Engine
@@ -110,6 +110,10 @@ def simulate(
     ``seed``, default ``'random'`` with seed 0) picks the next rank at each scheduling
     point, or ``schedule`` (a replay token or a list of choices) replays a run.
 
+    Several threads may simulate at once (a Streamlit server's sessions): their ranks take
+    turns at scheduling points, and each run gives what it gives alone (values, schedule,
+    trace, errors). A rank that calls ``simulate`` raises: simulations do not nest.
+
     Args:
         fn: the program of one rank, called as ``fn(rank, *args)`` on every rank's thread.
         nprocs: the number of ranks (the world size).
@@ -124,7 +128,8 @@ def simulate(
         topology: ``None`` (``'switch'``), a name from ``simdist.TOPOLOGIES``, a networkx graph or a Topology.
         eager_limit: sends of at most this many bytes complete at once (buffered); larger
             ones wait for their receive, as on real transports. 0: every send waits.
-        timeout: real seconds after which a run that does not finish raises ``DistTimeoutError``.
+        timeout: real seconds after which a run that does not finish raises ``DistTimeoutError``
+            (its rank stuck outside simdist no longer holds up other simulations of the process).
         record_steps: record the leading values of each algorithm step's buffer in the trace.
         prefix_output: prefix each line a rank prints with ``[rank N]``.
         cpu_time: add each rank's measured CPU time to its virtual clock (not deterministic).
@@ -159,7 +164,7 @@ def simulate(
         args,
         nprocs,
         strategy=make_strategy(strategy, seed, schedule),
-        topology=as_topology(topology, nprocs),
+        topology=as_topology(topology.copy() if isinstance(topology, Topology) else topology, nprocs),
         detail=detail,
         eager_limit=eager_limit,
         record_steps=record_steps,

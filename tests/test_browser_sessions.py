@@ -1,0 +1,202 @@
+"""Many browser sessions at once: eight users of the app together, as in a lecture hall.
+
+A Streamlit server runs each session's script on a thread of one process, so sessions that
+open pages running simulations at the same moment run those simulations concurrently. Eight
+sessions (separate contexts of one headless Chromium, driven concurrently through Playwright's
+async API) open the app; at the same moment each picks a different collective on the
+Collectives page (eight uncached simulations at once); then each visits every page of the app
+(the sidebar links), all sessions together, each starting from a different page so that every
+page runs in several sessions at once. On every page of every session: no exception element,
+no error message, and no error text ("Error", "already running", "Traceback").
+
+Half the sessions use a 1280x720 viewport, half 1920x1080; the pages of the first two are kept
+as screenshots under the test's ``tmp_path`` (and copied to ``$SIMDIST_SCREENSHOTS`` when set).
+It skips, saying why, where Chromium, Playwright or Streamlit is missing (see ``_browser``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+
+import pytest
+from _browser import (  # noqa: F401 - app_url and chromium_path are fixtures
+    DONE,
+    DRAWN,
+    LAUNCH_ARGS,
+    RUN_TIMEOUT_MS,
+    SKELETON,
+    app_url,
+    chromium_path,
+    slug,
+)
+
+# ruff: noqa: F811 - the test takes the imported fixtures as arguments
+
+SESSIONS = 8
+OPS = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"]
+VIEWPORTS = ({"width": 1280, "height": 720}, {"width": 1920, "height": 1080})
+ERROR_TEXT = re.compile(r"\b(?!DeadlockError\b)\w*Error\b|already running|Traceback|cannot be nested")
+"""What no page may show: an error's name (the Deadlock lab names the error it explains), or the old refusal."""
+
+SETTLED = """([done, drawn, skeleton]) => {
+    // The script run is over, no element is still loading (a skeleton stands in for it), and the main
+    // section has kept the same elements and the same markup for a second.
+    const status = document.querySelector('[data-testid="stStatusWidget"]');
+    const main = document.querySelector('[data-testid="stMain"]');
+    const count = document.querySelectorAll(drawn).length;
+    const ready = document.querySelector(done) !== null && count > 0
+        && !document.querySelector(skeleton)
+        && !(status && status.getClientRects().length) && !(window.simdistArmed && !window.simdistRan);
+    const look = count + ":" + (main ? main.innerHTML.length : 0), now = Date.now(), seen = window.simdistSeen;
+    if (!ready || !seen || seen.look !== look) {
+        window.simdistSeen = ready ? {look: look, since: now} : null;
+        return false;
+    }
+    return now - seen.since >= 1000;
+}"""
+
+ARM = """() => {
+    // Note when the next script run shows: a widget change reruns the page without reloading it. The run
+    // shows as the script state "running", or, where the browser took in its start and end at once, as
+    // the main section changing.
+    window.simdistArmed = true;
+    window.simdistRan = false;
+    window.simdistSeen = null;
+    const observer = new MutationObserver(records => {
+        for (const r of records) {
+            const el = r.target.nodeType === 1 ? r.target : r.target.parentElement;
+            const running = r.attributeName === "data-test-script-state"
+                ? r.oldValue === "running" || el.getAttribute(r.attributeName) === "running"
+                : !!(el && el.closest('[data-testid="stMain"]'));
+            if (running) {
+                window.simdistRan = true;
+                observer.disconnect();
+                return;
+            }
+        }
+    });
+    observer.observe(document.body,
+                     {subtree: true, childList: true, attributes: true, characterData: true, attributeOldValue: true});
+}"""
+
+STATE = """() => ({script: document.querySelector('[data-testid="stApp"]')?.getAttribute("data-test-script-state"),
+    connection: document.querySelector('[data-testid="stApp"]')?.getAttribute("data-test-connection-state"),
+    armed: !!window.simdistArmed, ran: !!window.simdistRan, seen: window.simdistSeen,
+    status: document.querySelector('[data-testid="stStatusWidget"]')?.innerText})"""
+
+
+async def settled(page, what: str) -> None:
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        await page.wait_for_function(SETTLED, arg=[DONE, DRAWN, SKELETON], polling=250, timeout=RUN_TIMEOUT_MS)
+    except PlaywrightTimeout:
+        pytest.fail(f"{what}: the page did not settle within {RUN_TIMEOUT_MS / 1000:.0f} s; {await page.evaluate(STATE)}")
+
+
+async def problems(page, where: str, errors: list[str]) -> list[str]:
+    """What is wrong on ``page``: exception elements, error messages, error text, errors in the browser."""
+    found = [f"{where}: exception: {text}" for text in await page.locator('[data-testid="stException"]').all_inner_texts()]
+    found += [f"{where}: error message: {text}"
+              for text in await page.locator('[data-testid="stAlertContentError"]').all_inner_texts()]
+    text = await page.locator("body").inner_text()
+    found += [f"{where}: shows {m.group(0)!r} in ...{text[max(0, m.start() - 80):m.end() + 80]!r}..."
+              for m in ERROR_TEXT.finditer(text)]
+    found += [f"{where}: browser error: {e}" for e in errors]
+    errors.clear()
+    return found
+
+
+class Session:
+    """One user: a browser context with one page."""
+
+    def __init__(self, index: int, base: str, shots) -> None:
+        self.index, self.base, self.shots = index, base, shots
+        self.viewport = VIEWPORTS[index % 2]
+        self.errors: list[str] = []
+        self.found: list[str] = []
+        self.looks = 0
+
+    async def open(self, browser) -> list[str]:
+        """Open the app (the Collectives page); the page links."""
+        self.context = await browser.new_context(viewport=self.viewport)
+        self.page = await self.context.new_page()
+        self.page.on("pageerror", lambda err: self.errors.append(str(err)))
+        await self.page.goto(self.base + "/", wait_until="domcontentloaded", timeout=RUN_TIMEOUT_MS)
+        await settled(self.page, f"session {self.index}, opening the app")
+        hrefs = await self.page.eval_on_selector_all('[data-testid="stSidebarNav"] a[href]', "els => els.map(e => e.href)")
+        return [h for i, h in enumerate(hrefs) if h.startswith(self.base) and h not in hrefs[:i]]
+
+    async def pick(self, label: str, option: str | None = None) -> str:
+        """Choose ``option`` (default: the first one not chosen) in the select box ``label``; wait for the rerun."""
+        from playwright.async_api import expect
+
+        box = self.page.get_by_role("combobox", name=label, exact=True)
+        current = await box.input_value()
+        await self.page.evaluate(ARM)
+        await box.click()
+        if option is None:
+            names = await self.page.get_by_role("option").all_inner_texts()
+            option = next(n.strip() for n in names if n.strip() != current)
+        await self.page.get_by_role("option", name=option, exact=True).click()
+        await expect(box).to_have_value(option, timeout=RUN_TIMEOUT_MS)
+        await settled(self.page, f"session {self.index}, {label} {current!r} -> {option!r}")
+        await self.check(f"collectives, {label} {option}")
+        return option
+
+    async def pick_collective(self, op: str) -> None:
+        """Run a simulation no other session runs: collective ``op``, or another algorithm if ``op`` is shown already."""
+        if await self.page.get_by_role("combobox", name="collective", exact=True).input_value() == op:
+            await self.pick("algorithm")
+        else:
+            await self.pick("collective", op)
+
+    async def visit(self, url: str) -> None:
+        await self.page.goto(url, wait_until="domcontentloaded", timeout=RUN_TIMEOUT_MS)
+        await settled(self.page, f"session {self.index}, {url}")
+        await self.check(url[len(self.base):] or "/")
+
+    async def check(self, what: str) -> None:
+        where = f"session {self.index} ({self.viewport['width']}x{self.viewport['height']}), {what}"
+        self.found += await problems(self.page, where, self.errors)
+        self.looks += 1
+        if self.index < len(VIEWPORTS):
+            name = f"session{self.index}_{self.viewport['width']}x{self.viewport['height']}_{self.looks:02d}"
+            await self.page.screenshot(path=str(self.shots / f"{name}_{slug(self.page.url, self.base)}.png"))
+
+
+async def drive(chromium: str, base: str, shots) -> tuple[list[str], list[str]]:
+    """Every session through the app together; what was wrong, and the pages visited."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
+        try:
+            sessions = [Session(i, base, shots) for i in range(SESSIONS)]
+            links = await asyncio.gather(*(s.open(browser) for s in sessions))
+            urls = links[0]
+            assert urls and all(sorted(u) == sorted(urls) for u in links), links
+            await asyncio.gather(*(s.pick_collective(OPS[s.index % len(OPS)]) for s in sessions))
+            for k in range(len(urls)):
+                await asyncio.gather(*(s.visit(urls[(k + s.index) % len(urls)]) for s in sessions))
+            return [p for s in sessions for p in s.found], urls
+        finally:
+            await browser.close()
+
+
+@pytest.mark.timeout(900)
+def test_eight_sessions_use_every_page_at_once(app_url, chromium_path, tmp_path):
+    pytest.importorskip("playwright.async_api", reason="playwright is not installed (bash install.sh)")
+    found, urls = asyncio.run(drive(chromium_path, app_url, tmp_path))
+    shots = sorted(tmp_path.glob("*.png"))
+    out = os.environ.get("SIMDIST_SCREENSHOTS")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        for shot in shots:
+            shutil.copy(shot, out)
+    assert not found, "\n".join(found[:20])
+    assert len(urls) >= 5, urls  # the app's pages, each visited by every session
+    assert len(shots) == len(VIEWPORTS) * (len(urls) + 1)
