@@ -7,17 +7,13 @@ computes from traces of the in-process simulator (no server, GPU or second proce
 import pandas  # noqa: F401 - imported whole before any page draws (below)
 import streamlit as st
 
-<<<<<<< HEAD
-# The tab's icon is an emoji, drawn by the browser; a ":material/...:" one would be fetched from
-# fonts.gstatic.com (tests/test_classroom.py checks that the app makes no request elsewhere).
-st.set_page_config(page_title="simdist visualizer", page_icon="🔀", layout="wide")
-=======
 # Sessions run on threads of one process. plotly looks pandas up in sys.modules without
 # importing it: a page drawing a chart while another session's first table was importing
 # pandas found it half-initialized (AttributeError: partially initialized module 'pandas').
 
-st.set_page_config(page_title="simdist visualizer", layout="wide")
->>>>>>> concurrent
+# The tab's icon is an emoji, drawn by the browser; a ":material/...:" one would be fetched from
+# fonts.gstatic.com (tests/test_classroom.py checks that the app makes no request elsewhere).
+st.set_page_config(page_title="simdist visualizer", page_icon="🔀", layout="wide")
 pages = [
     st.Page("app_pages/collectives.py", title="Collectives", icon=":material/hub:", default=True),
     st.Page("app_pages/compare.py", title="Compare algorithms", icon=":material/stacked_line_chart:"),
