@@ -4,12 +4,11 @@ A thin shell: the pages live in ``app_pages/`` and draw only what ``simdist.visu
 computes from traces of the in-process simulator (no server, GPU or second process needed).
 """
 
-import pandas  # noqa: F401 - imported whole before any page draws (below)
-import streamlit as st
-
 # Sessions run on threads of one process. plotly looks pandas up in sys.modules without
 # importing it: a page drawing a chart while another session's first table was importing
 # pandas found it half-initialized (AttributeError: partially initialized module 'pandas').
+import pandas  # noqa: F401 - imported whole before any page draws
+import streamlit as st
 
 # The tab's icon is an emoji, drawn by the browser; a ":material/...:" one would be fetched from
 # fonts.gstatic.com (tests/test_classroom.py checks that the app makes no request elsewhere).
