@@ -30,10 +30,17 @@ PROJECTED = {"size": 14, "color": "#222222"}
 """The font of the Collectives figures: legible on a projector at 1280x720."""
 
 
+def _projected(fig: Any) -> None:
+    """Set every text of ``fig`` that a theme could shrink (title, ticks, axis titles) to :data:`PROJECTED`."""
+    fig.update_layout(font=PROJECTED, title_font={**PROJECTED, "size": 16})
+    fig.update_xaxes(tickfont=PROJECTED, title_font=PROJECTED)
+    fig.update_yaxes(tickfont=PROJECTED, title_font=PROJECTED)
+
+
 def _blank_axes(fig: Any) -> None:
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, scaleanchor="x", scaleratio=1)
-    fig.update_layout(plot_bgcolor="white", showlegend=False, margin=dict(l=10, r=10, t=40, b=10), font=PROJECTED)
+    fig.update_layout(plot_bgcolor="white", showlegend=False, margin=dict(l=10, r=10, t=40, b=10))
 
 
 def _shorten(a: tuple[float, float], b: tuple[float, float], gap: float) -> tuple[tuple[float, float], ...]:
@@ -118,6 +125,7 @@ def graph_figure(g: nx.MultiDiGraph) -> Any:
         title = f"{g.graph['op']} ({g.graph.get('algorithm')}), {title}"
     fig.update_layout(title=title)
     _blank_axes(fig)
+    _projected(fig)
     return fig
 
 
@@ -191,7 +199,8 @@ def buffer_figure(table: BufferTable) -> Any:
         when = "before any message"
     elif any(r.source == "work" for r in table.rows):
         when += " (working data)"
-    fig.update_layout(title=f"{name} {when}", plot_bgcolor="white", font=PROJECTED,
+    _projected(fig)
+    fig.update_layout(title=f"{name} {when}", plot_bgcolor="white",
                       height=max(200, 28 * len(table.rows) + 80), margin=dict(l=10, r=10, t=40, b=10))  # fmt: skip
     return fig
 
@@ -241,8 +250,8 @@ def timeline_figure(tl: Timeline) -> Any:
     title = f"timeline on {tl.topology}: {len(tl.arrows)} messages"
     if tl.contention:
         title += f", {len(tl.contention)} link conflicts"
+    _projected(fig)
     fig.update_layout(title=title, barmode="overlay", plot_bgcolor="white", height=max(250, 26 * tl.world + 100),
-                      font=PROJECTED,
                       margin=dict(l=10, r=10, t=40, b=10), showlegend=bool(tl.contention))  # fmt: skip
     return fig
 
