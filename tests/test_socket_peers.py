@@ -34,6 +34,11 @@ from simdist._reduce_op import ReduceOp
 SPAWN = mp.get_context("spawn")
 SECRET = b"peers-test-secret"
 R = ReduceOp
+JOB_TIMEOUT = 60.0  # seconds a worker's network waits by default: what a test checks happens long before
+LINGER = 60.0  # seconds a worker's close() may wait for a peer to take its goodbye: far from the 20 s it is given
+# a test that finds the job broken first spawns another (four processes importing torch: about a
+# minute on a busy machine), within its own time limit
+ON_JOB = pytest.mark.timeout(300)
 
 
 # -- worker processes -----------------------------------------------------------------
@@ -45,8 +50,10 @@ def _describe(exc: BaseException) -> dict:
 
 
 def _worker(rank: int, size: int, port: int, secret: bytes, timeout: float, conn) -> None:
+    from simdist.backends.socket import _peers
     from simdist.backends.socket._store import StoreClient
 
+    _peers._LINGER = LINGER  # a close() that waited for its linger would take a minute, not a moment
     store = StoreClient("127.0.0.1", port, SECRET, timeout=timeout)
     net = PeerNetwork(rank, size, store, secret, timeout=timeout)
     conn.send(("ok", os.getpid()))
@@ -65,10 +72,18 @@ def _worker(rank: int, size: int, port: int, secret: bytes, timeout: float, conn
     store.close()
 
 
+def _signal(port: int, key: str) -> None:
+    """Tell the test process, through the job's store, that this worker got to ``key``."""
+    from simdist.backends.socket._store import StoreClient
+
+    with StoreClient("127.0.0.1", port, SECRET, timeout=JOB_TIMEOUT) as store:
+        store.set(key, b"")
+
+
 class Job:
     """``size`` worker processes with a PeerNetwork each, and the store they meet at."""
 
-    def __init__(self, size: int, *, timeout: float = 20.0, secrets: dict | None = None):
+    def __init__(self, size: int, *, timeout: float = JOB_TIMEOUT, secrets: dict | None = None):
         self.size = size
         self.timeout = timeout
         self.broken = False  # a test killed a worker
@@ -89,6 +104,13 @@ class Job:
         if not self.conns[r].poll(timeout):
             raise AssertionError(f"rank {r} did not answer within {timeout} s")
         return self.conns[r].recv()
+
+    def reached(self, keys: list[str]) -> None:
+        """Wait until the workers signalled every one of ``keys`` (see ``_signal``)."""
+        from simdist.backends.socket._store import StoreClient
+
+        with StoreClient("127.0.0.1", self.server.port, SECRET, timeout=120) as store:
+            store.wait(keys)
 
     def start(self, fn, *args, ranks=None) -> list[int]:
         ranks = range(self.size) if ranks is None else ranks
@@ -117,7 +139,7 @@ class Job:
             if p.is_alive():
                 try:
                     self.conns[r].send(None)
-                    took.append(self.reply(r, 30)[1])
+                    took.append(self.reply(r, LINGER + 30)[1])
                 except (OSError, EOFError, AssertionError):
                     pass
         for p in self.procs:
@@ -140,7 +162,7 @@ class _Jobs:
             self.current.close()
             self.current = None
         if self.current is None:
-            self.current = Job(4, timeout=10.0)
+            self.current = Job(4)
         return self.current
 
 
@@ -150,7 +172,7 @@ def jobs():
     yield holder
     if holder.current is not None:
         took = holder.current.close()
-        assert all(t < 2 for t in took), took
+        assert all(t < 20 for t in took), took  # no close waited for its linger (60 s)
 
 
 @pytest.fixture
@@ -185,7 +207,7 @@ def _p2p_kinds(net):
     return flags.tolist(), halves.float().tolist()
 
 
-@pytest.mark.timeout(60)
+@ON_JOB
 def test_send_recv_torch_and_numpy(job) -> None:
     out = job.run(_p2p_kinds)
     assert out[1] == list(range(10))
@@ -217,7 +239,7 @@ def _fifo_and_tags(net):
     return {f"{ctx}/{tag}": [int(b[0]) for b in bs] for (ctx, tag), bs in bufs.items()}
 
 
-@pytest.mark.timeout(60)
+@ON_JOB
 def test_fifo_per_peer_ctx_and_tag(job) -> None:
     got = job.run(_fifo_and_tags)[0]
     assert got == {"2/5": list(range(20)), "2/6": [100 + i for i in range(20)], "3/5": [200 + i for i in range(20)]}
@@ -260,7 +282,7 @@ def _mixed_sizes(net, seed: int):
     return [i for i, b in enumerate(bufs) if not np.array_equal(b, _pattern(i, len(b)))]
 
 
-@pytest.mark.timeout(60)
+@ON_JOB
 def test_inline_and_queued_sends_keep_posting_order(job) -> None:
     """Sends written inline by the caller never overtake queued ones: all 160 arrive in posting
     order (a swap would be a size mismatch) with the right bytes."""
@@ -287,7 +309,7 @@ def _unexpected_first(net):
     return done_at_post, empty.done, bool(torch.equal(buf, data))
 
 
-@pytest.mark.timeout(60)
+@ON_JOB
 def test_unexpected_message_is_copied_when_posted(job) -> None:
     assert job.run(_unexpected_first)[3] == (True, True, True)
 
@@ -302,7 +324,7 @@ def _zero_bytes(net):
     return None
 
 
-@pytest.mark.timeout(60)
+@ON_JOB
 def test_zero_byte_messages(job) -> None:
     out = job.run(_zero_bytes)
     assert out[0] == out[1] == [True] * 4
@@ -318,7 +340,7 @@ def _any_source(net):
     return sorted((h.source, int(b[0])) for h, b in zip(hs, bufs))
 
 
-@pytest.mark.timeout(60)
+@ON_JOB
 def test_receive_from_any_source(job) -> None:
     assert job.run(_any_source)[0] == [(1, 1), (2, 2), (3, 3)]
 
@@ -349,7 +371,7 @@ def _size_mismatch(net):
     return errors, after.tolist()
 
 
-@pytest.mark.timeout(60)
+@ON_JOB
 def test_size_mismatch_is_a_protocol_error_at_wait(job) -> None:
     errors, after = job.run(_size_mismatch)[0]
     assert len(errors) == 2
@@ -362,18 +384,20 @@ def test_size_mismatch_is_a_protocol_error_at_wait(job) -> None:
 def _timeout(net):
     if net.rank != 0:
         return None
+    sent = net.isend(np.zeros(0), 3, 11, 4)
+    net.wait([sent])  # connected and written (however long that takes here), before the timed wait
     start = time.monotonic()
     try:
-        net.wait([net.irecv(np.zeros(3), 2, 11, 3), net.isend(np.zeros(0), 3, 11, 4)], timeout=0.3)
+        net.wait([net.irecv(np.zeros(3), 2, 11, 3), sent], timeout=0.3)
     except DistTimeoutError as exc:
         return str(exc), time.monotonic() - start
     return None
 
 
-@pytest.mark.timeout(60)
+@ON_JOB
 def test_timeout_names_what_is_pending(job) -> None:
     msg, took = job.run(_timeout)[0]
-    assert 0.25 < took < 2
+    assert 0.25 < took < 20  # the wait's 0.3 s, not the network's 60 s
     assert "recv from rank 2 (ctx 11, tag 3, 24 bytes" in msg
     assert "send to rank 3" not in msg  # that one completed
 
@@ -408,7 +432,7 @@ def _big(net, nbytes, reps):
     return times, intact
 
 
-@pytest.mark.timeout(90)
+@ON_JOB
 def test_large_message_arrives_intact(job, record_property) -> None:
     nbytes = 64 << 20
     out = job.run(_big, nbytes, 3, ranks=[0, 1])
@@ -527,7 +551,7 @@ def _expected(case: tuple, size: int, grank: int):
     return None
 
 
-@pytest.mark.timeout(90)
+@ON_JOB
 @pytest.mark.parametrize("group", GROUPS, ids=[f"world{len(g)}" for g in GROUPS])
 def test_every_collective_algorithm(job, group) -> None:
     """Each algorithm of simdist.algorithms, run_blocking over the transport of a group of
@@ -546,9 +570,9 @@ def test_every_collective_algorithm(job, group) -> None:
 # -- faults ------------------------------------------------------------------------------
 
 
-def _collective_loop(net, doomed: int):
-    """A barrier, then ring all_reduce over and over until a rank dies; then one more send to
-    and receive from the dead rank, which must fail at once."""
+def _collective_loop(net, doomed: int, port: int):
+    """A barrier, then ring all_reduce over and over until a rank dies (signalling the first
+    one done); then one more send to and receive from the dead rank, which must fail at once."""
     world = tuple(range(net.world_size))
     t = net.transport(world, net.rank, 1)
     alg.run_blocking(alg.get("barrier", "dissemination")(t, np.zeros(1)), t)
@@ -558,8 +582,10 @@ def _collective_loop(net, doomed: int):
             t = net.transport(world, net.rank, 2 + i)
             alg.run_blocking(alg.get("all_reduce", "ring")(t, buf, R.SUM), t)
             buf.fill_(1)
+            if i == 0:
+                _signal(port, f"looping/{net.rank}")
     except DistError as exc:
-        first = (type(exc).__name__, getattr(exc, "rank", None), time.time(), i)
+        first = (type(exc).__name__, getattr(exc, "rank", None), time.monotonic(), i)
     later = []
     for post in (lambda: net.isend(buf, doomed, 1, 1), lambda: net.irecv(buf, doomed, 1, 1)):
         h = post()
@@ -571,70 +597,76 @@ def _collective_loop(net, doomed: int):
     return first, later
 
 
-@pytest.mark.timeout(90)
+@ON_JOB
 def test_killed_peer_fails_the_others_promptly(job) -> None:
     """SIGKILL one rank in the middle of a stream of all_reduce calls: every other rank raises
-    PeerLostError naming it within the timeout + 1 s (in fact well before the timeout, also
-    the ranks that do not receive from it); later operations with it fail at once; closing
-    the others does not hang. (This breaks the module's job: the next test spawns another.)"""
+    PeerLostError naming it well before the timeout (also the ranks that do not receive from
+    it); later operations with it fail at once; closing the others does not hang. (This
+    breaks the module's job: the next test spawns another.) Times are CLOCK_MONOTONIC, one
+    clock for every process of the machine."""
     doomed = 2
     job.broken = True
-    job.start(_collective_loop, doomed)
-    time.sleep(1.0)
-    killed = time.time()
+    job.start(_collective_loop, doomed, job.server.port)
+    job.reached([f"looping/{r}" for r in range(job.size)])
+    killed = time.monotonic()
     os.kill(job.pids[doomed], signal.SIGKILL)
     survivors = [0, 1, 3]
     out = job.results(survivors, timeout=job.timeout + 30)
     took = job.close()
-    assert all(t < 2 for t in took), took
+    assert all(t < 20 for t in took), took  # no close waited for its linger (60 s)
     for r, (status, value) in zip(survivors, out):
         assert status == "ok", value
         (kind, rank, when, calls), later = value
         assert calls > 0, "the kill came before the first all_reduce finished"
         assert (kind, rank) == ("PeerLostError", doomed), (r, value)
-        assert when - killed < min(job.timeout + 1, job.timeout / 2), (r, when - killed)
-        assert len(later) == 2 and all(q == doomed and t < 0.5 for q, t in later), (r, later)
+        assert when - killed < 20, (r, when - killed)  # through the lost connection, not the 60 s timeout
+        assert len(later) == 2 and all(q == doomed and t < 20 for q, t in later), (r, later)  # at once, too
 
 
-def _stream_until_lost(net, doomed: int):
-    """Rank ``doomed`` receives 256 KiB messages until it is killed. The others send them to it,
-    one isend and wait at a time (so each is written inline), until a send fails; then one more."""
+def _stream_until_lost(net, doomed: int, port: int):
+    """Rank ``doomed`` receives 256 KiB messages until it is killed (signalling the first one).
+    The others send them to it, one isend and wait at a time (so each is written inline), until
+    a send fails; then one more."""
     buf = np.ones(256 << 10, dtype=np.uint8)
     if net.rank == doomed:
         for i in itertools.count():
             net.wait([net.irecv(buf, 0, 41, i)])
+            if i == 0:
+                _signal(port, "receiving")
     for sent in itertools.count():
         h = net.isend(buf, doomed, 41, sent)
         done_at_return = h.done
         try:
             net.wait([h])
         except DistError as exc:
-            failed_at = time.time()
+            failed_at = time.monotonic()
             later = net.isend(buf, doomed, 41, 0)
             return (type(exc).__name__, getattr(exc, "rank", None), done_at_return, sent, failed_at,
                     later.done and isinstance(later.error, PeerLostError))
 
 
-@pytest.mark.timeout(90)
+@ON_JOB
 def test_peer_killed_during_an_inline_send(job) -> None:
     """Stop the receiving rank so rank 0 blocks inside an inline send (the kernel's buffers are
     full), then kill it: that send fails with PeerLostError naming it, soon, not at the timeout;
-    a later send fails at once. (This breaks the module's job.)"""
+    a later send fails at once. (This breaks the module's job, and closes it.)"""
     doomed = 1
     job.broken = True
-    job.start(_stream_until_lost, doomed, ranks=[0, doomed])
-    time.sleep(0.5)
+    job.start(_stream_until_lost, doomed, job.server.port, ranks=[0, doomed])
+    job.reached(["receiving"])  # connected, and the stream flows
     os.kill(job.pids[doomed], signal.SIGSTOP)
-    time.sleep(0.5)
-    killed = time.time()
+    time.sleep(0.5)  # rank 0 fills the kernel's buffers and blocks in a send; were it not yet, its next send fails alike
+    killed = time.monotonic()
     os.kill(job.pids[doomed], signal.SIGKILL)
     [(status, value)] = job.results([0], timeout=job.timeout + 30)
     assert status == "ok", value
     kind, rank, done_at_return, sent, failed_at, later_failed = value
     assert (kind, rank) == ("PeerLostError", doomed), value
     assert done_at_return and sent > 0, value  # it failed inside isend: an inline send
-    assert failed_at - killed < 2, value
+    assert failed_at - killed < 20, value  # through the lost connection, not the 60 s timeout
     assert later_failed, value
+    took = job.close()  # here, not in a later test's time
+    assert all(t < 20 for t in took), took  # no close waited for its linger (60 s)
 
 
 # -- in this process: an attacker on a raw socket, orderly goodbyes -----------------------
@@ -654,7 +686,7 @@ class DictStore:
 
     def get(self, key: str) -> bytes:
         with self.cond:
-            if not self.cond.wait_for(lambda: key in self.data, 10):
+            if not self.cond.wait_for(lambda: key in self.data, 60):
                 raise DistTimeoutError(f"no key {key!r}")
             return self.data[key]
 
@@ -665,10 +697,22 @@ def _raw_peer(net: PeerNetwork, rank: int, world: int) -> socket.socket:
     from simdist.backends.socket._auth import client_handshake
 
     host, port = net.address.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=5)
-    client_handshake(sock, SECRET, 5)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    client_handshake(sock, SECRET, 30)
     sock.sendall(_peers._HELLO.pack(_peers._HELLO_MAGIC, rank, world))
     return sock
+
+
+def _timeout_naming(net: PeerNetwork, handle, words: list[str]) -> str:
+    """The DistTimeoutError of a short wait for ``handle``, once its message names every one of
+    ``words``: the network's own threads record a rejected connection soon, but at no fixed time."""
+    deadline = time.monotonic() + 60
+    while True:
+        with pytest.raises(DistTimeoutError) as info:
+            net.wait([handle], timeout=0.3)
+        message = str(info.value)
+        if all(w in message for w in words) or time.monotonic() > deadline:
+            return message
 
 
 @pytest.mark.timeout(60)
@@ -679,13 +723,13 @@ def test_garbage_from_an_authenticated_peer_fails_its_receives(garbage: bytes, v
     PeerLostError (never a hang or another error), and the network still closes."""
     from simdist.backends.socket import _frames as F
 
-    with PeerNetwork(0, 2, DictStore(), SECRET, timeout=5) as net:
+    with PeerNetwork(0, 2, DictStore(), SECRET, timeout=30) as net:
         buf = np.zeros(2, dtype=np.int32)
         h = net.irecv(buf, 1, 0, 0)
         sock = _raw_peer(net, 1, 2)
         if valid_first:
             sock.sendall(F.encode_header(F.DATA, 0, 0, 8, 1) + np.arange(2, dtype=np.int32).tobytes())
-            net.wait([h], timeout=5)
+            net.wait([h], timeout=30)
             assert buf.tolist() == [0, 1]
             h = net.irecv(buf, 1, 0, 0)
         try:  # the network may drop the connection at the first bad byte
@@ -694,19 +738,17 @@ def test_garbage_from_an_authenticated_peer_fails_its_receives(garbage: bytes, v
         except OSError:
             pass
         with pytest.raises((ProtocolError, PeerLostError)):
-            net.wait([h], timeout=5)
+            net.wait([h], timeout=30)
         sock.close()
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_a_bad_hello_is_rejected_and_reported() -> None:
-    with PeerNetwork(0, 2, DictStore(), SECRET, timeout=5) as net:
+    with PeerNetwork(0, 2, DictStore(), SECRET, timeout=30) as net:
         for rank, world in [(0, 2), (5, 2), (1, 3)]:
             _raw_peer(net, rank, world).close()
-        time.sleep(0.1)
-        with pytest.raises(DistTimeoutError, match="rejected") as info:
-            net.wait([net.irecv(np.zeros(1), 1, 0, 0)], timeout=0.3)
-        assert "rank 5 of 2" in str(info.value) and "rank 1 of 3" in str(info.value)
+        message = _timeout_naming(net, net.irecv(np.zeros(1), 1, 0, 0), ["rank 5 of 2", "rank 1 of 3"])
+        assert "rejected" in message and "rank 5 of 2" in message and "rank 1 of 3" in message, message
 
 
 def _pair(secrets=(SECRET, SECRET)):
@@ -715,7 +757,7 @@ def _pair(secrets=(SECRET, SECRET)):
     nets = [None, None]
 
     def make(r):
-        nets[r] = PeerNetwork(r, 2, store, secrets[r], timeout=5)
+        nets[r] = PeerNetwork(r, 2, store, secrets[r], timeout=30)
 
     threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
     for t in threads:
@@ -725,7 +767,7 @@ def _pair(secrets=(SECRET, SECRET)):
     return nets
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_close_flushes_sends_and_fails_only_pending_receives() -> None:
     a, b = _pair()
     try:
@@ -737,15 +779,15 @@ def test_close_flushes_sends_and_fails_only_pending_receives() -> None:
         b.isend(big, 0, 1, 0)  # not waited for: close() must still deliver it
         b.close()
         with pytest.raises(PeerLostError, match="closed its peer network") as info:
-            a.wait([pending], timeout=2)
+            a.wait([pending], timeout=30)
         assert info.value.rank == 1
         got = torch.zeros_like(big)
-        a.wait([a.irecv(got, 1, 1, 0)], timeout=2)  # arrived before the goodbye: still delivered
+        a.wait([a.irecv(got, 1, 1, 0)], timeout=30)  # arrived before the goodbye: still delivered
         assert torch.equal(got, big)
         with pytest.raises(PeerLostError, match="has closed its peer network"):
-            a.wait([a.isend(np.ones(1), 1, 2, 0)], timeout=2)  # the goodbye came back the other way too
+            a.wait([a.isend(np.ones(1), 1, 2, 0)], timeout=30)  # the goodbye came back the other way too
         with pytest.raises(PeerLostError):
-            a.wait([a.irecv(np.zeros(1), 1, 2, 0)], timeout=2)
+            a.wait([a.irecv(np.zeros(1), 1, 2, 0)], timeout=30)
         later = a.irecv(np.zeros(1), None, 3, 0)
     finally:
         a.close()
@@ -755,7 +797,7 @@ def test_close_flushes_sends_and_fails_only_pending_receives() -> None:
         a.isend(np.ones(1), 1, 0, 0)
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_bad_arguments() -> None:
     a, b = _pair()
     try:
@@ -784,7 +826,7 @@ def test_bad_arguments() -> None:
         b.close()
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_wrong_secret_is_an_authentication_error() -> None:
     """Each rank's send fails the handshake with the other (AuthenticationError); its receive
     times out, and the timeout names the rejected incoming connection."""
@@ -794,16 +836,15 @@ def test_wrong_secret_is_an_authentication_error() -> None:
         recvs = [net.irecv(np.zeros(4), 1 - net.rank, 30, 0) for net in nets]
         for net, h, r in zip(nets, sends, recvs):
             with pytest.raises(AuthenticationError, match="wrong secret"):
-                net.wait([h], timeout=5)
-            with pytest.raises(DistTimeoutError, match="recv from rank") as info:
-                net.wait([r], timeout=0.5)
-            assert "rejected" in str(info.value) and "AuthenticationError" in str(info.value)
+                net.wait([h], timeout=30)
+            message = _timeout_naming(net, r, ["rejected", "AuthenticationError"])
+            assert "recv from rank" in message and "rejected" in message and "AuthenticationError" in message, message
     finally:
         for net in nets:
             net.close()
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_a_huge_claimed_size_allocates_only_what_arrives() -> None:
     """A header announcing 1 TiB, then 1 MiB and the end of the stream: memory follows the
     bytes received, and the peer's pending receive fails with PeerLostError."""
@@ -811,7 +852,7 @@ def test_a_huge_claimed_size_allocates_only_what_arrives() -> None:
 
     from simdist.backends.socket import _frames as F
 
-    with PeerNetwork(0, 2, DictStore(), SECRET, timeout=5) as net:
+    with PeerNetwork(0, 2, DictStore(), SECRET, timeout=30) as net:
         pending = net.irecv(np.zeros(1), 1, 0, 1)
         sock = _raw_peer(net, 1, 2)
         tracemalloc.start()
@@ -819,7 +860,7 @@ def test_a_huge_claimed_size_allocates_only_what_arrives() -> None:
             sock.sendall(F.encode_header(F.DATA, 0, 0, F.MAX_FRAME_BYTES, 1) + bytes(1 << 20))
             sock.close()
             with pytest.raises(PeerLostError, match="ended without a goodbye") as info:
-                net.wait([pending], timeout=5)
+                net.wait([pending], timeout=30)
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
@@ -827,21 +868,21 @@ def test_a_huge_claimed_size_allocates_only_what_arrives() -> None:
         assert peak < 32 << 20, peak
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_a_receive_posted_while_its_message_arrives() -> None:
     """Part of a 24 MiB message arrives unexpected, then the receive is posted, then the rest."""
     from simdist.backends.socket import _frames as F
 
     data = np.random.default_rng(0).integers(0, 255, 24 << 20, dtype=np.uint8)
-    with PeerNetwork(0, 2, DictStore(), SECRET, timeout=5) as net:
+    with PeerNetwork(0, 2, DictStore(), SECRET, timeout=30) as net:
         sock = _raw_peer(net, 1, 2)
         sock.sendall(F.encode_header(F.DATA, 3, 4, data.nbytes, 1))
         sock.sendall(data[: 10 << 20])
-        time.sleep(0.2)
+        time.sleep(0.2)  # usually lets part arrive first; a receive posted before it arrives gets the same bytes
         out = torch.zeros(data.nbytes, dtype=torch.uint8)
         h = net.irecv(out, 1, 3, 4)
         sock.sendall(data[10 << 20 :])
-        net.wait([h], timeout=5)
+        net.wait([h], timeout=30)
         assert np.array_equal(out.numpy(), data)
         sock.sendall(F.encode_header(F.CLOSE, 0, 0, 0, 1))
         sock.close()

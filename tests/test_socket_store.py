@@ -38,9 +38,25 @@ SECRET = b"correct horse battery staple"
 HOST = "127.0.0.1"
 
 
+class SignallingServer(StoreServer):
+    """The real :class:`StoreServer`, plus ``waiting``: an event set once a request starts
+    waiting for a missing key, so a test acts on a wait it knows is pending on the server
+    (instead of sleeping and assuming the request got there)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.waiting = threading.Event()
+
+    def _wait_for(self, keys, timeout_ms):
+        keys = list(keys)
+        if any(k not in self._data for k in keys):
+            self.waiting.set()  # the caller holds the condition until it waits on it
+        return super()._wait_for(keys, timeout_ms)
+
+
 @pytest.fixture
 def server():
-    with StoreServer(HOST, 0, SECRET) as srv:
+    with SignallingServer(HOST, 0, SECRET) as srv:
         yield srv
 
 
@@ -57,13 +73,13 @@ def _free_port() -> int:
 
 
 def _authenticated(port: int) -> socket.socket:
-    sock = socket.create_connection((HOST, port), timeout=5)
+    sock = socket.create_connection((HOST, port), timeout=30)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    _auth.client_handshake(sock, SECRET, 5)
+    _auth.client_handshake(sock, SECRET, 30)
     return sock
 
 
-def _read_to_eof(sock: socket.socket, timeout: float = 5.0) -> bytes:
+def _read_to_eof(sock: socket.socket, timeout: float = 30.0) -> bytes:
     """Everything the peer sends until it closes (a reset counts as closing)."""
     sock.settimeout(timeout)
     got = b""
@@ -77,9 +93,14 @@ def _read_to_eof(sock: socket.socket, timeout: float = 5.0) -> bytes:
         got += chunk
 
 
-def _later(delay: float, fn, *args) -> threading.Thread:
+def _later(when: float | threading.Event, fn, *args) -> threading.Thread:
+    """Call ``fn(*args)`` in a thread after ``when`` seconds, or once the event ``when`` is set."""
+
     def run():
-        time.sleep(delay)
+        if isinstance(when, threading.Event):
+            assert when.wait(60), "the event never came"
+        else:
+            time.sleep(when)
         fn(*args)
 
     t = threading.Thread(target=run, daemon=True)
@@ -108,17 +129,15 @@ def test_set_get_overwrite_and_value_kinds(client):
     assert client.get("ключ/ü") == b"unicode key"
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(90)
 def test_get_waits_until_another_thread_sets_the_key(server, client):
     with StoreClient(HOST, server.port, SECRET, timeout=10) as other:
-        setter = _later(0.3, other.set, "late", b"here")
-        t0 = time.monotonic()
-        assert client.get("late", timeout=5) == b"here"
-        assert 0.2 < time.monotonic() - t0 < 4
+        setter = _later(server.waiting, other.set, "late", b"here")  # set only while the get waits
+        assert client.get("late", timeout=60) == b"here"
         setter.join()  # its own answer may still be on the way
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(90)
 def test_wait_returns_once_all_keys_exist(server, client):
     with StoreClient(HOST, server.port, SECRET, timeout=10) as other:
 
@@ -127,8 +146,8 @@ def test_wait_returns_once_all_keys_exist(server, client):
                 time.sleep(0.1)
                 other.set(f"k{i}", b"x")
 
-        t = _later(0.0, set_all)
-        client.wait(["k0", "k1", "k2"], timeout=5)
+        t = _later(server.waiting, set_all)
+        client.wait(["k0", "k1", "k2"], timeout=60)
         assert client.check(["k0", "k1", "k2"])
         t.join()
     client.wait([])  # nothing to wait for
@@ -206,11 +225,11 @@ def test_compare_set_follows_torch(client):
     assert not client.check(["absent"])
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(90)
 def test_compare_set_wakes_a_waiter(server, client):
     with StoreClient(HOST, server.port, SECRET, timeout=10) as other:
-        setter = _later(0.2, other.compare_set, "cas", b"", b"v")
-        assert client.get("cas", timeout=5) == b"v"
+        setter = _later(server.waiting, other.compare_set, "cas", b"", b"v")
+        assert client.get("cas", timeout=60) == b"v"
         setter.join()
 
 
@@ -275,9 +294,10 @@ def test_values_over_the_limit_are_refused_before_sending():
 @pytest.mark.timeout(10)
 def test_get_that_times_out_names_the_key_and_the_timeout(client):
     t0 = time.monotonic()
+    # the server's answer (the client's own deadline, REPLY_MARGIN_S later, words it otherwise)
     with pytest.raises(DistTimeoutError, match=r"get\('never'\) timed out after 0.3 s.*'never'"):
         client.get("never", timeout=0.3)
-    assert 0.25 < time.monotonic() - t0 < 0.3 + REPLY_MARGIN_S
+    assert time.monotonic() - t0 > 0.25  # not before its timeout
     client.set("present", b"1")
     with pytest.raises(DistTimeoutError, match=r"\['gone'\] \(of \['present', 'gone'\]\)") as err:
         client.wait(["present", "gone"], timeout=0.2)
@@ -285,9 +305,10 @@ def test_get_that_times_out_names_the_key_and_the_timeout(client):
     assert client.get("present") == b"1"  # the server answered, so the connection is fine
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(90)
 def test_default_timeout_is_the_clients(server):
-    with StoreClient(HOST, server.port, SECRET, timeout=0.2) as c:
+    with StoreClient(HOST, server.port, SECRET, timeout=60) as c:  # the handshake may take a while here
+        c.timeout = 0.2
         with pytest.raises(DistTimeoutError, match="0.2 s"):
             c.get("never")
         import datetime
@@ -296,10 +317,10 @@ def test_default_timeout_is_the_clients(server):
             c.wait(["never"], timeout=datetime.timedelta(milliseconds=100))
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(90)
 def test_closing_the_server_ends_a_pending_wait():
-    srv = StoreServer(HOST, 0, SECRET)
-    c = StoreClient(HOST, srv.port, SECRET, timeout=30)
+    srv = SignallingServer(HOST, 0, SECRET)
+    c = StoreClient(HOST, srv.port, SECRET, timeout=60)
     errors: list[BaseException] = []
 
     def waiter():
@@ -310,37 +331,36 @@ def test_closing_the_server_ends_a_pending_wait():
 
     t = threading.Thread(target=waiter)
     t.start()
-    time.sleep(0.2)
-    t0 = time.monotonic()
+    assert srv.waiting.wait(30)
     srv.close()
-    t.join(5)
-    assert not t.is_alive() and time.monotonic() - t0 < 3
+    t.join(30)
+    assert not t.is_alive()  # ended by the close, long before the wait's 60 s
     assert isinstance(errors[0], DistError) and "closed the connection" in str(errors[0])
     c.close()
     with pytest.raises(DistError, match="closed"):
         c.num_keys()
 
 
-@pytest.mark.timeout(10)
-def test_closing_the_client_ends_its_own_pending_wait(client):
+@pytest.mark.timeout(90)
+def test_closing_the_client_ends_its_own_pending_wait(server, client):
     errors: list[BaseException] = []
 
     def waiter():
         try:
-            client.get("never", timeout=30)
+            client.get("never", timeout=60)
         except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
             errors.append(exc)
 
     t = threading.Thread(target=waiter)
     t.start()
-    time.sleep(0.2)
+    assert server.waiting.wait(30)
     client.close()
-    t.join(5)
-    assert not t.is_alive()
+    t.join(30)
+    assert not t.is_alive()  # ended by the close, long before the wait's 60 s
     assert isinstance(errors[0], DistError) and "was closed" in str(errors[0])
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(60)
 def test_silent_server_during_the_handshake_times_out():
     with socket.create_server((HOST, 0)) as lst:
         accepted: list[socket.socket] = []
@@ -349,13 +369,13 @@ def test_silent_server_during_the_handshake_times_out():
         t0 = time.monotonic()
         with pytest.raises(DistTimeoutError, match="timed out after 0.5 s"):
             StoreClient(HOST, lst.getsockname()[1], SECRET, timeout=0.5)
-        assert time.monotonic() - t0 < 0.5 + 1.5
-        t.join(1)
+        assert time.monotonic() - t0 < 20  # the handshake's 0.5 s timeout ended it, not a hang
+        t.join(10)
         for conn in accepted:
             conn.close()
 
 
-@pytest.mark.timeout(15)
+@pytest.mark.timeout(120)
 def test_silent_server_after_the_handshake_times_out_every_kind_of_request():
     with socket.create_server((HOST, 0)) as lst:
         held: list[socket.socket] = []
@@ -363,22 +383,22 @@ def test_silent_server_after_the_handshake_times_out_every_kind_of_request():
         def serve_silently():
             for _ in range(2):
                 conn = lst.accept()[0]
-                _auth.server_handshake(conn, SECRET, 5)
+                _auth.server_handshake(conn, SECRET, 30)
                 held.append(conn)  # reads nothing, answers nothing
 
         t = threading.Thread(target=serve_silently, daemon=True)
         t.start()
         port = lst.getsockname()[1]
         for call in (lambda c: c.set("k", b"v", timeout=0.3), lambda c: c.get("k", timeout=0.3)):
-            c = StoreClient(HOST, port, SECRET, timeout=5)
+            c = StoreClient(HOST, port, SECRET, timeout=60)
             t0 = time.monotonic()
             with pytest.raises(DistTimeoutError, match="did not answer within 0.3 s"):
                 call(c)
-            assert time.monotonic() - t0 < 0.3 + REPLY_MARGIN_S + 1.0
+            assert time.monotonic() - t0 < 0.3 + REPLY_MARGIN_S + 15  # the request's timeout, not the client's 60 s
             with pytest.raises(DistError, match="unusable after an earlier failure"):
                 c.num_keys()
             c.close()
-        t.join(2)
+        t.join(10)
         for conn in held:
             conn.close()
 
@@ -419,15 +439,15 @@ def test_port_in_use_names_host_and_port(server):
             StoreServer(HOST, port, SECRET)
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(90)
 def test_client_retries_until_the_server_is_up():
     port = _free_port()
     started: list[StoreServer] = []
-    starter = _later(0.5, lambda: started.append(StoreServer(HOST, port, SECRET)))
     t0 = time.monotonic()
+    starter = _later(0.5, lambda: started.append(StoreServer(HOST, port, SECRET)))
     try:
-        with StoreClient(HOST, port, SECRET, timeout=5, connect_timeout=8) as c:
-            assert time.monotonic() - t0 >= 0.4
+        with StoreClient(HOST, port, SECRET, timeout=30, connect_timeout=60) as c:
+            assert time.monotonic() - t0 >= 0.45  # connected to the server that came up 0.5 s later
             c.set("k", b"v")
             assert c.get("k") == b"v"
     finally:
@@ -436,13 +456,13 @@ def test_client_retries_until_the_server_is_up():
             srv.close()
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(120)
 def test_no_server_gives_a_timeout_after_connect_timeout():
     port = _free_port()
     t0 = time.monotonic()
     with pytest.raises(DistTimeoutError, match=rf"could not connect to the store at 127\.0\.0\.1:{port} within 0.5 s"):
-        StoreClient(HOST, port, SECRET, timeout=30, connect_timeout=0.5)
-    assert 0.45 < time.monotonic() - t0 < 2.0
+        StoreClient(HOST, port, SECRET, timeout=60, connect_timeout=0.5)
+    assert 0.45 < time.monotonic() - t0 < 20  # retried for connect_timeout, not for timeout (60 s)
 
 
 @pytest.mark.timeout(10)
@@ -474,7 +494,7 @@ def _handshake_pair(server_secret, client_secret, client_side=None):
 
     def run_server():
         try:
-            _auth.server_handshake(a, server_secret, 5)
+            _auth.server_handshake(a, server_secret, 30)
             outcome["server"] = "ok"
         except Exception as exc:  # noqa: BLE001 - recorded for the assertion
             outcome["server"] = exc
@@ -483,7 +503,7 @@ def _handshake_pair(server_secret, client_secret, client_side=None):
     t.start()
     try:
         if client_side is None:
-            _auth.client_handshake(b, client_secret, 5)
+            _auth.client_handshake(b, client_secret, 30)
         else:
             client_side(b)
         outcome["client"] = "ok"
@@ -491,12 +511,12 @@ def _handshake_pair(server_secret, client_secret, client_side=None):
         outcome["client"] = exc
     finally:
         b.close()
-    t.join(6)
+    t.join(40)
     a.close()
     return outcome["server"], outcome["client"]
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(90)
 def test_handshake_succeeds_with_the_same_secret_and_fails_on_both_sides_otherwise():
     assert _handshake_pair(b"s3cret", b"s3cret") == ("ok", "ok")
     srv, cli = _handshake_pair(b"s3cret", b"other")
@@ -509,7 +529,7 @@ def test_handshake_succeeds_with_the_same_secret_and_fails_on_both_sides_otherwi
 def test_handshake_rejects_an_impostor_server_on_both_sides():
     # a "server" that answers the challenge without the secret: the client refuses it
     def impostor_client(sock):
-        _auth.client_handshake(sock, b"s3cret", 5)
+        _auth.client_handshake(sock, b"s3cret", 30)
 
     a, b = socket.socketpair()
     errors: list[BaseException] = []
@@ -524,22 +544,21 @@ def test_handshake_rejects_an_impostor_server_on_both_sides():
     t.start()
     with pytest.raises(AuthenticationError, match="SIMDIST_SECRET"):
         impostor_client(b)
-    t.join(5)
+    t.join(30)
     assert errors == [_auth.MAGIC + b"K" + b"\x00"]  # the client told it so
     a.close()
     b.close()
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(120)
 def test_handshake_rejects_other_protocols_at_once_and_times_out_on_silence():
     def http(sock):
         sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
         time.sleep(0.5)
 
-    t0 = time.monotonic()
     srv, _ = _handshake_pair(SECRET, None, http)
+    # at once: had it waited for more bytes, the client's hanging up would be the error
     assert isinstance(srv, ProtocolError) and "does not speak the simdist protocol" in str(srv)
-    assert time.monotonic() - t0 < 2
 
     srv, _ = _handshake_pair(SECRET, None, lambda sock: sock.recv(41))  # reads the hello, then hangs up
     assert isinstance(srv, ProtocolError) and "closed the connection" in str(srv)
@@ -548,7 +567,7 @@ def test_handshake_rejects_other_protocols_at_once_and_times_out_on_silence():
     t0 = time.monotonic()
     with pytest.raises(DistTimeoutError, match="timed out after 0.3 s"):
         _auth.server_handshake(a, SECRET, 0.3)
-    assert time.monotonic() - t0 < 1.5
+    assert time.monotonic() - t0 < 20  # its 0.3 s timeout ended it, not a hang
     a.close()
     b.close()
 
@@ -556,8 +575,8 @@ def test_handshake_rejects_other_protocols_at_once_and_times_out_on_silence():
     a.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
     t0 = time.monotonic()
     with pytest.raises(ProtocolError, match="the server does not speak the simdist protocol"):
-        _auth.client_handshake(b, SECRET, 5)
-    assert time.monotonic() - t0 < 1
+        _auth.client_handshake(b, SECRET, 60)
+    assert time.monotonic() - t0 < 20  # on the first bytes, not at the 60 s timeout
     a.close()
     b.close()
 
@@ -579,15 +598,15 @@ def test_secret_helpers(monkeypatch):
         StoreServer(HOST, 0)
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(90)
 def test_http_client_is_rejected_and_the_server_stays_up(server, client):
-    with socket.create_connection((HOST, server.port), timeout=5) as raw:
+    with socket.create_connection((HOST, server.port), timeout=30) as raw:
         raw.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
         t0 = time.monotonic()
         reply = _read_to_eof(raw)
-        assert time.monotonic() - t0 < 2
+        assert time.monotonic() - t0 < 20  # closed on the first bytes, not at the 30 s handshake timeout
     assert reply == b"" or (reply.startswith(_auth.MAGIC + b"H") and len(reply) == 41)  # at most our hello
-    with socket.create_connection((HOST, server.port), timeout=5) as raw:
+    with socket.create_connection((HOST, server.port), timeout=30) as raw:
         raw.sendall(os.urandom(64))
         _read_to_eof(raw)
     client.set("still", b"up")
@@ -598,7 +617,7 @@ def test_http_client_is_rejected_and_the_server_stays_up(server, client):
 # standalone server
 
 
-@pytest.mark.timeout(40)
+@pytest.mark.timeout(180)
 def test_standalone_server_in_a_subprocess():
     env = dict(os.environ, SIMDIST_SECRET="standalone-secret")
     proc = subprocess.Popen(
@@ -616,11 +635,11 @@ def test_standalone_server_in_a_subprocess():
             c.set("k", b"v")
             assert c.get("k") == b"v" and c.add("n", 3) == 3
         proc.terminate()
-        assert proc.wait(10) == 0
+        assert proc.wait(60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(5)
+            proc.wait(30)
         proc.stdout.close()
         proc.stderr.close()
 
@@ -790,13 +809,11 @@ def test_length_fields_never_cause_large_allocations():
     assert peak < 1 << 20
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(90)
 def test_server_refuses_an_oversized_frame_header_without_waiting_for_the_body():
     with StoreServer(HOST, 0, SECRET, max_value_bytes=1000) as srv, _authenticated(srv.port) as sock:
         sock.sendall(struct.pack(">I", 1000 + HEADER_SLACK + 1))  # and no body
-        t0 = time.monotonic()
-        assert _read_to_eof(sock) == b""
-        assert time.monotonic() - t0 < 2
+        assert _read_to_eof(sock) == b""  # closed at once: waiting for the body would never end
         with StoreClient(HOST, srv.port, SECRET, timeout=5) as c:
             assert c.num_keys() == 0
 
@@ -827,7 +844,7 @@ def _live_garbage(draw):
     return data
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_live_server_closes_connections_that_send_garbage_and_keeps_serving():
     limit = DEFAULT_MAX_VALUE_BYTES + HEADER_SLACK
     with StoreServer(HOST, 0, SECRET) as srv, StoreClient(HOST, srv.port, SECRET, timeout=10) as good:

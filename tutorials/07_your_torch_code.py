@@ -100,7 +100,8 @@ def main():
             return True
         return False
 
-    minimal = find(sdt.schedules(), fails, settings=settings(max_examples=300, derandomize=True, database=None))
+    patient = settings(max_examples=300, derandomize=True, database=None, deadline=None)  # runs may be slow here
+    minimal = find(sdt.schedules(), fails, settings=patient)
     print(f"Hypothesis found a failing schedule and shrank it to {list(minimal)}: token {minimal.token}")
     try:
         sdt.replay(parameter_server, WORLD, minimal.token, args=(WORLD,))
