@@ -265,6 +265,8 @@ def narrow(buf: Array, start: int, length: int) -> Array:
 def byte_view(buf: Array) -> Array:
     """Flat buffer ``buf`` seen as ``uint8`` bytes (same memory, same array kind and device: torch, numpy, cupy)."""
     if isinstance(buf, torch.Tensor):
+        if buf.numel() == 0:  # torch refuses to view an empty buffer whose stride is 0 (as numpy's can be)
+            return buf.new_empty(0, dtype=torch.uint8)
         return buf.view(torch.uint8)
     return buf.view(np.uint8)
 

@@ -62,6 +62,22 @@ def test_reductions_gloo_lacks_are_done_by_gathering() -> None:
         assert got == ([6, 9], [want_c], [3, 3])
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_empty_numpy_buffers_move_on_gloo(world: int) -> None:
+    """A concatenation of empty numpy arrays can have stride 0, which torch will not view as bytes."""
+
+    def body(rank: int):
+        out = np.zeros((0,), dtype=np.float32)
+        parts = [np.zeros((0,), dtype=np.float32) for _ in range(world)] if rank == 0 else None
+        dist.scatter(out, parts, src=0)
+        gathered = [np.zeros((0,), dtype=np.float32) for _ in range(world)] if rank == 0 else None
+        dist.gather(out, gathered, dst=0)
+        return out.shape, None if gathered is None else [g.shape for g in gathered]
+
+    for rank, got in enumerate(run_body(body, world, "gloo")):
+        assert got == ((0,), [(0,)] * world if rank == 0 else None)
+
+
 def test_batch_isend_irecv_uses_torch_batches() -> None:
     def body(rank: int):
         peer = 1 - rank
