@@ -222,6 +222,7 @@ def test_your_code_runs_pasted_code_in_a_separate_process(monkeypatch):
     at.button(key="run_code").click()
     ok(at)
     assert [row for row in at.table[0].value["returned"]] == ["[3.0, 3.0, 3.0, 3.0]"] * 3
+    assert any("network" in c.value.lower() for c in at.caption)  # the page says whether the run had a network
     at.text_area(key="code").input("def main(rank):\n    raise ValueError('boom')\n")
     at.button(key="run_code").click()
     ok(at)

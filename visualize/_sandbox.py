@@ -1,52 +1,115 @@
-"""Running pasted code: in a separate process, with time and memory limits, never in the caller's.
+"""Running pasted code: in a separate, contained process, never in the caller's.
 
 ``run_code(source, world)`` executes ``source`` in a fresh ``python3`` process that
 defines ``main(rank)``, runs it on ``world`` simulated ranks, and sends back the trace as
-JSON. Pasted code can do anything the user running the app can do; the app offers this
-only when started with ``SIMDIST_ALLOW_CODE=1``.
+JSON. The child is contained as far as the platform allows:
+
+- a minimal environment (``PATH``, ``LANG``, ``HOME``/``TMPDIR`` set to its private
+  directory, one thread for OpenMP), none of the app's variables or secrets;
+- a private, empty working directory, removed afterwards;
+- its own session and process group, killed when the run ends (also on success), so
+  grandchildren it started do not outlive it; its output goes to files, so a grandchild
+  that holds stdout cannot keep the run waiting;
+- limits on address space, CPU seconds, file size, open files and processes. Linux
+  counts ``RLIMIT_NPROC`` over all processes (threads) of a user, so the child's limit is
+  the number its user already has plus ``world`` plus a margin of 64; when the app runs
+  as root (which the kernel exempts from that limit) the child drops to ``nobody``;
+- no network, via a new network namespace (``unshare(CLONE_NEWNET)``, as root, or with a
+  new user namespace otherwise). Where neither is permitted the run says so:
+  ``CodeResult.network_isolated`` is ``False`` and the code can use the network.
+
+Pasted code can still read what its user may read; the app offers this only when
+started with ``SIMDIST_ALLOW_CODE=1``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 
-__all__ = ["CodeResult", "run_code", "code_allowed", "ALLOW_ENV"]
+__all__ = ["ALLOW_ENV", "CodeResult", "code_allowed", "run_code"]
 
 ALLOW_ENV = "SIMDIST_ALLOW_CODE"
+_NET = "@@SIMDIST-NET@@"
+_MARK = "@@SIMDIST@@"
 
 _WORKER = r"""
-import json, resource, sys
-limit = int(sys.argv[2]) << 20
+import ctypes, json, os, resource, sys
+source = sys.stdin.read()
+sys.stdin.close()
+memory_mb, world, cpu_s, fsize_mb, nofile = (int(a) for a in sys.argv[1:6])
+libc = ctypes.CDLL(None, use_errno=True)
+NEWUSER, NEWNET = 0x10000000, 0x40000000
+def tasks_of(uid):
+    n = 0
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = dict(line.split(":", 1) for line in f if ":" in line)
+            if int(status["Uid"].split()[0]) == uid:
+                n += int(status["Threads"])
+        except (OSError, KeyError, ValueError):
+            pass
+    return n
+def threads():
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("Threads:")).split()[1])
+isolated = os.geteuid() == 0 and libc.unshare(NEWNET) == 0
+if os.geteuid() == 0:  # become nobody, keeping only the capability to read (the stdlib may be under /root)
+    libc.prctl(8, 1, 0, 0, 0)  # PR_SET_KEEPCAPS
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+    read = 1 << 2  # CAP_DAC_READ_SEARCH
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+    data = (ctypes.c_uint32 * 6)(read, read, read, 0, 0, 0)
+    if libc.capset(header, data) != 0 or libc.prctl(47, 2, 2, 0, 0) != 0:  # PR_CAP_AMBIENT_RAISE
+        raise SystemExit("could not keep the capability to read files as nobody")
+others = tasks_of(os.getuid()) - threads()  # before a user namespace hides the real uid
+if not isolated:
+    isolated = libc.unshare(NEWUSER | NEWNET) == 0
+print("@@SIMDIST-NET@@" + ("1" if isolated else "0"), flush=True)
+limit = memory_mb << 20
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 import simdist
-source = open(sys.argv[1]).read()
+nproc = others + threads() + world + 64
+resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
+for what, value in ((resource.RLIMIT_FSIZE, fsize_mb << 20), (resource.RLIMIT_NOFILE, nofile),
+                    (resource.RLIMIT_NPROC, nproc)):
+    resource.setrlimit(what, (value, value))
 namespace = {"__name__": "pasted"}
 exec(compile(source, "<pasted code>", "exec"), namespace)
 main = namespace.get("main")
 if not callable(main):
     raise SystemExit("the pasted code must define main(rank)")
-world = int(sys.argv[3])
 try:
     res = simdist.simulate(main, world, seed=0, leaks="ignore")
     out = {"ok": True, "trace": res.trace.to_json(), "values": [repr(v)[:200] for v in res.values]}
 except simdist.DistError as err:
     out = {"ok": False, "error": f"{type(err).__name__}: {err}"}
-print("\n@@SIMDIST@@" + json.dumps(out))
+print("\n@@SIMDIST@@" + json.dumps(out), flush=True)
 """
 
 
 @dataclass(frozen=True)
 class CodeResult:
-    """What a run of pasted code gave: a trace (JSON) and values, or an error text."""
+    """What a run of pasted code gave: a trace (JSON) and values, or an error text.
+
+    ``network_isolated`` tells whether the child ran without network access (a new
+    network namespace); ``False`` where the platform did not permit one.
+    """
 
     ok: bool
     trace_json: str | None = None
     values: tuple = ()
     error: str | None = None
+    network_isolated: bool = False
 
 
 def code_allowed() -> bool:
@@ -54,29 +117,87 @@ def code_allowed() -> bool:
     return os.environ.get(ALLOW_ENV) == "1"
 
 
-def run_code(source: str, world: int, *, timeout: float = 20.0, memory_mb: int = 2048) -> CodeResult:
-    """Run ``main(rank)`` from ``source`` on ``world`` simulated ranks in a child process; its trace or its error."""
-    import tempfile
+def _positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name}={value!r} must be a positive number")
 
+
+def _child_env(home: str) -> dict:
+    return {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home,
+            "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_code(source: str, world: int, *, timeout: float = 20.0, memory_mb: int = 2048,
+             cpu_seconds: int | None = None, file_mb: int = 64, open_files: int = 256) -> CodeResult:
+    """Run ``main(rank)`` from ``source`` on ``world`` simulated ranks in a contained child process.
+
+    Returns its trace and values, or the error text. ``timeout`` bounds wall time;
+    ``cpu_seconds`` (default twice ``timeout``, at least 10) CPU time; ``memory_mb`` the
+    address space; ``file_mb`` the size of any file written; ``open_files`` the
+    descriptors. Raises ``TypeError``/``ValueError`` for a bad argument.
+    """
     if not isinstance(source, str):
         raise TypeError(f"source must be a str, got {type(source).__name__}")
     if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= 64:
         raise ValueError(f"world={world!r} must be an int from 1 to 64")
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(source)
-        path = f.name
+    for name, value in (("timeout", timeout), ("memory_mb", memory_mb), ("file_mb", file_mb),
+                        ("open_files", open_files)):
+        _positive(name, value)
+    cpu = max(10, int(2 * timeout)) if cpu_seconds is None else cpu_seconds
+    _positive("cpu_seconds", cpu)
+    outdir = tempfile.mkdtemp(prefix="simdist-out-")
+    home = tempfile.mkdtemp(prefix="simdist-code-")
+    if os.geteuid() == 0:
+        os.chown(home, 65534, 65534)
     try:
-        proc = subprocess.run([sys.executable, "-c", _WORKER, path, str(memory_mb), str(world)],
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return CodeResult(False, error=f"the code did not finish within {timeout:g} s (it was stopped)")
+        with open(os.path.join(outdir, "out"), "w+") as out, open(os.path.join(outdir, "err"), "w+") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-c", _WORKER, str(int(memory_mb)), str(world), str(int(cpu)),
+                 str(int(file_mb)), str(int(open_files))],
+                stdin=subprocess.PIPE, stdout=out, stderr=err, text=True, cwd=home, env=_child_env(home),
+                start_new_session=True, close_fds=True)
+            try:
+                proc.stdin.write(source)
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                code = None
+            finally:
+                _kill_group(proc)
+                proc.wait()
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(), err.read()
     finally:
-        os.unlink(path)
-    head, sep, tail = proc.stdout.rpartition("@@SIMDIST@@")
+        shutil.rmtree(outdir, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
+    return _result(code, stdout, stderr, timeout, cpu)
+
+
+def _result(code: int | None, stdout: str, stderr: str, timeout: float, cpu: int) -> CodeResult:
+    isolated = stdout.startswith(_NET + "1")
+    if code is None:
+        return CodeResult(False, error=f"the code did not finish within {timeout:g} s (it was stopped)",
+                          network_isolated=isolated)
+    if code == -signal.SIGXCPU:
+        return CodeResult(False, error=f"the code used more than {cpu} s of CPU time (it was stopped)",
+                          network_isolated=isolated)
+    _, sep, tail = stdout.rpartition(_MARK)
     if not sep:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        return CodeResult(False, error="\n".join(lines[-15:]) or f"the child process exited with {proc.returncode}")
+        lines = (stderr or stdout).strip().splitlines()
+        return CodeResult(False, error="\n".join(lines[-15:]) or f"the child process exited with {code}",
+                          network_isolated=isolated)
     out = json.loads(tail)
     if not out["ok"]:
-        return CodeResult(False, error=out["error"])
-    return CodeResult(True, trace_json=out["trace"], values=tuple(out["values"]))
+        return CodeResult(False, error=out["error"], network_isolated=isolated)
+    return CodeResult(True, trace_json=out["trace"], values=tuple(out["values"]), network_isolated=isolated)

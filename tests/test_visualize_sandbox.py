@@ -1,0 +1,114 @@
+"""The containment of pasted code: each limit checked on a real child process."""
+
+import ast
+import os
+import socket
+import time
+
+import pytest
+from simdist.visualize._sandbox import run_code
+
+pytestmark = pytest.mark.timeout(180)
+
+NOOP = "def main(rank):\n    return 0\n"
+
+
+def _values(res):
+    assert res.ok, res.error
+    return [ast.literal_eval(v) for v in res.values]
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_the_child_does_not_see_the_parents_environment(monkeypatch):
+    monkeypatch.setenv("SIMDIST_TEST_SECRET", "hunter2")
+    res = run_code("import os\nENV = dict(os.environ)\ndef main(rank):\n    return ENV\n", 1)
+    env = _values(res)[0]
+    assert "SIMDIST_TEST_SECRET" not in env and "hunter2" not in repr(env)
+    assert set(env) <= {"PATH", "LANG", "HOME", "TMPDIR", "OMP_NUM_THREADS", "PYTHONDONTWRITEBYTECODE", "LC_CTYPE"}
+
+
+def test_the_working_directory_is_fresh_empty_and_removed_afterwards():
+    res = run_code("import os\nCWD, FILES = os.getcwd(), os.listdir('.')\nopen('x.txt', 'w').write('hi')\n"
+                   "def main(rank):\n    return [CWD, FILES, os.environ['HOME']]\n", 1)
+    cwd, files, home = _values(res)[0]
+    assert files == [] and home == cwd
+    assert not os.path.exists(cwd)
+
+
+def test_file_writes_are_limited_in_size():
+    res = run_code("open('big', 'wb').write(bytes(8 << 20))\ndef main(rank):\n    return 0\n", 1, file_mb=1)
+    assert not res.ok and "File too large" in res.error
+    res = run_code("open('small', 'wb').write(bytes(1 << 19))\ndef main(rank):\n    return 0\n", 1, file_mb=1)
+    assert res.ok, res.error
+
+
+def test_a_fork_bomb_is_stopped_by_the_process_limit():
+    src = ("import os, signal, time\npids, err = [], None\n"
+           "try:\n    for _ in range(5000):\n        pid = os.fork()\n        if pid == 0:\n            time.sleep(600)\n"
+           "            os._exit(0)\n        pids.append(pid)\nexcept OSError as e:\n    err = e.errno\n"
+           "forked = len(pids)\nfor pid in pids:\n    os.kill(pid, signal.SIGKILL)\n    os.waitpid(pid, 0)\n"
+           "def main(rank):\n    return [forked, err]\n")
+    forked, err = _values(run_code(src, 1, timeout=120))[0]
+    assert err == 11 and 0 < forked < 5000  # EAGAIN well before the loop ran out
+
+
+@pytest.mark.parametrize("how", ["subprocess", "fork"])
+def test_a_sleeping_grandchild_is_killed_when_the_run_ends(how):
+    start = ("import subprocess, sys\nPID = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
+             " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid\n") if how == "subprocess" else (
+            "import os, time\nPID = os.fork()\nif PID == 0:\n    time.sleep(600)\n    os._exit(0)\n")
+    res = run_code(start + "def main(rank):\n    return PID\n", 1, timeout=60)
+    pid = _values(res)[0]
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
+
+
+def test_a_grandchild_holding_stdout_does_not_turn_success_into_a_timeout():
+    src = ("import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+           "def main(rank):\n    return rank\n")
+    t0 = time.monotonic()
+    res = run_code(src, 2, timeout=90)
+    assert _values(res) == [0, 1]
+    assert time.monotonic() - t0 < 90
+
+
+def test_a_cpu_bound_loop_is_stopped_by_the_cpu_limit():
+    res = run_code("while True:\n    pass\n", 1, timeout=150, cpu_seconds=4)
+    assert not res.ok and "more than 4 s of CPU time" in res.error
+
+
+def test_too_many_open_files_are_refused():
+    src = ("import errno\nfiles, err = [], None\ntry:\n    for _ in range(200):\n"
+           "        files.append(open('/dev/null'))\nexcept OSError as e:\n    err = e.errno\n"
+           "opened = len(files)\nfor f in files:\n    f.close()\n"
+           "def main(rank):\n    return [opened, err]\n")
+    opened, err = _values(run_code(src, 1, open_files=64))[0]
+    assert err == 24 and opened < 64  # EMFILE
+
+
+def test_no_network_where_isolation_is_reported(record_property):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        src = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=10).close()\n"
+               "    GOT = 'connected'\nexcept OSError as e:\n    GOT = type(e).__name__\n"
+               "def main(rank):\n    return GOT\n")
+        res = run_code(src, 1, timeout=60)
+    got = _values(res)[0]
+    record_property("network_isolated", res.network_isolated)
+    print(f"network_isolated={res.network_isolated}, connect gave {got}")
+    if res.network_isolated:
+        assert got != "connected"
+    else:
+        assert got == "connected"
