@@ -167,8 +167,9 @@ def lesson_rank_error():
 # several terminals, or on several machines, works the same) and give each the rendezvous
 # address, its rank and the world size. Rank 0 serves the rendezvous at that address.
 # Every connection is authenticated with the secret in SIMDIST_SECRET, which all processes
-# must share. (On loopback, without SIMDIST_SECRET, a default secret is used, with a warning;
-# any other address refuses to start without one.)
+# must share. (On loopback, without SIMDIST_SECRET, each user's own secret is used, created on
+# first use in ~/.config/simdist/secret, readable by that user only; any other address refuses
+# to start without one.)
 
 
 def by_hand(rank, world_size, port, secret, results):

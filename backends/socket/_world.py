@@ -7,11 +7,9 @@ import ipaddress
 import os
 import socket
 import time
-import warnings
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
-from simdist._callsite import user_call_site
 from simdist._errors import DistError
 from simdist._group import GroupMember
 from simdist._world import World, set_process_world
@@ -23,9 +21,6 @@ __all__ = ["SocketWorld", "DEFAULT_TIMEOUT", "rendezvous"]
 
 DEFAULT_TIMEOUT = 300.0
 """Seconds an operation may wait for its peers before ``DistTimeoutError`` (``timeout=`` changes it)."""
-
-_LOOPBACK_SECRET = b"simdist-loopback-default-secret"
-
 
 def _seconds(timeout: Any) -> float:
     if timeout is None:
@@ -81,22 +76,20 @@ def is_loopback(host: str) -> bool:
 
 
 def shared_secret(host: str) -> bytes:
-    """``SIMDIST_SECRET``; on loopback without one, a fixed default (with a warning)."""
+    """``$SIMDIST_SECRET``; on loopback without one, this user's secret (see :mod:`._secret`).
+
+    Raises:
+        ValueError: ``host`` is not loopback and ``$SIMDIST_SECRET`` is unset.
+        PermissionError: the per-user secret file is readable by others or not this user's.
+    """
     from ._auth import secret_from_env
+    from ._secret import user_secret
 
     secret = secret_from_env()
     if secret:
         return secret
     if is_loopback(host):
-        filename, _, line = user_call_site().rpartition(":")
-        warnings.warn_explicit(
-            "SIMDIST_SECRET is not set: connections on loopback are authenticated with simdist's default "
-            "secret; set SIMDIST_SECRET (simdist run and spawn set one) to keep other local users out",
-            UserWarning,
-            filename,
-            int(line) if line.isdigit() else 0,
-        )
-        return _LOOPBACK_SECRET
+        return user_secret()
     raise ValueError(
         f"MASTER_ADDR {host!r} is not a loopback address, so connections must be authenticated: set "
         "SIMDIST_SECRET to the same value on every host (simdist run generates one for a single node)"
