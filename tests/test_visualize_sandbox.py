@@ -73,6 +73,60 @@ def test_a_sleeping_grandchild_is_killed_when_the_run_ends(how):
     assert not _alive(pid)
 
 
+def _with_token(token):
+    """The pids of live processes whose command line holds ``token`` (read from /proc)."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if token.encode() in f.read() and _alive(int(name)):
+                    found.append(int(name))
+        except OSError:
+            pass
+    return found
+
+
+_ESCAPES = {
+    "setsid": "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', TOKEN],"
+              " start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n",
+    "daemon": "import os, sys\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+              "        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)', TOKEN])\n"
+              "    os._exit(0)\nos.wait()\n",
+}
+
+
+@pytest.mark.parametrize("ending", ["success", "timeout"])
+@pytest.mark.parametrize("escape", sorted(_ESCAPES))
+def test_a_grandchild_that_left_the_session_is_killed_too(escape, ending):
+    token = f"simdist-escape-{os.getpid()}-{escape}-{ending}"
+    body = "    return rank\n" if ending == "success" else "    import time\n    time.sleep(600)\n"
+    src = f"TOKEN = {token!r}\n" + _ESCAPES[escape] + "def main(rank):\n" + body
+    try:
+        res = run_code(src, 1, timeout=20 if ending == "timeout" else 60)
+        assert res.ok == (ending == "success"), res.error
+        assert _with_token(token) == []
+    finally:
+        for pid in _with_token(token):
+            os.kill(pid, 9)
+
+
+def test_the_child_keeps_a_capability_only_where_nobody_could_not_read_python():
+    import sysconfig
+
+    def nobody_reads(path):  # from the mode bits of the path and each directory above it
+        parts = os.path.abspath(path).split(os.sep)
+        dirs = [os.sep.join(parts[:i]) or os.sep for i in range(1, len(parts))]
+        return (all(os.stat(d).st_mode & 0o001 for d in dirs)
+                and os.stat(path).st_mode & 0o005 == 0o005)
+
+    src = ("with open('/proc/self/status') as f:\n"
+           "    CAPS = next(line for line in f if line.startswith('CapEff:')).split()[1]\n"
+           "def main(rank):\n    return int(CAPS, 16)\n")
+    caps = _values(run_code(src, 1))[0]
+    needed = os.geteuid() == 0 and not nobody_reads(sysconfig.get_paths()["stdlib"])
+    assert caps == (1 << 2 if needed else 0)  # CAP_DAC_READ_SEARCH, or nothing
+
+
 def test_a_grandchild_holding_stdout_does_not_turn_success_into_a_timeout():
     src = ("import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
            "def main(rank):\n    return rank\n")

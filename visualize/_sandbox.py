@@ -7,9 +7,12 @@ JSON. The child is contained as far as the platform allows:
 - a minimal environment (``PATH``, ``LANG``, ``HOME``/``TMPDIR`` set to its private
   directory, one thread for OpenMP), none of the app's variables or secrets;
 - a private, empty working directory, removed afterwards;
-- its own session and process group, killed when the run ends (also on success), so
-  grandchildren it started do not outlive it; its output goes to files, so a grandchild
-  that holds stdout cannot keep the run waiting;
+- its own session and process group, killed when the run ends (also on success), and a
+  supervisor process (a child subreaper, ``PR_SET_CHILD_SUBREAPER``) that runs the code in
+  its child and, when that ends or the run times out, kills every process descended from
+  it, also those that left the group with ``setsid()``; so grandchildren the code started
+  do not outlive it. Its output goes to files, so a grandchild that holds stdout cannot
+  keep the run waiting;
 - limits on address space, CPU seconds, file size, open files and processes. Linux
   counts ``RLIMIT_NPROC`` over all processes (threads) of a user, so the child's limit is
   the number its user already has plus ``world`` plus a margin of 64; when the app runs
@@ -18,8 +21,9 @@ JSON. The child is contained as far as the platform allows:
   new user namespace otherwise). Where neither is permitted the run says so:
   ``CodeResult.network_isolated`` is ``False`` and the code can use the network.
 
-Pasted code can still read what its user may read; the app offers this only when
-started with ``SIMDIST_ALLOW_CODE=1``.
+Pasted code can still read what its user may read (with the capability kept, any file),
+and where the app does not run as root, code that kills its own supervisor can leave a
+process behind. The app offers this only when started with ``SIMDIST_ALLOW_CODE=1``.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ __all__ = ["ALLOW_ENV", "CodeResult", "code_allowed", "run_code"]
 ALLOW_ENV = "SIMDIST_ALLOW_CODE"
 _NET = "@@SIMDIST-NET@@"
 _MARK = "@@SIMDIST@@"
+_CLEANUP_S = 10.0  # how long the supervisor may take to kill what the code started, after a timeout
 
 _WORKER = r"""
 import ctypes, json, os, resource, sys
@@ -46,6 +51,58 @@ sys.stdin.close()
 memory_mb, world, cpu_s, fsize_mb, nofile = (int(a) for a in sys.argv[1:6])
 libc = ctypes.CDLL(None, use_errno=True)
 NEWUSER, NEWNET = 0x10000000, 0x40000000
+def descendants(root):
+    children = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                state, ppid = f.read().rpartition(")")[2].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+def supervise(child):
+    import signal, time
+    class Stop(Exception):
+        pass
+    def stop(*_):
+        raise Stop
+    signal.signal(signal.SIGTERM, stop)
+    status = None
+    try:
+        status = os.waitpid(child, 0)[1]
+    except Stop:
+        pass
+    for _ in range(2000):  # kill what is left, until nothing is: orphans come back to us, the subreaper
+        found = descendants(os.getpid())
+        if not found:
+            break
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+        time.sleep(0.005)
+    if status is None or os.WIFSIGNALED(status):
+        sig = signal.SIGKILL if status is None else os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status))
+libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: descendants orphaned by a setsid() come back here
+child = os.fork()
+if child:
+    supervise(child)
 def tasks_of(uid):
     n = 0
     for pid in os.listdir("/proc"):
@@ -78,6 +135,10 @@ print("@@SIMDIST-NET@@" + ("1" if isolated else "0"), flush=True)
 limit = memory_mb << 20
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 import simdist
+import sysconfig
+if all(os.access(d, os.R_OK | os.X_OK) for d in [sysconfig.get_paths()["stdlib"], *filter(os.path.isdir, sys.path)]):
+    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL: nobody reads the installation, keep no capability
+    libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)())
 nproc = others + threads() + world + 64
 resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
 for what, value in ((resource.RLIMIT_FSIZE, fsize_mb << 20), (resource.RLIMIT_NOFILE, nofile),
@@ -172,6 +233,11 @@ def run_code(source: str, world: int, *, timeout: float = 20.0, memory_mb: int =
                 code = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 code = None
+                proc.terminate()  # the supervisor kills the code and everything it started
+                try:
+                    proc.wait(timeout=_CLEANUP_S)
+                except subprocess.TimeoutExpired:
+                    pass
             finally:
                 _kill_group(proc)
                 proc.wait()
