@@ -141,6 +141,7 @@ class Engine:
         self.choices: list[int] = []
         self.widths: list[int] = []
         self.points = 0
+        self.footprint: set = set()  # what the running rank touched since the last selection (see Strategy.observe)
         self.trace = Trace(meta={"world_size": size, "detail": detail, "topology": topology.name})
         self.sends: dict[tuple, dict[int, deque]] = {}
         self.recvs: dict[tuple, list[Post]] = {}
@@ -288,6 +289,8 @@ class Engine:
 
     def _select(self, me: RankState | None) -> RankState | None:
         runnable = self.runnable
+        self.strategy.observe(None if self.current is None else self.current.rank, self.footprint, runnable)
+        self.footprint = set()
         n = len(runnable)
         if n == 0:
             return None
@@ -333,6 +336,8 @@ class Engine:
         blocked ranks: a timeout, not a deadlock.
         """
         pending = [it for it in items if not it.done]
+        if deadline is not None:
+            self.footprint.add(("time",))  # a timeout depends on every rank's progress
         if pending:
             me.pending = len(pending)
             me.blocked = (what, pending)
@@ -360,6 +365,7 @@ class Engine:
         if not timed:
             return False
         rs = min(timed, key=lambda r: (r.deadline, r.rank))
+        self.footprint.add(("time",))
         for it in rs.blocked[1] if rs.blocked else ():
             if rs in it.waiters:
                 it.waiters.remove(rs)
@@ -395,6 +401,7 @@ class Engine:
     def post(self, p: Post) -> Post:
         """Post a send or a receive; match it if its partner is waiting."""
         key = (p.ctx, p.dst, p.tag)
+        self.footprint.add(key)
         if p.kind == "send":
             if 0 < p.nbytes <= self.eager_limit or (self.eager_limit > 0 and p.nbytes == 0):
                 p.data = A.empty(p.buf, A.numel(p.buf))
@@ -515,6 +522,7 @@ class Engine:
     def start_collective(self, me: RankState, group: Any, call: Any, instant: bool = False) -> CollectiveRun:
         """Join the next collective on ``group``; check it against the other ranks' calls."""
         gs = self.group_state(group.group_id, group.ranks)
+        self.footprint.add(("group", group.group_id))
         gs.seq[me.rank] += 1
         seq = gs.seq[me.rank]
         inst = gs.instances.get(seq)

@@ -53,6 +53,15 @@ class Strategy:
         """A token that replays this strategy exactly, or ``None`` to use the recorded choices."""
         return None
 
+    def observe(self, ran: int | None, footprint: set, runnable: Sequence[int]) -> None:
+        """Called before every selection: rank ``ran`` (``None`` at the start) ran up to here.
+
+        ``footprint`` holds what it touched meanwhile (``(ctx, dst, tag)`` of each message
+        posted or matched, ``("group", id)`` of each collective joined, ``("time",)`` for a
+        timed wait); ``runnable`` the ranks that can run now, ascending. Search strategies
+        use it to tell independent steps apart; the others ignore it.
+        """
+
 
 class RandomStrategy(Strategy):
     """Uniformly random among the options, from one seeded ``random.Random``."""

@@ -23,11 +23,15 @@ class ExploreSummary:
     runs: int
     interleavings: int  # distinct choice sequences among the runs
     strategy: str
-    complete: bool  # exhaustive search that tried every schedule
+    complete: bool  # exhaustive search that tried every schedule within its bound (up to equivalence)
+    distinct: int | None = None  # exhaustive search: runs that were not reorderings of independent steps of another
+    preemption_bound: int | None = None
 
     def __str__(self) -> str:
-        done = ", every schedule" if self.complete else ""
-        return f"{self.runs} runs ({self.strategy}{done}), {self.interleavings} distinct interleavings, no failure"
+        within = "" if self.preemption_bound is None else f" with up to {self.preemption_bound} preemptions"
+        done = f", every schedule{within}" if self.complete else ""
+        classes = "" if self.distinct is None else f" ({self.distinct} not equivalent)"
+        return f"{self.runs} runs ({self.strategy}{done}), {self.interleavings} distinct interleavings{classes}, no failure"
 
 
 def _max_runs(max_runs: int | None) -> int:
@@ -41,12 +45,17 @@ def _max_runs(max_runs: int | None) -> int:
 
 
 def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct", max_runs: int | None = None,
-            depth: int = 3, seed: int | None = None, progress: bool | None = None, **options: Any) -> ExploreSummary:
+            depth: int = 3, seed: int | None = None, progress: bool | None = None, preemption_bound: int | None = None,
+            reduction: bool = True, **options: Any) -> ExploreSummary:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks under up to ``max_runs`` schedules: an :class:`ExploreSummary`.
 
     ``strategy`` is ``'pct'`` (priority change points of depth ``depth``: finds bugs
     that need ``depth - 1`` ill-timed preemptions with known probability),
-    ``'random'`` or ``'exhaustive'`` (every schedule, depth first, for small programs).
+    ``'random'`` or ``'exhaustive'``: every schedule with up to ``preemption_bound``
+    preemptions (choices other than 0; ``None``: no bound), fewest first, skipping those
+    that only reorder independent steps of a schedule already run (``reduction``); see
+    :mod:`simdist.testing._search`. The summary's ``complete`` says whether the bound was
+    covered; when ``max_runs`` cuts the search short a ``UserWarning`` says so.
     Run ``i`` uses seed ``seed + i``. On the first failure the schedule is shrunk to a
     minimal one that fails the same way, replayed once, and the error is raised with
     ``.schedule`` set to the minimal token (replay it with :func:`simdist.testing.replay`).
@@ -61,6 +70,12 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
         raise ValueError(f"strategy={strategy!r}: expected 'pct', 'random' or 'exhaustive'")
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"depth={depth!r} must be a positive int")
+    if preemption_bound is not None and (strategy != "exhaustive" or isinstance(preemption_bound, bool)
+                                         or not isinstance(preemption_bound, int) or preemption_bound < 0):
+        raise ValueError(f"preemption_bound={preemption_bound!r}: expected None or a non-negative int, "
+                         "with strategy='exhaustive'")
+    if not isinstance(reduction, bool):
+        raise TypeError(f"reduction={reduction!r}: expected True or False")
     runs_wanted = _max_runs(max_runs)
     options.setdefault("leaks", "ignore")
     if OPTIONS["replay"] is not None:  # pytest --simdist-replay: exactly that interleaving
@@ -68,20 +83,25 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
 
         run(fn, nprocs, args=args, **options)
         return ExploreSummary(1, 1, "replay", False)
-    from simdist.backends.sim._strategies import PCTStrategy, RandomStrategy, next_schedule
+    from simdist.backends.sim._strategies import PCTStrategy, RandomStrategy
 
     show = sys.stderr.isatty() if progress is None else bool(progress)
+    if strategy == "exhaustive":
+        from ._search import exhaustive
+
+        runs, distinct, complete = exhaustive(fn, nprocs, args, preemption_bound=preemption_bound,
+                                              reduce=bool(reduction), max_runs=runs_wanted, options=options,
+                                              progress=show, shrink=_shrunk)
+        return ExploreSummary(runs, runs, strategy, complete, distinct, preemption_bound)
     base = 0 if seed is None else seed
     seen: set[tuple] = set()
-    steps, prefix, complete, runs = 1000, [], False, 0
+    steps, runs = 1000, 0
     try:
         for i in range(runs_wanted):
             if strategy == "random":
                 kwargs: dict = {"strategy": RandomStrategy(base + i)}
-            elif strategy == "pct":
-                kwargs = {"strategy": PCTStrategy(base + i, depth, steps)}
             else:
-                kwargs = {"schedule": list(prefix)}
+                kwargs = {"strategy": PCTStrategy(base + i, depth, steps)}
             runs += 1
             if show:
                 print(f"\rsimdist explore: {runs}/{runs_wanted} runs, {len(seen)} interleavings", end="",
@@ -97,15 +117,10 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
             seen.add(tuple(res.choices))
             if strategy == "pct" and i == 0:
                 steps = max(len(res.choices), depth)  # PCT's change points fall among this many decisions
-            if strategy == "exhaustive":
-                prefix = next_schedule(res.choices, res.option_counts)
-                if prefix is None:
-                    complete = True
-                    break
     finally:
         if show:
             print(file=sys.stderr, flush=True)
-    return ExploreSummary(runs, len(seen), strategy, complete)
+    return ExploreSummary(runs, len(seen), strategy, False)
 
 
 def minimize(fn: Callable, nprocs: int, args: tuple, err: DistError, options: dict,

@@ -1,0 +1,273 @@
+"""Bounded exhaustive search: every schedule up to k preemptions, fewest first, equivalent ones skipped.
+
+A *preemption* is a choice other than 0 (see :mod:`simdist.backends.sim._strategies`:
+choice 0 keeps the current rank, or takes the lowest runnable one). The search runs the
+schedule with no preemption, then every schedule with exactly one, then two, ... up to
+the bound (iterative preemption bounding, Musuvathi and Qadeer, PLDI 2007). A schedule
+is a choice list; choices past its end are 0, so a schedule with b preemptions is its
+parent (the same list without its last non-zero choice) plus one later non-zero choice,
+and each schedule of level b + 1 is made once from the run of its parent.
+
+*Reduction* skips schedules equivalent to one already run, with sleep sets (Godefroid,
+1996). A *step* is what one rank does between two selections; two steps of different
+ranks are independent when they touch nothing in common (messages of one group, peer
+and tag; one group's collectives; timed waits touch everything; a step with an
+any-source match is taken to touch everything). Once option ``a`` has been explored at a
+scheduling point, a later option ``c`` there runs with ``a`` asleep: as long as only
+steps independent of ``a``'s follow, running ``a`` would only reorder independent steps,
+so the search does not choose it. Without a bound every sibling before ``c`` goes to
+sleep. With a bound, running ``a`` later could need more preemptions than running it
+first, so only option 0 sleeps, only while the rank chosen instead runs alone, and it is
+skipped only where that costs the skipped schedule at least as many preemptions as its
+equivalent (a choice other than 0, or a step after which ``a``'s rank blocked).
+
+Each run is recorded: its choices, the options at each choice, which of them slept, and
+a signature of its equivalence class (for every resource the order of the steps that
+touched it), so ``distinct`` counts classes, not choice lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from simdist.backends.sim._strategies import Strategy
+
+__all__ = ["RunRecord", "Search", "SearchRun", "SearchStrategy", "preemptions", "signature"]
+
+EVERYTHING = ("*",)  # a footprint member that makes a step depend on every other step
+
+
+def _dependent(a: frozenset, b: frozenset) -> bool:
+    return EVERYTHING in a or EVERYTHING in b or not a.isdisjoint(b)
+
+
+class _Node:
+    """A choice point of the search tree: the step each explored option's rank took there."""
+
+    __slots__ = ("kids", "steps")
+
+    def __init__(self) -> None:
+        self.steps: dict[int, tuple[frozenset, bool]] = {}  # rank -> (footprint, still runnable after it)
+        self.kids: dict[int, _Node] = {}
+
+    def kid(self, choice: int) -> _Node:
+        node = self.kids.get(choice)
+        if node is None:
+            node = self.kids[choice] = _Node()
+        return node
+
+
+@dataclass
+class _Asleep:
+    footprint: frozenset
+    runnable_after: bool
+    instead: int  # the rank chosen instead of it (bounded search: it sleeps while only that rank runs)
+
+
+@dataclass
+class RunRecord:
+    """What one run of the search saw, for making the next level's schedules."""
+
+    prefix: list[int]
+    options: list[tuple[int, ...] | int] = field(default_factory=list)  # ranks at a selection, or senders' count
+    asleep: list[frozenset] = field(default_factory=list)  # ranks at each choice that need not run there
+    open_until: int | None = None  # positions from here on are covered by runs already made
+    signature: Any = None
+
+    def children(self) -> Iterator[list[int]]:
+        """The schedules with one more preemption, all after this run's last one."""
+        choices = self.prefix + [0] * (len(self.options) - len(self.prefix))
+        end = len(self.options) if self.open_until is None else self.open_until
+        for i in range(len(self.prefix), end):
+            opts = self.options[i]
+            width = opts if isinstance(opts, int) else len(opts)
+            for v in range(1, width):
+                if isinstance(opts, int) or opts[v] not in self.asleep[i]:
+                    yield choices[:i] + [v]
+
+
+class SearchStrategy(Strategy):
+    """Replays ``prefix``, then chooses 0, keeping the sleep sets and the record of the run."""
+
+    name = "exhaustive"
+
+    def __init__(self, prefix: list[int], root: _Node, *, reduce: bool, bounded: bool):
+        self.prefix, self.node, self.reduce, self.bounded = list(prefix), root, reduce, bounded
+        self.record = RunRecord(list(prefix))
+        self.sleep: dict[int, _Asleep] = {}
+        self.chosen: tuple[_Node, int] | None = None  # where the running rank was chosen, to store its step
+        self.picks: list[int] = []  # any-source matches in the running step
+        self.steps: list[tuple[int, frozenset, tuple]] = []
+
+    def observe(self, ran, footprint, runnable):
+        fp = frozenset(footprint) | ({EVERYTHING} if self.picks else frozenset())
+        if ran is not None:
+            self.steps.append((ran, fp, tuple(self.picks)))
+        self.picks = []
+        if self.chosen is not None:
+            node, rank = self.chosen
+            if rank == ran:
+                node.steps.setdefault(rank, (fp, rank in runnable))
+            self.chosen = None
+        if ran is None or not self.reduce:
+            return
+        for q in [q for q, s in self.sleep.items() if q == ran or _dependent(s.footprint, fp)
+                  or (self.bounded and s.instead != ran)]:
+            del self.sleep[q]
+        if len(runnable) == 1 and self._skippable(runnable[0], 0) and self.record.open_until is None:
+            self.record.open_until = len(self.record.options)  # its only continuation is covered
+
+    def _skippable(self, rank: int, index: int) -> bool:
+        s = self.sleep.get(rank)
+        return s is not None and (not self.bounded or index != 0 or not s.runnable_after)
+
+    def pick(self, n, options, current):
+        rec, pos = self.record, len(self.record.options)
+        rec.options.append(tuple(options))
+        rec.asleep.append(frozenset(r for i, r in enumerate(options) if self._skippable(r, i)))
+        c = self.prefix[pos] % n if pos < len(self.prefix) else 0
+        if rec.open_until is None:
+            if pos >= len(self.prefix) and options[0] in rec.asleep[pos]:
+                rec.open_until = pos + 1  # choice 0 here is covered; the other choices here are not
+            elif self.reduce:
+                self._sleep_siblings(options, c)
+        self.chosen = (self.node, options[c])
+        self.node = self.node.kid(c)
+        return c
+
+    def _sleep_siblings(self, options, c: int) -> None:
+        for i in range(1 if self.bounded else c):
+            if i < c and options[i] not in self.sleep:
+                step = self.node.steps.get(options[i])
+                if step is not None:  # not run yet: it stays awake (always sound)
+                    self.sleep[options[i]] = _Asleep(step[0], step[1], options[c])
+
+    def pick_match(self, n):
+        rec, pos = self.record, len(self.record.options)
+        rec.options.append(n)
+        rec.asleep.append(frozenset())
+        c = self.prefix[pos] % n if pos < len(self.prefix) else 0
+        self.picks.append(c)
+        self.node = self.node.kid(c)
+        return c
+
+    def finish(self) -> RunRecord:
+        """The run's record, with the signature of its equivalence class."""
+        self.record.signature = signature(self.steps)
+        return self.record
+
+
+def signature(steps: list[tuple[int, frozenset, tuple]]) -> Any:
+    """The equivalence class of a run: per resource, the order of the steps that touched it.
+
+    A step is (rank, its index among that rank's steps, its matches). Two runs that only
+    reorder independent steps get the same signature. A step that touches everything
+    records how many steps of every rank came before it.
+    """
+    count: dict[int, int] = {}
+    by_key: dict[Any, list] = {}
+    total: list = []
+    for rank, fp, picks in steps:
+        k = count.get(rank, 0)
+        count[rank] = k + 1
+        step = (rank, k, picks)
+        if EVERYTHING in fp:
+            total.append((step, tuple(sorted(count.items()))))
+        for key in fp:
+            by_key.setdefault(key, []).append(step)
+    return (tuple(sorted(count.items())), tuple(total),
+            tuple(sorted(((repr(k), tuple(v)) for k, v in by_key.items()))))
+
+
+def preemptions(choices: list[int]) -> int:
+    """How many choices are not 0."""
+    return sum(1 for c in choices if c)
+
+
+@dataclass
+class SearchRun:
+    """One run of :func:`search`: its schedule, what it returned or raised, and its record."""
+
+    choices: list[int]
+    level: int
+    record: RunRecord
+    result: Any = None
+    error: BaseException | None = None
+
+
+class Search:
+    """Iterate to run ``fn`` under every schedule with up to ``preemption_bound`` preemptions, fewest first.
+
+    Each step of the iteration is one :class:`SearchRun`. ``complete`` turns True when the
+    iteration ends by itself: every schedule within the bound ran (or, with ``reduce``, one
+    equivalent to it did); it stays False when ``max_runs`` stopped it. Errors of
+    ``simdist`` (``DistError``) are kept in the run, not raised; the caller decides.
+    """
+
+    def __init__(self, fn: Callable, nprocs: int, args: tuple, *, preemption_bound: int | None, reduce: bool,
+                 max_runs: int, options: dict):
+        self.fn, self.nprocs, self.args, self.options = fn, nprocs, args, options
+        self.bound, self.reduce, self.max_runs = preemption_bound, reduce, max_runs
+        self.runs = 0
+        self.complete = False
+        self.signatures: set = set()
+
+    def __iter__(self) -> Iterator[SearchRun]:
+        from simdist._errors import DistError
+        from simdist.backends.sim import simulate
+
+        root, level, depth = _Node(), [[]], 0
+        while level:
+            nxt: list[list[int]] = []
+            for prefix in level:
+                if self.runs >= self.max_runs:
+                    return
+                self.runs += 1
+                strategy = SearchStrategy(prefix, root, reduce=self.reduce, bounded=self.bound is not None)
+                run = SearchRun(prefix, depth, strategy.record)
+                try:
+                    run.result = simulate(self.fn, self.nprocs, self.args, strategy=strategy, **self.options)
+                except DistError as err:
+                    if err.choices is None:
+                        raise
+                    run.error = err
+                self.signatures.add(strategy.finish().signature)
+                run.choices = list(run.result.choices) if run.error is None else list(run.error.choices)
+                if self.bound is None or depth < self.bound:
+                    nxt.extend(strategy.record.children())
+                yield run
+            level, depth = nxt, depth + 1
+        self.complete = True
+
+
+def exhaustive(fn: Callable, nprocs: int, args: tuple, *, preemption_bound: int | None, reduce: bool, max_runs: int,
+               options: dict, progress: bool, shrink: Callable) -> tuple[int, int, bool]:
+    """``explore(strategy="exhaustive")``: (runs, distinct classes, complete), or the first failure, shrunk.
+
+    A ``UserWarning`` says so when ``max_runs`` stopped the search before the bound was covered.
+    """
+    import sys
+    import warnings
+
+    found = Search(fn, nprocs, args, preemption_bound=preemption_bound, reduce=reduce, max_runs=max_runs,
+                   options=options)
+    try:
+        for run in found:
+            if progress:
+                print(f"\rsimdist explore: {found.runs}/{max_runs} runs, {run.level} preemptions, "
+                      f"{len(found.signatures)} distinct", end="", file=sys.stderr, flush=True)
+            if run.error is not None:
+                shrunk = shrink(fn, nprocs, args, run.error, options)
+                shrunk.__suppress_context__ = True
+                raise shrunk
+    finally:
+        if progress:
+            print(file=sys.stderr, flush=True)
+    if not found.complete:
+        within = "" if preemption_bound is None else f" with up to {preemption_bound} preemptions"
+        warnings.warn(f"explore(strategy='exhaustive') stopped at max_runs={max_runs} before every schedule"
+                      f"{within} ran: the search is incomplete; raise max_runs or lower preemption_bound",
+                      stacklevel=3)
+    return found.runs, len(found.signatures), found.complete
