@@ -30,6 +30,7 @@ __all__ = [
     "KIB",
     "MIB",
     "base_parser",
+    "bench_main",
     "finish_info",
     "fmt_int",
     "fmt_ms",
@@ -312,3 +313,15 @@ def publish(name: str, args: argparse.Namespace, info: dict[str, Any], reps: int
         write_json(args.json, result)
     return result
 
+
+
+def bench_main(doc: str, name: str, measure: Callable[[int, bool], Any], report: Callable[[Any, int], tuple],
+               profile: Callable[[str, bool], str], argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """A benchmark's ``main``: parse the common options, measure, report and publish."""
+    args = base_parser(doc.splitlines()[0]).parse_args(argv)
+    reps = args.reps or (1 if args.quick else 3)
+    info = machine_info()
+    raw = measure(reps, args.quick)
+    finish_info(info)
+    text, verdicts = report(raw, reps)
+    return publish(name, args, info, reps, raw, text, verdicts, profile)

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from _common import base_parser, finish_info, machine_info, markdown_table, median, profile_call, publish, verdict
+from _common import bench_main, markdown_table, median, profile_call, verdict
 from search_bugs import BUGS, WORLD
 from simdist.backends.sim import simulate
 from simdist.backends.sim._strategies import next_schedule
@@ -111,13 +111,7 @@ def profile_worst(timer: str, quick: bool) -> str:
 
 
 def main(argv=None) -> dict:
-    args = base_parser(__doc__.splitlines()[0]).parse_args(argv)
-    reps = args.reps or (1 if args.quick else 3)
-    info = machine_info()
-    raw = measure(reps, args.quick)
-    finish_info(info)
-    text, verdicts = report(raw, reps)
-    return publish("search", args, info, reps, raw, text, verdicts, profile_worst)
+    return bench_main(__doc__, "search", measure, report, profile_worst, argv)
 
 
 if __name__ == "__main__":
