@@ -53,7 +53,8 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
     that need ``depth - 1`` ill-timed preemptions with known probability),
     ``'random'`` or ``'exhaustive'``: every schedule with up to ``preemption_bound``
     preemptions (choices other than 0; ``None``: no bound), fewest first, skipping those
-    that only reorder independent steps of a schedule already run (``reduction``); see
+    that only reorder independent steps of a schedule already run (``reduction``; it sees
+    only what passes through simdist, not Python state the ranks share); see
     :mod:`simdist.testing._search`. The summary's ``complete`` says whether the bound was
     covered; when ``max_runs`` cuts the search short a ``UserWarning`` says so.
     Run ``i`` uses seed ``seed + i``. On the first failure the schedule is shrunk to a

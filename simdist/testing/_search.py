@@ -21,6 +21,11 @@ first, so only option 0 sleeps, only while the rank chosen instead runs alone, a
 skipped only where that costs the skipped schedule at least as many preemptions as its
 equivalent (a choice other than 0, or a step after which ``a``'s rank blocked).
 
+Only what passes through simdist is seen: ranks that share Python state (a global
+variable, an object passed to every rank) are independent to the reduction even where
+their order matters, as it would be between processes, which cannot share it. Pass
+``reduction=False`` to search such a program.
+
 Each run is recorded: its choices, the options at each choice, which of them slept, and
 a signature of its equivalence class (for every resource the order of the steps that
 touched it), so ``distinct`` counts classes, not choice lists.
