@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from simdist.backends.socket import _checked
+from test_socket_backend import every_collective
 
 import simdist
 import simdist as dist
@@ -153,41 +154,14 @@ def test_switched_on_by_default_the_same_program_raises(monkeypatch):
     assert "dtype: 'float32' on rank 0 vs 'int32' on rank 1" in str(info.value.__cause__)
 
 
-def every_collective(rank: int, world: int):
-    """Each collective once; values comparable across settings (integers, so bit for bit)."""
-    dist.init_process_group("gloo")
-    t = torch.arange(6, dtype=torch.int64) + 10 * rank
-    out = {}
-    a = t.clone()
-    dist.all_reduce(a)
-    out["all_reduce"] = a.tolist()
-    b = t.clone()
-    dist.broadcast(b, src=world - 1)
-    out["broadcast"] = b.tolist()
-    g = [torch.zeros(6, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(g, t)
-    out["all_gather"] = [x.tolist() for x in g]
-    rs = torch.zeros(2, dtype=torch.int64)
-    dist.reduce_scatter_tensor(rs, torch.arange(2 * world, dtype=torch.int64) * (rank + 1))
-    out["reduce_scatter"] = rs.tolist()
-    a2a = torch.zeros(world, dtype=torch.int64)
-    dist.all_to_all_single(a2a, torch.arange(world, dtype=torch.int64) + 100 * rank)
-    out["all_to_all"] = a2a.tolist()
-    objs = [None] * world
-    dist.all_gather_object(objs, {"rank": rank})
-    out["objects"] = objs
-    dist.barrier()
-    dist.destroy_process_group()
-    return out
-
-
 def test_matching_collectives_give_the_same_results_checked_or_not(monkeypatch):
     checked = simdist.spawn(every_collective, args=(3,), nprocs=3, backend="socket", timeout=60)
     monkeypatch.setenv(_checked.CHECK_ENV, "0")
     unchecked = simdist.spawn(every_collective, args=(3,), nprocs=3, backend="socket", timeout=60)
-    assert checked == unchecked
+    assert checked == unchecked  # floats too: the same algorithms in the same order
     n = 3
     assert checked[0]["all_reduce"] == [n * i + 10 * sum(range(n)) for i in range(6)]  # the formula, not a run
+    assert checked[0]["all_gather"] == [[i + 10 * r for i in range(6)] for r in range(n)]
 
 
 def init_with_own_setting(rank: int, settings_: list):
