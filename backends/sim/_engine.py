@@ -19,6 +19,7 @@ from typing import Any, Callable
 from simdist import _arrays as A
 from simdist import algorithms
 from simdist._errors import CollectiveMismatchError, DistError, DistTimeoutError, RankError
+from simdist._signatures import mismatch_error
 from simdist._trace import Event, Trace
 from simdist._world import set_thread_world
 
@@ -547,24 +548,10 @@ class Engine:
 
     def _check(self, inst: _Instance, rank: int, call: Any, group: Any) -> None:
         first_rank, first = inst.first
-        a, b = first.signature, call.signature
-        if a == b:
-            return
-        diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
-        if diff:
-            fields = ", ".join(
-                f"{k}: {va!r} on rank {first_rank} vs {vb!r} on rank {rank}" for k, (va, vb) in diff.items()
-            )
-            self.fail(
-                CollectiveMismatchError(
-                    f"collective mismatch on group {group.group_id} (collective {inst.seq} of the group): "
-                    f"rank {first_rank} called {a.get('op')} at {first.call_site}, rank {rank} called "
-                    f"{b.get('op')} at {call.call_site}; differing fields: {fields}",
-                    ranks=(first_rank, rank),
-                    call_sites=(first.call_site, call.call_site),
-                    fields=diff,
-                )
-            )
+        a, b = (first_rank, first.signature, first.call_site), (rank, call.signature, call.call_site)
+        err = mismatch_error(group.group_id, inst.seq, a, b)
+        if err is not None:
+            self.fail(err)
 
     def _complete_at_once(self, inst: _Instance, instant: bool) -> None:
         runs = [inst.runs[i] for i in range(len(inst.runs))]

@@ -14,6 +14,8 @@ from simdist._errors import DistTimeoutError
 from simdist._group import Options
 from simdist._work import DeferredWork, Work
 
+from ._checked import check_collective
+
 __all__ = ["SocketGroup"]
 
 _P2P = 0
@@ -40,8 +42,9 @@ class SocketGroup(AlgorithmicGroup):
     64 MiB float32 on one thread, out of cache)."""
 
     def __init__(self, peers: Any, rank: int, ranks: Sequence[int], group_id: int, timeout: float,
-                 recorder: Any = None):
+                 recorder: Any = None, checked: bool = True):
         super().__init__(rank, ranks, group_id)
+        self.checked = checked
         self.peers = peers
         self.recorder = recorder
         self.timeout = timeout
@@ -64,6 +67,8 @@ class SocketGroup(AlgorithmicGroup):
 
         def run() -> None:
             try:
+                if self.checked:
+                    check_collective(transport, self, seq, call)
                 algorithms.run_blocking(call.start(transport), transport)
             except DistTimeoutError as exc:
                 if recorder is None:

@@ -14,6 +14,7 @@ from simdist._errors import DistError
 from simdist._group import GroupMember
 from simdist._world import World, set_process_world
 
+from ._checked import agreed_checks
 from ._flight import FlightRecorder
 from ._group import SocketGroup
 
@@ -127,12 +128,14 @@ class SocketWorld(World):
         self.groups: list[SocketGroup] = []
         self.group_count = 0
         self.timeout = DEFAULT_TIMEOUT
+        self.checked = True
 
     def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
         from ._peers import PeerNetwork
 
         self.timeout = _seconds(timeout)
         host, port, rank, world_size, secret = self.connect_store(init_method, rank, world_size)
+        self.checked = agreed_checks(self.store, rank)
         listen = "127.0.0.1" if is_loopback(host) else _address_towards(host, port)
         self.network = PeerNetwork(rank, world_size, self.store, secret, host=listen, timeout=self.timeout)
         self.rank, self.size, self.backend = rank, world_size, backend or "socket"
@@ -179,7 +182,8 @@ class SocketWorld(World):
 
     def _group(self, ranks: list[int], group_id: int) -> Any:
         """This rank's group of ``ranks`` (global ranks in group-rank order)."""
-        return SocketGroup(self.network, ranks.index(self.rank), ranks, group_id, self.timeout, self.recorder)
+        return SocketGroup(self.network, ranks.index(self.rank), ranks, group_id, self.timeout, self.recorder,
+                           self.checked)
 
     def _close_network(self) -> None:
         self.recorder.close()
