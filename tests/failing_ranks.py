@@ -15,6 +15,9 @@ Scenarios (rank 1 is the one that fails):
   in ``destroy_process_group``.
 * ``sleep``: every rank runs 60 all_reduces; rank 1 then sleeps, the others enter #61 and
   time out (SIMDIST_TIMEOUT is short here).
+
+``raise_before_first_collective`` is the same failure for ``simdist.spawn``; run as a script
+with the word ``script``, the same failure for ``simdist run``.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ def fail(how: str) -> None:
 
 
 def main(scenario: str) -> None:
+    if scenario == "script":
+        raise_before_first_collective(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), 0)
+        return
     dist.init_process_group("socket")
     rank = dist.get_rank()
     emit(event="ready")
@@ -53,6 +59,7 @@ def main(scenario: str) -> None:
             for _ in range(60):
                 dist.all_reduce(torch.ones(4))
             if rank == 1:
+                emit(event="sleep")
                 time.sleep(120)
             emit(event="wait")
             dist.all_reduce(torch.ones(4))
@@ -82,6 +89,19 @@ def main(scenario: str) -> None:
             emit(event="destroy-error", type=type(exc).__name__, text=str(exc), failed=getattr(exc, "rank", None))
             raise
     emit(event="done")
+
+
+
+
+def raise_before_first_collective(rank: int, world_size: int, failing: int) -> None:
+    """For ``simdist.spawn``: rank ``failing`` raises ``ValueError("boom")`` before its first collective."""
+    dist.init_process_group("socket")
+    try:
+        if rank == failing:
+            raise ValueError("boom")
+        dist.all_reduce(torch.ones(4))
+    finally:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

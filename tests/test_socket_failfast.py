@@ -17,8 +17,9 @@ import sys
 import time
 
 import pytest
-
 from simdist.backends.socket._spawn import free_port
+
+import simdist
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -124,3 +125,35 @@ def test_the_goodbye_of_destroy_process_group_sees_a_rank_die():
     assert err["type"] == "PeerLostError" and err["failed"] == 1 and "destroy_process_group" in err["text"], err
     assert seconds < LIMIT
     assert codes[2] == 0
+
+
+@pytest.mark.parametrize("failing", [1, 0])  # rank 0 also serves the store
+def test_spawn_reports_the_original_error_not_a_timeout(failing):
+    from failing_ranks import raise_before_first_collective
+
+    start = time.monotonic()
+    with pytest.raises(simdist.RankError) as info:
+        simdist.spawn(raise_before_first_collective, args=(3, failing), nprocs=3, backend="socket",
+                      timeout=OP_TIMEOUT)
+    elapsed = time.monotonic() - start
+    print(f"spawn raised after {elapsed:.2f} s")
+    assert info.value.rank == failing
+    assert isinstance(info.value.__cause__, ValueError) and str(info.value.__cause__) == "boom"
+    assert elapsed < OP_TIMEOUT / 2
+
+
+def test_simdist_run_reports_the_original_error_not_a_timeout():
+    # rank 0 raises: it serves the store, so it waits in its goodbye while the others notice and leave
+    start = time.monotonic()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # a timeout of 300 s: three ranks importing torch on a busy machine take up to a minute to start
+    done = subprocess.run([sys.executable, "-m", "simdist.run", "--nproc-per-node", "3", "--timeout", "300",
+                           PROGRAM, "script"], env=env, capture_output=True, text=True, timeout=170, check=False)
+    elapsed = time.monotonic() - start
+    print(f"simdist run ended after {elapsed:.2f} s:\n{done.stderr[-3000:]}")
+    assert done.returncode != 0
+    assert "ValueError: boom" in done.stderr
+    # whichever rank exited first, the verdict names the one that failed first, with its error
+    assert "simdist run: the job's first failure: rank 0 failed: ValueError: boom" in done.stderr
+    assert "DistTimeoutError" not in done.stderr and "timed out" not in done.stderr
+    assert elapsed < 150

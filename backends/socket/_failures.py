@@ -24,6 +24,7 @@ depends on every ``POLL_S`` seconds, in one ``MULTI_GET``, and raises
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -32,7 +33,8 @@ from simdist._errors import DistError, DistTimeoutError, PeerLostError
 
 from ._store import StoreClient
 
-__all__ = ["FAILING", "POLL_S", "FailureMonitor", "JobStore", "caused_by", "failure_text", "will_value"]
+__all__ = ["FAILING", "POLL_S", "FailureMonitor", "FirstFailure", "JobStore", "caused_by", "failure_text",
+           "launcher_saw", "will_value"]
 
 POLL_S = 0.5
 """Seconds between two reads of the failure records while a wait blocks."""
@@ -40,8 +42,10 @@ FAILING = 1
 """The tag of the CLOSE frame of a rank that leaves because it failed (0: an orderly goodbye)."""
 _FAILED = "simdist/failed/{rank}"
 _BYE = "simdist/bye/{rank}"
+_FIRST = "simdist/first-failure"  # the first record of a failure with an error, for a launcher to wait on
 _READ_S = 2.0  # the deadline of one read of the records: past it, the store is unreachable
 _MAX_TEXT = 2000
+_MAX_WAIT_S = 10.0 * 24 * 3600  # a launcher waits for a failure as long as the job runs
 
 
 def failure_text(exc: BaseException | None) -> str | None:
@@ -117,6 +121,7 @@ class JobStore(StoreClient):
         record = _record(self.rank, error, "exception", time.time(), None if cause == self.rank else cause)
         try:
             self.compare_set(_FAILED.format(rank=self.rank), b"", record, timeout=_READ_S)
+            self.compare_set(_FIRST, b"", record, timeout=_READ_S)
         except (DistError, OSError):
             pass
 
@@ -248,3 +253,44 @@ class FailureMonitor:
         """A wait is about to block: publish this rank's latest state (what a report on a hang reads)."""
         if self.recorder is not None:
             self.recorder.flush()
+
+
+def launcher_saw(host: str, port: int, secret: Any, world_size: int, rank: int, how: str) -> str | None:
+    """A launcher saw ``rank``'s process end (``how``: "was killed by SIGKILL (exit code -9)"): record it
+    for the other ranks where the rank recorded nothing better, and return the failure to report
+    (``"rank 0 failed: ValueError: boom"``), the first one in the job's store; ``None`` if the store
+    is gone or holds none.
+    """
+    key, text = _FAILED.format(rank=rank), f"its process {how}"
+    try:
+        with StoreClient(host, port, secret, timeout=_READ_S, connect_timeout=1.0) as store:
+            record = _record(rank, text, "launcher", time.time())
+            if store.compare_set(key, will_value(rank), record) != record:
+                store.compare_set(key, b"", record)
+            found = store.multi_get([_FAILED.format(rank=r) for r in range(world_size)])
+    except (DistError, OSError, ValueError):
+        return None
+    failed = {r: _parse(r, found[_FAILED.format(rank=r)]) for r in range(world_size) if _FAILED.format(rank=r) in found}
+    return describe(*first_failure(failed)) if failed else None
+
+
+class FirstFailure:
+    """A launcher's watch on a job's store: ``text`` becomes the first failure a rank records
+    (``"rank 0 failed: ValueError: boom"``) the moment it is recorded, so the launcher can name it
+    even once the store (served by rank 0) is gone. A daemon thread waits for it.
+    """
+
+    def __init__(self, host: str, port: int, secret: Any, connect_timeout: float = 600.0):
+        self.text: str | None = None
+        self._args = (host, port, secret, connect_timeout)
+        threading.Thread(target=self._watch, name="simdist-first-failure", daemon=True).start()
+
+    def _watch(self) -> None:
+        host, port, secret, connect_timeout = self._args
+        try:
+            with StoreClient(host, port, secret, timeout=_MAX_WAIT_S, connect_timeout=connect_timeout) as store:
+                raw = store.get(_FIRST)
+        except (DistError, OSError, ValueError):
+            return
+        record = _parse(-1, raw)
+        self.text = describe(record.get("rank", "?"), record)

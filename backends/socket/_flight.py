@@ -166,7 +166,7 @@ class FlightRecorder:
         except Exception as exc:  # noqa: BLE001 - an unreachable store is itself the finding
             where = f"{self.store.host}:{self.store.port}"
             return (f"{head}; the store at {where} is unreachable (no answer within {_REPORT_S:g} s: {exc}), so the "
-                    f"states of rank(s) {others} are unknown; the process serving it (rank 0) may be frozen or gone")
+                    f"states of rank(s) {others} are unknown; the process serving it may be frozen or gone")
         now = time.time()
         lines = []
         for r in others:
