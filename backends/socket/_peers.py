@@ -70,6 +70,7 @@ _PROBE_INTERVAL = 0.25  # seconds between checks of idle connections while a wai
 # collectives that finish sooner skip the store round trip (publishing on every wait doubled the
 # latency of a small all_reduce between two processes, 300 -> 600-750 us)
 _BLOCKED_S = 0.05
+_EXPLAIN_TRIES, _EXPLAIN_GAP_S = 4, 0.1  # reads of the failure records that may explain a failed wait
 _INLINE_MAX = 1 << 20  # bytes: larger sends always go to the sender thread (see _write)
 _STOP = object()
 
@@ -485,11 +486,15 @@ class PeerNetwork:
     def _explained(self, error: DistError, ranks: set[int | None]) -> DistError:
         """``error`` (a lost peer, a timeout), or the failure recorded for a rank it depends on, which
         caused it: a failed rank is named with its own error, never hidden behind a timeout."""
-        try:
-            failed = self._monitor.failures(ranks)
-        except DistError:
-            return error
-        if not failed:
+        for _ in range(_EXPLAIN_TRIES):  # a peer that just died: the store records it a moment later
+            try:
+                failed = self._monitor.failures(ranks)
+            except DistError:
+                return error
+            if failed:
+                break
+            time.sleep(_EXPLAIN_GAP_S)
+        else:
             return error
         lost = error.rank if isinstance(error, PeerLostError) else None
         root, why = failed[lost] if lost in failed else next(iter(failed.values()))
