@@ -321,7 +321,13 @@ def _run_socket(opts: argparse.Namespace) -> int:
             for t in threads:
                 t.start()
             threading.Thread(target=lambda p=p, local=local: exits.put((local, p.wait())), daemon=True).start()
-        status, stopped = _supervise(procs, pumps, exits, base, lock)
+        store = (opts.master_addr, port, secret, n * opts.nnodes) if opts.backend in ("socket", "nccl") else None
+        watch = None
+        if store is not None:
+            from simdist.backends.socket._failures import FirstFailure
+
+            watch = FirstFailure(*store[:3])
+        status, stopped = _supervise(procs, pumps, exits, base, lock, store, watch)
     except (KeyboardInterrupt, _Stop) as exc:
         name = "SIGINT" if isinstance(exc, KeyboardInterrupt) else str(exc)
         sys.stderr.write(f"simdist run: got {name}; stopping every rank\n")
@@ -339,9 +345,14 @@ def _run_socket(opts: argparse.Namespace) -> int:
 
 
 def _supervise(procs: list[subprocess.Popen], pumps: list[list[threading.Thread]],
-               exits: Queue[tuple[int, int]], base: int, lock: threading.Lock) -> tuple[int, bool]:
+               exits: Queue[tuple[int, int]], base: int, lock: threading.Lock,
+               store: tuple[str, int, str, int] | None = None, watch: Any = None) -> tuple[int, bool]:
     """Wait for the ranks in the order they exit; at the first failure, stop the rest.
 
+    ``store``: ``(host, port, secret, world size)`` of a socket job's store, where the failure is
+    recorded for the other ranks (a rank killed records nothing itself) and the first failure of
+    the job is read (or, once the store is gone, what ``watch``, a ``FirstFailure``, saw): a rank
+    that failed only because another did is not the one reported.
     Returns the exit status and whether the ranks were stopped already.
     """
     left = len(procs)
@@ -355,10 +366,17 @@ def _supervise(procs: list[subprocess.Popen], pumps: list[list[threading.Thread]
             continue
         for t in pumps[local]:  # the failed rank's last words come before the verdict
             t.join(1)
+        first = None
+        if store is not None:
+            from simdist.backends.socket._failures import launcher_saw
+
+            first = launcher_saw(*store, base + local, _describe(code)) or watch.text
         others = [i for i, p in enumerate(procs) if p.poll() is None]
         with lock:
             sys.stderr.write(f"simdist run: rank {base + local} (local rank {local}, pid {procs[local].pid}) "
                              f"{_describe(code)}; stopping {len(others)} other rank(s)\n")
+            if first is not None:
+                sys.stderr.write(f"simdist run: the job's first failure: {first}\n")
             sys.stderr.flush()
         stopped = _stop_all(procs)
         if stopped:

@@ -70,5 +70,5 @@ class NcclWorld(SocketWorld):
 
         return torch.cuda.device(self.device)
 
-    def _close_network(self) -> None:
+    def _close_network(self, failed: bool = False) -> None:
         """Nothing beyond the groups: NCCL's communicators are destroyed with them."""

@@ -5,7 +5,7 @@ Every frame starts with this header (network byte order, no padding)::
     offset size  field
          0    2  magic    b"SD"
          2    1  version  1
-         3    1  kind     DATA (1) or CLOSE (2, an orderly goodbye; nbytes 0)
+         3    1  kind     DATA (1) or CLOSE (2, a goodbye; nbytes 0; tag 1 if the sender failed)
          4    8  ctx      u64: the communication context (one per collective call,
                           one per group for point-to-point traffic)
         12    8  tag      i64, never negative

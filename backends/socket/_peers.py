@@ -22,7 +22,8 @@ and copied when the receive is posted.
 Goodbye: :meth:`PeerNetwork.close` writes a CLOSE frame on every connection, after
 the sends already queued. A peer whose connection ends without one (it died) is lost:
 every pending and later operation with it fails with
-:class:`~simdist.PeerLostError` naming its rank.
+:class:`~simdist.PeerLostError` naming its rank. A rank that leaves because it failed
+says so (CLOSE with tag ``FAILING``): its peers count it as lost at once.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Any
 from simdist import _arrays as A
 from simdist._errors import DistError, DistTimeoutError, PeerLostError, ProtocolError
 
+from ._failures import FAILING, POLL_S
 from ._frames import (
     CLOSE,
     DATA,
@@ -64,6 +66,11 @@ _CHUNK = 4 << 20  # bytes per piece of an unexpected payload
 _SPARE_MIN = 64 << 10  # pieces from this size on come from (and go back to) the spare chunks
 _SPARES = 4  # spare chunks kept per network: 16 MiB at most
 _PROBE_INTERVAL = 0.25  # seconds between checks of idle connections while a wait blocks
+# seconds a wait blocks before it publishes this rank's state itself: a hang is seen where it is, and
+# collectives that finish sooner skip the store round trip (publishing on every wait doubled the
+# latency of a small all_reduce between two processes, 300 -> 600-750 us)
+_BLOCKED_S = 0.05
+_EXPLAIN_TRIES, _EXPLAIN_GAP_S = 4, 0.1  # reads of the failure records that may explain a failed wait
 _INLINE_MAX = 1 << 20  # bytes: larger sends always go to the sender thread (see _write)
 _STOP = object()
 
@@ -169,6 +176,8 @@ class PeerNetwork:
         secret: the shared secret every connection must prove (:mod:`._auth`).
         host: the address to listen on and publish (loopback unless told otherwise).
         timeout: the default timeout of :meth:`wait`, and of connecting and handshakes.
+        monitor: what :meth:`wait` consults while it blocks (a :class:`._failures.FailureMonitor`):
+            the failure records of the ranks it waits for; ``None``: only the connections.
 
     Example (two processes; ``store`` reachable by both)::
 
@@ -180,7 +189,7 @@ class PeerNetwork:
     """
 
     def __init__(self, rank: int, world_size: int, store: Any, secret: bytes, *, host: str = "127.0.0.1",
-                 timeout: float = 300.0):
+                 timeout: float = 300.0, monitor: Any = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
         if timeout <= 0:
@@ -189,6 +198,7 @@ class PeerNetwork:
         self.world_size = world_size
         self.timeout = float(timeout)
         self._store = store
+        self._monitor = monitor
         self._secret = secret
         self._cond = threading.Condition(threading.Lock())
         self._peers = [_Peer(p) for p in range(world_size)]
@@ -197,6 +207,7 @@ class PeerNetwork:
         self._post_seq = itertools.count(1)
         self._arrival_seq = itertools.count(1)
         self._closed = False
+        self._farewell = 0  # the tag of the goodbye (CLOSE) frames: FAILING when this rank failed
         self._threads: list[threading.Thread] = []
         self._accepted: set[socket.socket] = set()
         self._rejected: deque[str] = deque(maxlen=8)
@@ -395,8 +406,13 @@ class PeerNetwork:
             group: the global ranks of a collective call. If one of them is lost (died)
                 meanwhile, the call cannot complete and this raises at once.
 
+        With a ``monitor``, a wait blocked for ``_BLOCKED_S`` has this rank's state published, then
+        reads the failure records of the ranks it depends on every ``POLL_S`` seconds: a
+        rank that failed anywhere (even one never connected to) ends the wait, and a lost
+        peer or a timeout is reported as the failure it was, with the rank's error.
+
         Raises:
-            PeerLostError: a peer of one of the handles (or of ``group``) closed its
+            PeerLostError: a peer of one of the handles (or of ``group``) failed, closed its
                 connection or died; ``rank`` names it.
             ProtocolError: a message's size differs from its receive buffer's.
             DistTimeoutError: ``timeout`` seconds passed first; the message names what is
@@ -405,34 +421,86 @@ class PeerNetwork:
         handles = list(handles)
         limit = self.timeout if timeout is None else timeout
         now = time.monotonic()
-        deadline, probe_at = now + limit, now + _PROBE_INTERVAL
-        with self._cond:
-            while True:
-                failed = next((op for op in handles if op.error is not None), None)
-                if failed is not None:
-                    break
-                pending = [op for op in handles if not op.done]
-                if not pending:
-                    break
-                gone = next((q for q in group or () if self._peers[q].lost), None)
-                if gone is not None:
-                    raise PeerLostError(
-                        f"rank {self.rank}: rank {gone} of group {tuple(group)} was lost "
-                        f"({self._peers[gone].lost}); the collective cannot complete. Pending:\n"
-                        + "\n".join(f"  {op.describe()}" for op in pending[:8]), rank=gone)
-                now = time.monotonic()
-                if now >= deadline:
-                    raise DistTimeoutError(self._timeout_message(pending, limit))
-                if now >= probe_at:
-                    self._probe({*(group or ()), *(op.peer for op in pending)} - {None, self.rank})
-                    probe_at = now + _PROBE_INTERVAL
-                self._cond.wait(min(deadline, probe_at) - now)
-        if failed is not None:
-            raise failed.error.with_traceback(None)
+        deadline, poll_at = now + limit, now + POLL_S
+        ranks = {*(group or ()), *(op.peer for op in handles)} - {self.rank}
+        blocked = False
+        while True:
+            with self._cond:
+                error, pending = self._wait_locked(handles, group, limit, deadline,
+                                                   poll_at if blocked else now + _BLOCKED_S)
+            if error is None and not pending:
+                break
+            if self._monitor is None:
+                raise error
+            if error is not None:
+                raise self._explained(error, ranks)
+            if not blocked:
+                blocked = True
+                self._monitor.blocked()
+                continue
+            try:
+                failed = self._monitor.failures(ranks)
+            except DistError:  # the store is unreachable: the peers may still finish; a timeout reports it
+                failed = {}
+            if failed:
+                with self._cond:
+                    for rank, (_, why) in failed.items():
+                        self._lose(self._peers[rank], (PeerLostError, why), receiving=False)
+                root, why = next(iter(failed.values()))
+                raise PeerLostError(f"rank {self.rank}: {why}; pending:\n"
+                                    + "\n".join(f"  {op.describe()}" for op in pending[:8]), rank=root)
+            poll_at = time.monotonic() + POLL_S
         for op in handles:
             if op.device is not None:  # received through host memory: copy into the device buffer
                 (dst, host), op.device = op.device, None
                 A.copy_(dst, host)
+
+    def _wait_locked(self, handles: list[Handle], group: Sequence[int] | None, limit: float, deadline: float,
+                     wake_at: float) -> tuple[DistError | None, list[Handle]]:
+        """Wait (the lock is held) until the handles are done, one fails, a peer of ``group`` is lost,
+        the deadline passes, or ``wake_at`` comes; ``(error, pending handles)``."""
+        probe_at = time.monotonic() + _PROBE_INTERVAL
+        while True:
+            failed = next((op for op in handles if op.error is not None), None)
+            if failed is not None:
+                return failed.error.with_traceback(None), []
+            pending = [op for op in handles if not op.done]
+            if not pending:
+                return None, []
+            gone = next((q for q in group or () if self._peers[q].lost), None)
+            if gone is not None:
+                return PeerLostError(
+                    f"rank {self.rank}: rank {gone} of group {tuple(group)} was lost "
+                    f"({self._peers[gone].lost}); the collective cannot complete. Pending:\n"
+                    + "\n".join(f"  {op.describe()}" for op in pending[:8]), rank=gone), pending
+            now = time.monotonic()
+            if now >= deadline:
+                return DistTimeoutError(self._timeout_message(pending, limit)), pending
+            if now >= wake_at and self._monitor is not None:
+                return None, pending
+            if now >= probe_at:
+                self._probe({*(group or ()), *(op.peer for op in pending)} - {None, self.rank})
+                probe_at = now + _PROBE_INTERVAL
+            self._cond.wait(min(deadline, probe_at, *((wake_at,) if self._monitor is not None else ())) - now)
+
+    def _explained(self, error: DistError, ranks: set[int | None]) -> DistError:
+        """``error`` (a lost peer, a timeout), or the failure recorded for a rank it depends on, which
+        caused it: a failed rank is named with its own error, never hidden behind a timeout."""
+        for _ in range(_EXPLAIN_TRIES):  # a peer that just died: the store records it a moment later
+            try:
+                failed = self._monitor.failures(ranks)
+            except DistError:
+                return error
+            if failed:
+                break
+            time.sleep(_EXPLAIN_GAP_S)
+        else:
+            return error
+        lost = error.rank if isinstance(error, PeerLostError) else None
+        root, why = failed[lost] if lost in failed else next(iter(failed.values()))
+        explained = PeerLostError(f"rank {self.rank}: {why} ({type(error).__name__}: {error})", rank=root)
+        explained.__cause__ = error
+        return explained
 
     def _probe(self, ranks: Iterable[int]) -> None:
         """Find peers that died while this rank was not sending to them (the lock is held).
@@ -583,7 +651,10 @@ class PeerNetwork:
                                 rank=peer)
         head = bytearray(HEADER_SIZE)
         recv_exact_into(sock, memoryview(head), peer=peer)
-        if decode_header(head).kind == CLOSE:
+        h = decode_header(head)
+        if h.kind == CLOSE and h.tag == FAILING:
+            raise PeerLostError(f"rank {peer} failed (it said so in its goodbye)", rank=peer)
+        if h.kind == CLOSE:
             raise _Goodbye(f"rank {peer} has closed its peer network")
         raise ProtocolError(f"rank {peer} sent a DATA frame on the connection this rank sends on")
 
@@ -595,7 +666,7 @@ class PeerNetwork:
         try:
             if p.send_failure is None:
                 sock.settimeout(min(self.timeout, _LINGER))
-                send_frame(sock, encode_header(CLOSE, 0, 0, 0, self.rank), peer=p.rank)
+                send_frame(sock, encode_header(CLOSE, 0, self._farewell, 0, self.rank), peer=p.rank)
                 sock.shutdown(socket.SHUT_WR)
                 while sock.recv(4096):
                     pass
@@ -671,6 +742,9 @@ class PeerNetwork:
                     raise ProtocolError(f"a frame from rank {p.rank} claims to come from rank {h.src}")
                 if h.kind == CLOSE:
                     with self._cond:
+                        if h.tag == FAILING:
+                            self._lose(p, (PeerLostError, f"rank {p.rank} failed (it said so in its goodbye)"),
+                                       receiving=True)
                         reason = f"rank {p.rank} closed its peer network (an orderly goodbye)"
                         self._fail_receives(p, (PeerLostError, reason + " before this receive matched"))
                     try:
@@ -775,16 +849,18 @@ class PeerNetwork:
         thread.start()
         return thread
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         """Say goodbye to every peer and stop the threads; idempotent.
 
         Sends already posted are written first. Receives still pending fail with
-        :class:`~simdist.DistError`.
+        :class:`~simdist.DistError`. ``failed``: this rank leaves because it failed, and
+        its goodbye says so (the peers fail what waits for it at once).
         """
         with self._cond:
             if self._closed:
                 return
             self._closed = True
+            self._farewell = FAILING if failed else 0
             failure = (DistError, "the peer network was closed")
             for queue in itertools.chain(self._any_posted.values(), *(p.posted.values() for p in self._peers)):
                 for op in queue:
@@ -805,7 +881,7 @@ class PeerNetwork:
         for sock in inbound:  # the goodbye in the other direction, so the peer stops sending
             try:
                 sock.settimeout(0.5)
-                sock.sendall(encode_header(CLOSE, 0, 0, 0, self.rank))
+                sock.sendall(encode_header(CLOSE, 0, self._farewell, 0, self.rank))
             except OSError:
                 pass
         for sock in [*inbound, *others, *stuck]:

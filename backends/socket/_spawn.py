@@ -6,14 +6,18 @@ import multiprocessing as mp
 import os
 import pickle
 import socket
+import time
 import traceback
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from simdist._errors import RankError
+from simdist._errors import DistTimeoutError, PeerLostError, RankError
 from simdist._registry import BACKEND_ENV
 
 __all__ = ["spawn", "free_port"]
+
+SETTLE_S = 5.0
+"""How long spawn waits for the original error once a rank reported only another rank's failure (or a timeout)."""
 
 
 def free_port() -> int:
@@ -70,6 +74,24 @@ def _context(start_method: str | None) -> Any:
     return ctx
 
 
+def _blames(err: RankError) -> int | None:
+    """The rank that ``err`` (a rank's failure) says failed first: another rank, or -1 for a timeout."""
+    cause = err.__cause__
+    if isinstance(cause, PeerLostError) and cause.rank is not None and cause.rank != err.rank:
+        return cause.rank
+    return -1 if isinstance(cause, DistTimeoutError) else None
+
+
+def _original(errors: dict[int, RankError], first: int) -> RankError:
+    """The error to report: follow the ranks each error blames, from the first one reported."""
+    rank, seen = first, {first}
+    while (blamed := _blames(errors[rank])) in errors and blamed not in seen:
+        rank = blamed
+        seen.add(rank)
+    primary = [r for r in errors if _blames(errors[r]) is None]
+    return errors[rank] if _blames(errors[rank]) is None or not primary else errors[primary[0]]
+
+
 def _stop(procs: list) -> None:
     for p in procs:
         if p.is_alive():
@@ -91,8 +113,10 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, daemon: bool = False,
     Each process sees the caller's environment as it is at the call, plus MASTER_ADDR,
     MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE and a fresh SIMDIST_SECRET, as under torchrun,
     so ``init_process_group()`` needs no arguments. The first rank to fail stops the others
-    and raises ``RankError`` with its exception as ``__cause__``; no process outlives the
-    call. Return values travel pickled by value.
+    and raises ``RankError`` with its exception as ``__cause__``; a rank that failed only
+    because another did (a ``PeerLostError`` naming it) or timed out waits up to
+    ``SETTLE_S`` seconds for the original error, which is the one raised. No process
+    outlives the call. Return values travel pickled by value.
 
     ``start_method="fork"`` lets ``fn`` be a closure; each forked rank then runs torch on one
     intra-op thread (``torch.set_num_threads(1)``), because OpenMP's thread pool does not
@@ -126,23 +150,34 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, daemon: bool = False,
     for _, w in pipes:
         w.close()
     values: dict[int, Any] = {}
+    errors: dict[int, RankError] = {}
     readers = {pipes[r][0]: r for r in range(nprocs)}
+    settle_by: float | None = None
     try:
-        while len(values) < nprocs:
-            for conn in wait(list(readers)):
+        while readers and not any(_blames(e) is None for e in errors.values()):
+            ready = wait(list(readers), None if settle_by is None else max(settle_by - time.monotonic(), 0.0))
+            if not ready:
+                break  # only secondary errors came within SETTLE_S
+            for conn in ready:
                 r = readers.pop(conn)
                 try:
                     status, *payload = pickle.loads(conn.recv_bytes())
                 except EOFError:  # the process ended without sending anything: it died
                     procs[r].join(5)
                     code = procs[r].exitcode
-                    raise RankError(r, ChildProcessError(f"rank {r} died (exit code {code}) without a result"))
+                    errors[r] = RankError(r, ChildProcessError(f"rank {r} died (exit code {code}) without a result"))
+                    continue
                 if status == "error":
                     exc, text = payload
                     if hasattr(exc, "add_note"):  # Python >= 3.11
                         exc.add_note(f"traceback in rank {r}:\n{text}")
-                    raise RankError(r, exc)
-                values[r] = payload[0]
+                    errors[r] = RankError(r, exc)
+                else:
+                    values[r] = payload[0]
+            if errors and settle_by is None:
+                settle_by = time.monotonic() + SETTLE_S
     finally:
         _stop(procs)
+    if errors:
+        raise _original(errors, next(iter(errors)))
     return [values[r] for r in range(nprocs)]

@@ -13,7 +13,12 @@ Wire format (big-endian). A frame is ``[u32 payload length][payload]``.
   A *field* is ``[u32 length][bytes]``, an *int* a signed ``i64``, a *key list*
   ``[i64 count][count key fields]``; keys and messages are UTF-8. For example
   GET is ``[2][i64 timeout_ms][u32 n][key]`` and its answer ``[1][u32 n][value]`` (BYTES)
-  or ``[3][i64 count][missing keys]`` (TIMEOUT).
+  or ``[3][i64 count][missing keys]`` (TIMEOUT). A *value list* is ``[i64 count][count
+  value fields]``: MULTI_GET answers ITEMS, the keys that exist and their values, in one
+  frame without waiting.
+* WILL ``(key, value)`` is the connection's last will: if the connection ends before it
+  is withdrawn (a WILL with an empty key), the server sets ``key`` to ``value`` unless
+  ``key`` exists. A rank's will records that it died (``._failures``).
 
 A payload is at most ``max_value_bytes + HEADER_SLACK`` bytes and every field at most
 ``max_value_bytes``; both are checked before anything is read or allocated. The server
@@ -78,6 +83,8 @@ class Op(enum.IntEnum):
     CHECK = 6
     DELETE = 7
     NUM_KEYS = 8
+    MULTI_GET = 9
+    WILL = 10
 
 
 class Kind(enum.IntEnum):
@@ -88,10 +95,12 @@ class Kind(enum.IntEnum):
     INT = 2
     TIMEOUT = 3
     ERROR = 4
+    ITEMS = 5
 
 
 # The fields after the op (or kind) byte, in wire order: "key" a key field, "keys" a key
-# list, "value" a field, "text" a UTF-8 field, "int" an i64, "timeout" an i64 >= 0 (ms).
+# list, "value" a field, "values" a value list, "text" a UTF-8 field, "int" an i64, "timeout" an
+# i64 >= 0 (ms).
 REQUEST_LAYOUT: dict[int, tuple[str, ...]] = {
     Op.SET: ("key", "value"),
     Op.GET: ("timeout", "key"),
@@ -101,6 +110,8 @@ REQUEST_LAYOUT: dict[int, tuple[str, ...]] = {
     Op.CHECK: ("keys",),
     Op.DELETE: ("key",),
     Op.NUM_KEYS: (),
+    Op.MULTI_GET: ("keys",),
+    Op.WILL: ("key", "value"),
 }
 RESPONSE_LAYOUT: dict[int, tuple[str, ...]] = {
     Kind.NONE: (),
@@ -108,6 +119,7 @@ RESPONSE_LAYOUT: dict[int, tuple[str, ...]] = {
     Kind.INT: ("int",),
     Kind.TIMEOUT: ("keys",),
     Kind.ERROR: ("text",),
+    Kind.ITEMS: ("keys", "values"),
 }
 
 
@@ -125,7 +137,8 @@ class Request:
 @dataclass(frozen=True)
 class Response:
     """One decoded response: ``values`` is ``(value,)`` for BYTES and ``(UTF-8 message,)`` for
-    ERROR; ``number`` is INT's (booleans are 0/1); ``keys`` are the keys a TIMEOUT still misses."""
+    ERROR; ``number`` is INT's (booleans are 0/1); ``keys`` are the keys a TIMEOUT still misses;
+    ITEMS holds the keys that exist and their ``values``, in the same order."""
 
     kind: Kind
     keys: tuple[str, ...] = ()
@@ -152,6 +165,9 @@ def _encode(code: int, layout: tuple[str, ...], keys: Sequence[str], values: Seq
         elif kind in ("value", "text"):
             value = next(rest)
             parts += [_U32.pack(len(value)), value]
+        elif kind == "values":
+            items = list(rest)
+            parts += [_I64.pack(len(items)), *map(_field, items)]
         else:
             parts.append(_I64.pack(number))
     return b"".join([_U32.pack(sum(map(len, parts))), *parts])
@@ -200,11 +216,17 @@ class _Reader:
         except UnicodeDecodeError as exc:
             raise ProtocolError(f"{what} is not valid UTF-8: {exc}") from None
 
-    def keys(self) -> list[str]:
-        count = self.i64("key count")
+    def _count(self, what: str) -> int:
+        count = self.i64(f"{what} count")
         if count < 0 or count > (len(self.buf) - self.pos) // 4:
-            raise ProtocolError(f"key count {count} does not fit in the {len(self.buf) - self.pos} bytes left")
-        return [self.text(f"key {i}") for i in range(count)]
+            raise ProtocolError(f"{what} count {count} does not fit in the {len(self.buf) - self.pos} bytes left")
+        return count
+
+    def keys(self) -> list[str]:
+        return [self.text(f"key {i}") for i in range(self._count("key"))]
+
+    def values(self) -> list[bytes]:
+        return [bytes(self.field(f"value {i}")) for i in range(self._count("value"))]
 
     def message(self, layouts: dict[int, tuple[str, ...]], what: str) -> tuple[int, list[str], list[bytes], int]:
         """``(code, keys, values, number)`` of the whole payload, which must hold nothing more."""
@@ -221,6 +243,8 @@ class _Reader:
                 keys += self.keys()
             elif kind == "value":
                 values.append(bytes(self.field("value")))
+            elif kind == "values":
+                values += self.values()
             elif kind == "text":
                 values.append(self.text("message").encode("utf-8"))
             else:
@@ -349,6 +373,7 @@ class StoreServer:
         self._handshake_timeout = float(handshake_timeout)
         self._data: dict[str, bytes] = {}
         self._cond = threading.Condition()
+        self._wills: dict[socket.socket, tuple[str, bytes]] = {}  # each connection's last will (Op.WILL)
         self._closed = False
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
@@ -425,7 +450,7 @@ class StoreServer:
                 payload = _read_frame(conn, self._max, None)
                 if payload is None:
                     return
-                resp = self._execute(_decode_request(payload, self._max))
+                resp = self._execute(_decode_request(payload, self._max), conn)
                 if resp is None:  # the server is closing
                     return
                 conn.sendall(encode_response(resp))
@@ -436,9 +461,28 @@ class StoreServer:
         except OSError as exc:  # includes DistTimeoutError of the handshake
             log.debug("simdist store on port %d lost a connection from %s: %s", self.port, addr, exc)
         finally:
+            self._read_will(conn)
             with self._conns_lock:
                 self._conns.discard(conn)
             conn.close()
+
+    def _read_will(self, conn: socket.socket) -> None:
+        """``conn`` has ended: carry out its last will, unless the server is closing."""
+        with self._cond:
+            will = self._wills.pop(conn, None)
+            if will is not None and not self._closed and will[0] not in self._data:
+                self._data[will[0]] = will[1]
+                self._cond.notify_all()
+
+    def _items(self, keys: Sequence[str]) -> Response:
+        """The ITEMS answer to MULTI_GET (the lock is held): the keys that exist and their values."""
+        present = tuple(k for k in keys if k in self._data)
+        values = tuple(self._data[k] for k in present)
+        size = sum(len(v) + len(k) + 8 for k, v in zip(present, values))
+        if size > self._max + HEADER_SLACK - 64:
+            return _error(f"MULTI_GET of {len(keys)} keys: the answer would be {size} bytes, over the limit of "
+                          f"{self._max + HEADER_SLACK} bytes; ask for fewer keys")
+        return Response(Kind.ITEMS, keys=present, values=values)
 
     def _wait_for(self, keys: Iterable[str], timeout_ms: int) -> list[str] | None:
         """Wait (holding the condition) until all ``keys`` exist; the missing ones on timeout,
@@ -456,9 +500,17 @@ class StoreServer:
                 return missing
             self._cond.wait(min(left, threading.TIMEOUT_MAX))
 
-    def _execute(self, req: Request) -> Response | None:
+    def _execute(self, req: Request, conn: socket.socket | None = None) -> Response | None:
         data = self._data
         with self._cond:
+            if req.op is Op.MULTI_GET:
+                return self._items(req.keys)
+            if req.op is Op.WILL:
+                if req.keys[0]:
+                    self._wills[conn] = (req.keys[0], req.values[0])
+                else:
+                    self._wills.pop(conn, None)
+                return Response(Kind.NONE)
             if req.op is Op.SET:
                 data[req.keys[0]] = req.values[0]
                 self._cond.notify_all()
@@ -504,6 +556,7 @@ _WHY_CLOSED = " (the server stopped, or refused a malformed or oversized request
 _EXPECTED = {  # the kind of a successful answer to each op
     Op.SET: Kind.NONE, Op.GET: Kind.BYTES, Op.ADD: Kind.INT, Op.COMPARE_SET: Kind.BYTES,
     Op.WAIT: Kind.NONE, Op.CHECK: Kind.INT, Op.DELETE: Kind.INT, Op.NUM_KEYS: Kind.INT,
+    Op.MULTI_GET: Kind.ITEMS, Op.WILL: Kind.NONE,
 }  # fmt: skip
 
 
@@ -621,24 +674,27 @@ class StoreClient:
     def _timeout(self, timeout: object) -> float:
         return self.timeout if timeout is None else _seconds(timeout, "timeout")
 
-    def _request(self, req: Request, timeout: float, what: str) -> Response:
+    def _request(self, req: Request, timeout: float, what: str, margin: float = REPLY_MARGIN_S) -> Response:
         frame = encode_request(req)
         if len(frame) - 4 > self._max + HEADER_SLACK:
             raise ValueError(
                 f"{what}: the request is {len(frame) - 4} bytes, over the limit of {self._max + HEADER_SLACK}"
             )
         where = f"the store at {self.host}:{self.port}"
-        with self._lock:
+        deadline = time.monotonic() + timeout + margin
+        if not self._lock.acquire(timeout=min(timeout + margin, threading.TIMEOUT_MAX)):
+            raise DistTimeoutError(f"{what}: {where} did not answer within {timeout + margin:g} s: another "
+                                   "request of this process is still waiting for its answer")
+        try:
             if self._closed:
                 raise DistError(f"{what}: the client of {where} is closed")
             if self._broken:
                 raise DistError(
                     f"{what}: the connection to {where} is unusable after an earlier failure: {self._broken}"
                 )
-            deadline = time.monotonic() + timeout + REPLY_MARGIN_S
             failure: DistError | None = None
             try:
-                self._sock.settimeout(min(timeout + REPLY_MARGIN_S, _MAX_SOCKET_TIMEOUT))
+                self._sock.settimeout(min(max(deadline - time.monotonic(), 0.001), _MAX_SOCKET_TIMEOUT))
                 self._sock.sendall(frame)
                 payload = _read_frame(self._sock, self._max, deadline)
                 if payload is None:
@@ -646,9 +702,7 @@ class StoreClient:
                 else:
                     resp = _decode_response(payload, self._max)
             except TimeoutError:
-                failure = DistTimeoutError(
-                    f"{what}: {where} did not answer within {timeout:g} s (+{REPLY_MARGIN_S:g} s margin)"
-                )
+                failure = DistTimeoutError(f"{what}: {where} did not answer within {timeout:g} s (+{margin:g} s margin)")
             except ProtocolError as exc:
                 failure = ProtocolError(f"{what}: {where} sent a malformed answer: {exc}")
             except OSError as exc:
@@ -660,6 +714,8 @@ class StoreClient:
                 self._broken = str(failure)
                 self._sock.close()
                 raise failure
+        finally:
+            self._lock.release()
         return self._check(req, resp, timeout, what, where)
 
     def _check(self, req: Request, resp: Response, timeout: float, what: str, where: str) -> Response:
@@ -754,6 +810,25 @@ class StoreClient:
     def num_keys(self, timeout: float | None = None) -> int:
         """The number of keys in the store."""
         return int(self._request(Request(Op.NUM_KEYS), self._timeout(timeout), "num_keys()").number)
+
+    def multi_get(self, keys: list[str], timeout: float | None = None) -> dict[str, bytes]:
+        """The values of those of ``keys`` that exist now, fetched in one request (no waiting).
+
+        ``timeout`` bounds the whole request, with no margin: a store that does not answer
+        within it raises ``DistTimeoutError`` (and leaves this client unusable).
+        """
+        keys_, t = _keys(keys), self._timeout(timeout)
+        resp = self._request(Request(Op.MULTI_GET, keys_), t, f"multi_get({len(keys_)} keys)", margin=0.0)
+        if not set(resp.keys) <= set(keys_) or len(resp.keys) != len(resp.values):
+            raise ProtocolError(f"multi_get: the store answered keys {list(resp.keys)[:8]!r} it was not asked for")
+        return dict(zip(resp.keys, resp.values))
+
+    def will(self, key: str, value: bytes, timeout: float | None = None) -> None:
+        """Make ``key = value`` this connection's last will: if the connection ends before
+        ``will("", b"")`` withdraws it (this process exited or died), the server sets ``key``
+        to ``value`` unless ``key`` exists. A later will replaces an earlier one."""
+        key, value, t = _key(key), self._value(value, "value"), self._timeout(timeout)
+        self._request(Request(Op.WILL, keys=(key,), values=(value,)), t, f"will({key!r})")
 
 
 # ---------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import datetime
 import ipaddress
 import os
 import socket
-import time
+import sys
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
@@ -15,6 +15,7 @@ from simdist._group import GroupMember
 from simdist._world import World, set_process_world
 
 from ._checked import agreed_checks
+from ._failures import FailureMonitor, JobStore, caused_by, failure_text
 from ._flight import FlightRecorder
 from ._group import SocketGroup
 
@@ -104,18 +105,6 @@ def _address_towards(host: str, port: int) -> str:
         return probe.getsockname()[0]
 
 
-def _wait_count(store: Any, key: str, n: int, timeout: float) -> None:
-    """Wait until counter ``key`` of the store reaches ``n`` (every rank has added its 1)."""
-    deadline = time.monotonic() + timeout
-    while store.add(key, 0) < n:
-        if time.monotonic() > deadline:
-            from simdist._errors import DistTimeoutError
-
-            raise DistTimeoutError(f"{n - store.add(key, 0)} rank(s) did not call destroy_process_group "
-                                   f"within timeout={timeout} s")
-        time.sleep(0.01)
-
-
 class SocketWorld(World):
     """This process's place among the ranks of a socket job."""
 
@@ -129,6 +118,7 @@ class SocketWorld(World):
         self.group_count = 0
         self.timeout = DEFAULT_TIMEOUT
         self.checked = True
+        self._hook: Any = None  # sys.excepthook as it was before init (this world's hook replaces it)
 
     def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
         from ._peers import PeerNetwork
@@ -137,9 +127,12 @@ class SocketWorld(World):
         host, port, rank, world_size, secret = self.connect_store(init_method, rank, world_size)
         self.checked = agreed_checks(self.store, rank)
         listen = "127.0.0.1" if is_loopback(host) else _address_towards(host, port)
-        self.network = PeerNetwork(rank, world_size, self.store, secret, host=listen, timeout=self.timeout)
-        self.rank, self.size, self.backend = rank, world_size, backend or "socket"
+        self.store.leave_will()
         self.recorder = FlightRecorder(self.store, rank)
+        self.network = PeerNetwork(rank, world_size, self.store, secret, host=listen, timeout=self.timeout,
+                                   monitor=FailureMonitor(self.store, self.recorder))
+        self.rank, self.size, self.backend = rank, world_size, backend or "socket"
+        self._hook, sys.excepthook = sys.excepthook, self._excepthook
         self.default_group = self._group(list(range(world_size)), 0)
         self.groups = [self.default_group]
         set_process_world(self)
@@ -149,28 +142,49 @@ class SocketWorld(World):
 
         Sets ``server`` (rank 0) and ``store``; returns ``(host, port, rank, world_size, secret)``.
         """
-        from ._store import StoreClient, StoreServer
+        from ._store import StoreServer
 
         host, port, rank, world_size = rendezvous(init_method, rank, world_size)
         secret = shared_secret(host)
         if rank == 0:
             self.server = StoreServer("127.0.0.1" if is_loopback(host) else "0.0.0.0", port, secret)
-        self.store = StoreClient(host, port, secret, timeout=self.timeout)
+        self.store = JobStore(host, port, secret, rank=rank, world_size=world_size, timeout=self.timeout)
         return host, port, rank, world_size, secret
 
-    def goodbye(self) -> None:
-        """Leave the store; rank 0 serves it until every rank has left."""
-        # The server counts a goodbye before answering it, so a rank whose connection closes
-        # during its own goodbye was counted: rank 0 saw everyone and shut down.
+    def goodbye(self, failed: bool = False) -> None:
+        """Leave the store; rank 0 serves it until every rank has left or failed.
+
+        A failing rank (``failed``) raises nothing here: its own error is the one to report.
+        """
+        # The server takes a goodbye before answering it, so a rank whose connection closes
+        # during its own goodbye was seen: rank 0 saw everyone and shut down.
         try:
-            self.store.add("simdist/destroyed", 1)
-        except DistError:
+            try:
+                self.store.say_goodbye()
+            except DistError:
+                if self.server is not None:
+                    raise
             if self.server is not None:
+                self.store.wait_goodbyes(self.timeout)
+        except DistError:
+            if not failed:
                 raise
-        if self.server is not None:
-            _wait_count(self.store, "simdist/destroyed", self.size, self.timeout)
-            self.server.close()
-        self.store.close()
+        finally:
+            if self.server is not None:
+                self.server.close()
+            self.store.close()
+
+    def _excepthook(self, kind: type, exc: BaseException, tb: Any) -> None:
+        """An exception ends this process with the group alive: record it for the others, print it, leave."""
+        text = failure_text(exc)
+        if text is None or not self.initialized:
+            self._hook(kind, exc, tb)
+            return
+        self.store.record_failure(text, caused_by(exc))
+        try:
+            self._hook(kind, exc, tb)
+        finally:
+            self._leave(text, caused_by(exc))
 
     def new_group(self, ranks: Sequence[int], *, backend, timeout) -> Any:
         self.group_count += 1
@@ -185,16 +199,28 @@ class SocketWorld(World):
         return SocketGroup(self.network, ranks.index(self.rank), ranks, group_id, self.timeout, self.recorder,
                            self.checked)
 
-    def _close_network(self) -> None:
+    def _close_network(self, failed: bool = False) -> None:
         self.recorder.close()
-        self.network.close()
+        self.network.close(failed=failed)
 
     def destroy(self, group) -> None:
         if self.destroy_subgroup(group):
             return
+        # called while an exception propagates (try/finally): this rank is failing; the others learn it now
+        exc = sys.exc_info()[1]
+        self._leave(failure_text(exc), caused_by(exc))
+
+    def _leave(self, failure: str | None, cause: int | None = None) -> None:
+        """Destroy every group and say goodbye; a failing rank records ``failure`` (caused by rank ``cause``'s) first."""
+        failed = failure is not None
+        if failed:
+            self.store.record_failure(failure, cause)
+            self._close_network(failed=True)  # fails this rank's pending operations: nothing below waits for them
         for g in self.groups:
             g.destroy()
         self.groups, self.default_group, self.backend = [], None, None
-        self._close_network()
-        self.goodbye()
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._hook
+        self._close_network(failed=failed)
+        self.goodbye(failed=failed)
         set_process_world(None)

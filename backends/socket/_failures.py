@@ -1,0 +1,296 @@
+"""Fast failure: a rank that fails is recorded in the store, and every wait looks for the record.
+
+A failed rank's record is ``simdist/failed/{rank}``, JSON ``{"rank", "error", "time", "how",
+"cause"}``, written once (the first record wins) by whichever learns of the failure first:
+
+* the rank itself, when ``destroy_process_group`` runs while an exception propagates
+  (``try: ... finally: destroy_process_group()``) or an exception reaches ``sys.excepthook``
+  (``how`` "exception"; ``error`` is ``"ValueError: boom"``);
+* the store, carrying out the last will of the rank's store connection (``Op.WILL``) when
+  the process ends without a goodbye: ``os._exit``, a signal, a crash (``how`` "will");
+* a launcher that saw the process end (``how`` "launcher"; it may replace a will's text
+  with what it saw, such as the signal).
+
+A rank that fails because another failed (its error is a ``PeerLostError`` naming that
+rank) records it as its ``cause``: reports follow causes back to the rank that failed first.
+
+Every wait (a collective's or a receive's in ``PeerNetwork.wait``, :meth:`JobStore.get` and
+:meth:`JobStore.wait`, ``destroy_process_group``'s goodbye) reads the records of the ranks it
+depends on every ``POLL_S`` seconds, in one ``MULTI_GET``, and raises
+:class:`~simdist.PeerLostError` naming the rank and its error. A goodbye of the peer network
+(a CLOSE frame with tag ``FAILING``) tells connected peers at once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from simdist._errors import DistError, DistTimeoutError, PeerLostError
+
+from ._store import StoreClient
+
+__all__ = ["FAILING", "POLL_S", "FailureMonitor", "FirstFailure", "JobStore", "caused_by", "failure_text",
+           "launcher_saw", "will_value"]
+
+POLL_S = 0.5
+"""Seconds between two reads of the failure records while a wait blocks."""
+FAILING = 1
+"""The tag of the CLOSE frame of a rank that leaves because it failed (0: an orderly goodbye)."""
+_FAILED = "simdist/failed/{rank}"
+_BYE = "simdist/bye/{rank}"
+_FIRST = "simdist/first-failure"  # the first record of a failure with an error, for a launcher to wait on
+_READ_S = 2.0  # the deadline of one read of the records: past it, the store is unreachable
+_MAX_TEXT = 2000
+_MAX_WAIT_S = 10.0 * 24 * 3600  # a launcher waits for a failure as long as the job runs
+
+
+def failure_text(exc: BaseException | None) -> str | None:
+    """``"ValueError: boom"`` for an exception that ends a rank; ``None`` for none or a clean exit.
+
+    A ``SystemExit`` raised while handling another exception (``raise SystemExit(1) from
+    None`` in an ``except`` block) is described by that exception.
+    """
+    if exc is None:
+        return None
+    if isinstance(exc, SystemExit):
+        if exc.code in (None, 0):
+            return None
+        if exc.__context__ is not None and not isinstance(exc.__context__, SystemExit):
+            return failure_text(exc.__context__)
+        return f"exited with status {exc.code}" if isinstance(exc.code, int) else f"SystemExit: {exc.code}"
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= _MAX_TEXT else text[:_MAX_TEXT] + " ..."
+
+
+def caused_by(exc: BaseException | None) -> int | None:
+    """The rank whose failure ``exc`` reports (a ``PeerLostError``'s ``rank``), if any."""
+    if isinstance(exc, SystemExit) and exc.__context__ is not None:
+        exc = exc.__context__
+    return exc.rank if isinstance(exc, PeerLostError) else None
+
+
+def _record(rank: int, error: str, how: str, when: float | None, cause: int | None = None) -> bytes:
+    return json.dumps({"rank": rank, "error": error, "time": when, "how": how, "cause": cause}).encode()
+
+
+def will_value(rank: int) -> bytes:
+    """The record the store writes for ``rank`` when its connection ends without a goodbye."""
+    return _record(rank, "its process ended without destroy_process_group (os._exit, a signal or a crash)",
+                   "will", None)
+
+
+def _parse(rank: int, raw: bytes) -> dict:
+    try:
+        record = json.loads(raw.decode())
+        return record if isinstance(record, dict) and "error" in record else {"error": repr(raw[:200])}
+    except (UnicodeDecodeError, ValueError):
+        return {"error": repr(raw[:200])}
+
+
+def describe(rank: int, record: dict) -> str:
+    """``"rank 1 failed: ValueError: boom"`` (or how it ended) from its record."""
+    return f"rank {rank} failed: {record.get('error')}"
+
+
+def _named(rank: int, record: dict) -> tuple[int, str]:
+    return rank, describe(rank, record)
+
+
+class JobStore(StoreClient):
+    """The job's store client as a rank holds it: its ``get`` and ``wait`` also watch for failed ranks.
+
+    Args:
+        rank, world_size: this rank and the number of ranks (records of the others are read).
+        The rest as :class:`StoreClient`.
+    """
+
+    def __init__(self, host: str, port: int, secret: Any, *, rank: int, world_size: int, **options: Any):
+        super().__init__(host, port, secret, **options)
+        self.rank, self.world_size = rank, world_size
+
+    def others(self) -> list[int]:
+        return [r for r in range(self.world_size) if r != self.rank]
+
+    def record_failure(self, error: str, cause: int | None = None) -> None:
+        """Record this rank's failure (unless one is recorded), caused by rank ``cause``'s if given; a
+        store that cannot take it is ignored, so the original error is the one that propagates."""
+        record = _record(self.rank, error, "exception", time.time(), None if cause == self.rank else cause)
+        try:
+            self.compare_set(_FAILED.format(rank=self.rank), b"", record, timeout=_READ_S)
+            self.compare_set(_FIRST, b"", record, timeout=_READ_S)
+        except (DistError, OSError):
+            pass
+
+    def leave_will(self) -> None:
+        """Have the store record this rank as failed if its connection ends without a goodbye."""
+        self.will(_FAILED.format(rank=self.rank), will_value(self.rank))
+
+    def failures(self, ranks: Iterable[int] | None = None) -> dict[int, dict]:
+        """The failure records of ``ranks`` (default: every other rank), read in one request.
+
+        Raises:
+            DistError: the store is unreachable (it did not answer within 2 s, or the connection broke).
+        """
+        ranks = self.others() if ranks is None else [r for r in ranks if r != self.rank]
+        if not ranks:
+            return {}
+        try:
+            found = self.multi_get([_FAILED.format(rank=r) for r in ranks], timeout=_READ_S)
+        except DistError as exc:
+            raise DistError(f"rank {self.rank}: the store at {self.host}:{self.port} is unreachable ({exc})") from exc
+        return {r: _parse(r, found[_FAILED.format(rank=r)]) for r in ranks if _FAILED.format(rank=r) in found}
+
+    def check_failures(self, ranks: Iterable[int] | None, what: str) -> None:
+        """Raise ``PeerLostError`` for the first failed rank among ``ranks`` (default: every other rank)."""
+        failed = self.failures(ranks)
+        if failed:
+            rank, record = first_failure(failed)
+            raise PeerLostError(f"rank {self.rank}: {what}: {describe(rank, record)}", rank=rank)
+
+    def _sliced(self, wait: Any, keys: Any, timeout: float | None, what: str) -> Any:
+        """``wait(keys, slice)`` in slices of ``POLL_S`` seconds, reading the failure records between them."""
+        total = self._timeout(timeout)
+        deadline = time.monotonic() + total
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return wait(keys, min(POLL_S, max(left, 0.0)))
+            except DistTimeoutError as exc:
+                self.check_failures(None, what)
+                if deadline - time.monotonic() <= 0:
+                    raise DistTimeoutError(f"{what} timed out after {total:g} s: {exc}") from None
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        """The value of ``key``, waiting until it exists; a failed rank ends the wait within ``POLL_S`` s.
+
+        Raises:
+            PeerLostError: another rank failed meanwhile (named, with its error).
+            DistTimeoutError: ``key`` did not appear within ``timeout`` seconds.
+        """
+        return self._sliced(super().get, key, timeout, f"get({key!r})")
+
+    def wait(self, keys: list[str], timeout: float | None = None) -> None:
+        """Return once every key in ``keys`` exists; a failed rank ends the wait within ``POLL_S`` s.
+
+        Raises:
+            PeerLostError: another rank failed meanwhile (named, with its error).
+            DistTimeoutError: some keys are still missing after ``timeout`` seconds.
+        """
+        self._sliced(super().wait, keys, timeout, f"wait({list(keys)!r})")
+
+    def say_goodbye(self) -> None:
+        """Withdraw the will and mark this rank as gone (``destroy_process_group``)."""
+        self.will("", b"")
+        self.set(_BYE.format(rank=self.rank), b"")
+
+    def wait_goodbyes(self, timeout: float) -> None:
+        """Wait until every rank has said goodbye (the rank that serves the store).
+
+        Raises:
+            PeerLostError: a rank failed without saying goodbye (it died): it never will.
+            DistTimeoutError: some ranks neither said goodbye nor failed within ``timeout``.
+        """
+        byes = [_BYE.format(rank=r) for r in range(self.world_size)]
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                StoreClient.wait(self, byes, min(POLL_S, max(deadline - time.monotonic(), 0.0)))
+                return
+            except DistTimeoutError:
+                pass
+            present = self.multi_get(byes, timeout=_READ_S)
+            missing = [r for r in range(self.world_size) if _BYE.format(rank=r) not in present]
+            self.check_failures(missing, "destroy_process_group")
+            if time.monotonic() >= deadline:
+                raise DistTimeoutError(f"rank(s) {missing} did not call destroy_process_group within "
+                                       f"timeout={timeout} s")
+
+
+def first_failure(failed: dict[int, dict], rank: int | None = None) -> tuple[int, dict]:
+    """The failure to report: ``rank``'s (default: the earliest root, a record with no cause,
+    records without a time such as wills after timed ones), its cause followed back as far as known."""
+    if rank is None:
+        rank = min(failed, key=lambda r: (failed[r].get("cause") in failed, failed[r].get("time") is None,
+                                          failed[r].get("time") or 0, r))
+    seen = {rank}
+    while failed[rank].get("cause") in failed and failed[rank]["cause"] not in seen:
+        rank = failed[rank]["cause"]
+        seen.add(rank)
+    return rank, failed[rank]
+
+
+class FailureMonitor:
+    """What ``PeerNetwork.wait`` consults while it blocks: the failure records, and the flight recorder.
+
+    Args:
+        store: the job's store.
+        recorder: the flight recorder, asked to publish this rank's state once a wait blocks.
+    """
+
+    def __init__(self, store: JobStore, recorder: Any = None):
+        self.store = store
+        self.recorder = recorder
+
+    def failures(self, ranks: Iterable[int | None]) -> dict[int, tuple[int, str]]:
+        """``{rank: (root, "rank 1 failed: ValueError: boom")}`` for the failed ones of ``ranks`` (``None``:
+        any rank), ``root`` the rank whose failure caused ``rank``'s; the first item is the one to report.
+
+        Raises:
+            DistError: the store is unreachable.
+        """
+        ranks = set(ranks)
+        failed = self.store.failures(None if None in ranks else sorted(ranks))
+        if not failed:
+            return {}
+        first = first_failure(failed)[0]
+        return {r: _named(*first_failure(failed, r)) for r in [first, *failed]}
+
+    def blocked(self) -> None:
+        """A wait is about to block: publish this rank's latest state (what a report on a hang reads)."""
+        if self.recorder is not None:
+            self.recorder.flush()
+
+
+def launcher_saw(host: str, port: int, secret: Any, world_size: int, rank: int, how: str) -> str | None:
+    """A launcher saw ``rank``'s process end (``how``: "was killed by SIGKILL (exit code -9)"): record it
+    for the other ranks where the rank recorded nothing better, and return the failure to report
+    (``"rank 0 failed: ValueError: boom"``), the first one in the job's store; ``None`` if the store
+    is gone or holds none.
+    """
+    key, text = _FAILED.format(rank=rank), f"its process {how}"
+    try:
+        with StoreClient(host, port, secret, timeout=_READ_S, connect_timeout=1.0) as store:
+            record = _record(rank, text, "launcher", time.time())
+            if store.compare_set(key, will_value(rank), record) != record:
+                store.compare_set(key, b"", record)
+            found = store.multi_get([_FAILED.format(rank=r) for r in range(world_size)])
+    except (DistError, OSError, ValueError):
+        return None
+    failed = {r: _parse(r, found[_FAILED.format(rank=r)]) for r in range(world_size) if _FAILED.format(rank=r) in found}
+    return describe(*first_failure(failed)) if failed else None
+
+
+class FirstFailure:
+    """A launcher's watch on a job's store: ``text`` becomes the first failure a rank records
+    (``"rank 0 failed: ValueError: boom"``) the moment it is recorded, so the launcher can name it
+    even once the store (served by rank 0) is gone. A daemon thread waits for it.
+    """
+
+    def __init__(self, host: str, port: int, secret: Any, connect_timeout: float = 600.0):
+        self.text: str | None = None
+        self._args = (host, port, secret, connect_timeout)
+        threading.Thread(target=self._watch, name="simdist-first-failure", daemon=True).start()
+
+    def _watch(self) -> None:
+        host, port, secret, connect_timeout = self._args
+        try:
+            with StoreClient(host, port, secret, timeout=_MAX_WAIT_S, connect_timeout=connect_timeout) as store:
+                raw = store.get(_FIRST)
+        except (DistError, OSError, ValueError):
+            return
+        record = _parse(-1, raw)
+        self.text = describe(record.get("rank", "?"), record)
