@@ -299,10 +299,15 @@ def _run_socket(opts: argparse.Namespace) -> int:
             handlers[sig] = signal.signal(sig, _raise_stop)
     if opts.log_dir is not None:
         os.makedirs(opts.log_dir, exist_ok=True)
+    server = _serve_store(opts, port, secret)
     try:
         for local in range(n):
             rank = base + local
             env = _rank_env(opts, local, port, secret)
+            if server is not None:
+                from simdist.backends.socket._world import SERVED_ENV
+
+                env[SERVED_ENV] = f"{opts.master_addr}:{port}"
             if opts.log_dir is not None:
                 with open(os.path.join(opts.log_dir, f"rank_{rank}.log"), "wb") as log:
                     p = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log,
@@ -341,7 +346,23 @@ def _run_socket(opts: argparse.Namespace) -> int:
                 t.join(5)
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+        if server is not None:
+            server.close()
     return status
+
+
+def _serve_store(opts: argparse.Namespace, port: int, secret: str) -> Any:
+    """The job's store, served by this launcher (on node 0 of a socket or nccl job), or ``None``.
+
+    Served here rather than by rank 0, it outlives the ranks: the first failure of the job can be
+    read after the rank that failed, and the others, are gone.
+    """
+    if opts.backend not in ("socket", "nccl") or opts.node_rank != 0:
+        return None
+    from simdist.backends.socket._store import StoreServer
+    from simdist.backends.socket._world import is_loopback
+
+    return StoreServer("127.0.0.1" if is_loopback(opts.master_addr) else "0.0.0.0", port, secret)
 
 
 def _supervise(procs: list[subprocess.Popen], pumps: list[list[threading.Thread]],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import ipaddress
 import os
@@ -22,6 +23,10 @@ from ._group import SocketGroup
 __all__ = ["SocketWorld", "DEFAULT_TIMEOUT", "rendezvous"]
 
 DEFAULT_TIMEOUT = 300.0
+# Set by a launcher that serves the job's store itself (``simdist run``): "HOST:PORT". Rank 0
+# then serves none at that address, and the store outlives every rank, so the launcher reads
+# the job's failures after the ranks are gone.
+SERVED_ENV = "SIMDIST_STORE_SERVED"
 """Seconds an operation may wait for its peers before ``DistTimeoutError`` (``timeout=`` changes it)."""
 
 def _seconds(timeout: Any) -> float:
@@ -133,12 +138,14 @@ class SocketWorld(World):
                                    monitor=FailureMonitor(self.store, self.recorder))
         self.rank, self.size, self.backend = rank, world_size, backend or "socket"
         self._hook, sys.excepthook = sys.excepthook, self._excepthook
+        atexit.register(self._at_exit)
         self.default_group = self._group(list(range(world_size)), 0)
         self.groups = [self.default_group]
         set_process_world(self)
 
     def connect_store(self, init_method: str | None, rank: int, world_size: int) -> tuple[str, int, int, int, bytes]:
-        """Rendezvous: rank 0 serves the store, every rank connects to it.
+        """Rendezvous: rank 0 serves the store (unless the launcher does, see ``SERVED_ENV``), every
+        rank connects to it.
 
         Sets ``server`` (rank 0) and ``store``; returns ``(host, port, rank, world_size, secret)``.
         """
@@ -146,7 +153,7 @@ class SocketWorld(World):
 
         host, port, rank, world_size = rendezvous(init_method, rank, world_size)
         secret = shared_secret(host)
-        if rank == 0:
+        if rank == 0 and os.environ.get(SERVED_ENV) != f"{host}:{port}":
             self.server = StoreServer("127.0.0.1" if is_loopback(host) else "0.0.0.0", port, secret)
         self.store = JobStore(host, port, secret, rank=rank, world_size=world_size, timeout=self.timeout)
         return host, port, rank, world_size, secret
@@ -186,6 +193,12 @@ class SocketWorld(World):
         finally:
             self._leave(text, caused_by(exc))
 
+    def _at_exit(self) -> None:
+        """The process ends normally with the group alive: leave as ``destroy_process_group`` would,
+        so the others see a goodbye, not a failure (torch allows ending without destroying)."""
+        if self.initialized:
+            self._leave(None)
+
     def new_group(self, ranks: Sequence[int], *, backend, timeout) -> Any:
         self.group_count += 1
         if self.rank not in ranks:
@@ -221,6 +234,7 @@ class SocketWorld(World):
         self.groups, self.default_group, self.backend = [], None, None
         if sys.excepthook == self._excepthook:
             sys.excepthook = self._hook
+        atexit.unregister(self._at_exit)
         self._close_network(failed=failed)
         self.goodbye(failed=failed)
         set_process_world(None)
