@@ -190,7 +190,7 @@ class Acceptor:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 state = self._authenticate(conn, self.handshake_deadline)
             except (DistError, OSError) as exc:
-                if not self._closed:
+                if not self._closed or isinstance(exc, AuthenticationError):  # not an effect of close()
                     level = logging.WARNING if isinstance(exc, AuthenticationError) else logging.INFO
                     self._refused(addr, exc, level)
                 return
