@@ -30,7 +30,9 @@ from simdist.backends.socket._store import (
     StoreServer,
     encode_request,
 )
+from test_socket_peers import DictStore
 from test_socket_store import SignallingServer
+from test_socket_store import _read_to_eof as read_to_eof
 
 from simdist import AuthenticationError, DistTimeoutError, ProtocolError
 
@@ -39,39 +41,12 @@ HOST = "127.0.0.1"
 HELLO = len(_auth.MAGIC) + 1 + 32  # the server's first message
 
 
-class DictStore:
-    """The store a PeerNetwork needs, in memory."""
-
-    def __init__(self):
-        self.data = {}
-
-    def set(self, key, value):
-        self.data[key] = value
-
-    def get(self, key):
-        return self.data[key]
-
-
 def settle(at_most: int, seconds: float = 30.0) -> int:
     """``threading.active_count()`` once it is at most ``at_most``, or after ``seconds``."""
     deadline = time.monotonic() + seconds
     while threading.active_count() > at_most and time.monotonic() < deadline:
         time.sleep(0.02)
     return threading.active_count()
-
-
-def read_to_eof(sock: socket.socket, seconds: float = 30.0) -> bytes:
-    """Everything the server sends until it closes (a reset counts as closing)."""
-    sock.settimeout(seconds)
-    got = b""
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except (ConnectionResetError, ConnectionAbortedError):
-            return got
-        if not chunk:
-            return got
-        got += chunk
 
 
 def authenticated(port: int, secret: bytes = SECRET) -> socket.socket:
