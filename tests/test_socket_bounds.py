@@ -283,14 +283,17 @@ def test_a_stalled_peer_frame_fails_at_its_deadline():
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("op", [Op.GET, Op.WAIT], ids=["GET", "WAIT"])
-def test_a_wait_whose_client_left_frees_its_thread(op):
-    """A GET/WAIT of a missing key with a 1000 s timeout; the client closes: the server's thread
-    ends within a second or two (it once stayed until the timeout)."""
+@pytest.mark.parametrize("unread", [b"", encode_request(Request(Op.NUM_KEYS))], ids=["", "with-a-request-unread"])
+def test_a_wait_whose_client_left_frees_its_thread(op, unread):
+    """A GET/WAIT of a missing key with a 1000 s timeout; the client closes (perhaps after
+    sending another request): the server's thread ends within a second or two (it once stayed
+    until the timeout)."""
     with SignallingServer(HOST, 0, SECRET) as srv:
         base = threading.active_count()
         sock = authenticated(srv.port)
         sock.sendall(encode_request(Request(op, ("never",), number=1_000_000)))
         assert srv.waiting.wait(30)
+        sock.sendall(unread)
         assert threading.active_count() == base + 1
         t0 = time.monotonic()
         sock.close()

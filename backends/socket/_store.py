@@ -38,6 +38,7 @@ import enum
 import logging
 import math
 import re
+import select
 import signal
 import socket
 import struct
@@ -354,8 +355,19 @@ def _error(message: str) -> Response:
     return Response(Kind.ERROR, values=(message.encode("utf-8"),))
 
 
+_RDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: the peer closed its side, even with bytes still unread
+
+
 def _client_gone(conn: socket.socket) -> bool:
-    """Whether the client on ``conn`` has closed its side or reset (nothing is consumed)."""
+    """Whether the client on ``conn`` has closed its side (or reset); nothing is consumed.
+
+    Where ``poll`` reports ``POLLRDHUP`` this holds even when requests it sent before
+    leaving are still unread; elsewhere such a client is seen once they are read.
+    """
+    if _RDHUP and hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(conn, _RDHUP)
+        return bool(poller.poll(0))  # POLLHUP, POLLERR and POLLNVAL come unasked
     try:
         conn.settimeout(0)
         return not conn.recv(1, socket.MSG_PEEK)
@@ -476,7 +488,7 @@ class StoreServer:
         keys = list(keys)
         deadline = time.monotonic() + timeout_ms / 1000.0
         while True:
-            if self._closed or (conn is not None and _client_gone(conn)):
+            if self._closed:
                 return None
             missing = [k for k in keys if k not in self._data]
             if not missing:
@@ -484,6 +496,8 @@ class StoreServer:
             left = deadline - time.monotonic()
             if left <= 0:
                 return missing
+            if conn is not None and _client_gone(conn):
+                return None
             self._cond.wait(min(left, GONE_PROBE_S if conn is not None else threading.TIMEOUT_MAX))
 
     def _execute(self, req: Request, conn: socket.socket | None = None) -> Response | None:
