@@ -49,6 +49,7 @@ FRAME_DEADLINE_S = 30.0
 FRAME_MIN_RATE = 1 << 20
 """Bytes per second: the slowest sender a frame deadline allows for (1 MiB/s; a 64 MiB value gets 64 s more)."""
 _BUSY_PAUSE_S = 0.05  # after accept() fails for lack of file descriptors or memory
+_ACCEPT_JOIN_S = 5.0  # seconds close() waits at least for the accepting thread, which is woken at once
 
 
 def frame_deadline(nbytes: int, base: float) -> float:
@@ -215,9 +216,10 @@ class Acceptor:
             self._wake_w.send(b"x")
         except OSError:
             pass
-        self._thread.join(timeout)
-        self._wake_r.close()
-        self._wake_w.close()
+        self._thread.join(max(timeout, _ACCEPT_JOIN_S))
+        if not self._thread.is_alive():  # else it still has a wake-up to read: leave it its sockets
+            self._wake_r.close()
+            self._wake_w.close()
         with self._lock:
             conns = dict(self._conns)
         for conn in conns:

@@ -321,16 +321,17 @@ def _read_frame(sock: socket.socket, max_value_bytes: int, deadline: float | Non
     ``frame_deadline(n, frame_timeout)`` seconds to arrive. The length is checked
     against the limit before anything is allocated; see :func:`_recv_payload`.
     """
-    head = bytearray(4)
+    head = memoryview(bytearray(4))
+    first = 4 if frame_timeout is None else 1  # a frame deadline starts at the frame's first byte
     if frame_timeout is not None and deadline is None:
         sock.settimeout(None)
-    got = _recv_into(sock, memoryview(head)[:1], deadline)
+    got = _recv_into(sock, head[:first], deadline)
     if got == 0:
         return None
     start = time.monotonic()
     if frame_timeout is not None:
         deadline = min(math.inf if deadline is None else deadline, start + frame_deadline(0, frame_timeout))
-    got += _recv_into(sock, memoryview(head)[1:], deadline)
+    got += _recv_into(sock, head[got:], deadline)
     if got < 4:
         raise ProtocolError(f"connection closed inside a frame header ({got} of 4 bytes)")
     (n,) = _U32.unpack(head)
