@@ -190,7 +190,8 @@ def _run(job: Job, name: str, case) -> None:
     finally:
         threads, rss = watch.stop()
     job.cases[f"{name} threads"], job.cases[f"{name} rss"] = threads, rss
-    print(f"{name}: {job.cases[name]} cases, at most {threads} threads above the job's, peak RSS +{rss >> 10} KiB")
+    print(f"{name}: {job.cases[name]} cases; threads {watch.base} with the job, at most {watch.base + threads} "
+          f"while fuzzing, {threading.active_count()} after; peak RSS +{rss >> 10} KiB")
     assert job.cases[name] >= CASES[name]
     assert threads <= THREAD_SLACK, threads
     assert rss <= RSS_SLACK, rss
@@ -466,4 +467,6 @@ def test_the_job_under_fuzzing_completed_correctly(job):
         assert sum(job.cases[name] for name in CASES) >= sum(CASES.values()) >= 3000, job.cases
     # each server: at most a line per level per REFUSAL_LOG_INTERVAL_S, and one per level at close
     assert job.log_lines.count <= 2 * 2 * (elapsed / REFUSAL_LOG_INTERVAL_S + 2), job.log_lines.count
-    assert settle(job.threads_before) <= job.threads_before
+    after = settle(job.threads_before)
+    print(f"threads: {job.threads_before} before the job, {after} after it")
+    assert after <= job.threads_before

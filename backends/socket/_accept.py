@@ -113,7 +113,7 @@ class Acceptor:
     a bug and reaches :func:`threading.excepthook`.
 
     Args:
-        name: the prefix of the threads' names.
+        name: the name of the connections' threads (the accepting one adds ``-accept``).
         what: how log lines name the server, e.g. ``"simdist store on port 29500"``.
     """
 
@@ -165,19 +165,25 @@ class Acceptor:
             if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                 time.sleep(_BUSY_PAUSE_S)  # the listener stays readable: do not spin
             return
+        why = None
         with self._lock:
-            refuse = self._closed or self._handshaking >= self.max_handshakes
-            if not refuse:
-                self._handshaking += 1
+            if self._closed:
+                conn.close()
+                return
+            if self._handshaking >= self.max_handshakes:
+                why = f"over the cap of {self.max_handshakes} connections in the handshake; closed at once"
+            else:
                 thread = threading.Thread(target=self._run, args=(conn, addr), name=self._name, daemon=True)
-                self._conns[conn] = thread
-                thread.start()
-        if refuse:
+                try:
+                    thread.start()
+                except RuntimeError as exc:  # the process cannot start another thread now
+                    why = f"no thread for it ({exc}); closed at once"
+                else:
+                    self._handshaking += 1
+                    self._conns[conn] = thread
+        if why is not None:
             conn.close()
-            if not self._closed:
-                over = ProtocolError(f"over the cap of {self.max_handshakes} connections in the handshake; "
-                                     "closed at once")
-                self._refused(addr, over, logging.WARNING)
+            self._refused(addr, ProtocolError(why), logging.WARNING)
 
     def _refused(self, addr: Any, exc: BaseException, level: int) -> None:
         where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else str(addr)
