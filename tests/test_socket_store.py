@@ -47,11 +47,11 @@ class SignallingServer(StoreServer):
         super().__init__(*args, **kwargs)
         self.waiting = threading.Event()
 
-    def _wait_for(self, keys, timeout_ms):
+    def _wait_for(self, keys, timeout_ms, conn=None):
         keys = list(keys)
         if any(k not in self._data for k in keys):
             self.waiting.set()  # the caller holds the condition until it waits on it
-        return super()._wait_for(keys, timeout_ms)
+        return super()._wait_for(keys, timeout_ms, conn)
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from typing import NamedTuple
 
 from simdist._errors import DistTimeoutError, PeerLostError, ProtocolError
@@ -122,19 +123,27 @@ def _peer_name(peer: int | None) -> str:
     return "the peer" if peer is None else f"rank {peer}"
 
 
-def recv_exact_into(sock: socket.socket, view: memoryview, *, peer: int | None = None) -> None:
+def recv_exact_into(sock: socket.socket, view: memoryview, *, peer: int | None = None,
+                    deadline: float | None = None) -> None:
     """Fill ``view`` (a writable byte view) with exactly ``len(view)`` bytes from ``sock``.
 
     Args:
         peer: the global rank on the other end, named in errors when given.
+        deadline: a :func:`time.monotonic` time by which all the bytes must have come
+            (it sets the socket's timeout); ``None``: each read waits the socket's timeout.
 
     Raises:
         PeerLostError: the connection ended (EOF or reset) before ``view`` was full.
-        DistTimeoutError: the socket's timeout expired first.
+        DistTimeoutError: the socket's timeout, or ``deadline``, expired first.
     """
     n = len(view)
     got = 0
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DistTimeoutError(f"{_peer_name(peer)} sent {got} of {n} bytes before their deadline")
+            sock.settimeout(min(left, 1e8))  # sockets refuse timeouts past time_t
         try:
             k = sock.recv_into(view[got:])
         except TimeoutError:  # socket.timeout

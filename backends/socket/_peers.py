@@ -19,6 +19,12 @@ both were posted. A receive posted before its frame arrives is filled straight f
 the socket (no copy); a frame that arrives first is kept as an *unexpected* message
 and copied when the receive is posted.
 
+Accepting: through :class:`._accept.Acceptor`, which bounds connections before they have
+authenticated (a cap on handshakes, a fixed deadline for the handshake and the hello,
+rate-limited log lines). After the hello, a frame's payload must arrive within
+``frame_deadline(nbytes, timeout)`` of its header, and an unexpected payload is allocated
+in pieces that grow with what arrived.
+
 Goodbye: :meth:`PeerNetwork.close` writes a CLOSE frame on every connection, after
 the sends already queued. A peer whose connection ends without one (it died) is lost:
 every pending and later operation with it fails with
@@ -29,9 +35,9 @@ says so (CLOSE with tag ``FAILING``): its peers count it as lost at once.
 from __future__ import annotations
 
 import itertools
+import logging
 import operator
 import select
-import selectors
 import socket
 import struct
 import threading
@@ -44,6 +50,7 @@ from typing import Any
 from simdist import _arrays as A
 from simdist._errors import DistError, DistTimeoutError, PeerLostError, ProtocolError
 
+from ._accept import Acceptor, frame_deadline
 from ._failures import FAILING, POLL_S
 from ._frames import (
     CLOSE,
@@ -56,6 +63,8 @@ from ._frames import (
 )
 
 __all__ = ["Handle", "PeerNetwork", "PeerTransport"]
+
+log = logging.getLogger(__name__)
 
 _HELLO = struct.Struct("!4sII")  # magic, rank, world size: the first bytes after the handshake
 _HELLO_MAGIC = b"SDPH"
@@ -209,15 +218,16 @@ class PeerNetwork:
         self._closed = False
         self._farewell = 0  # the tag of the goodbye (CLOSE) frames: FAILING when this rank failed
         self._threads: list[threading.Thread] = []
-        self._accepted: set[socket.socket] = set()
         self._rejected: deque[str] = deque(maxlen=8)
         try:
             self._listener = socket.create_server((host, 0), backlog=128)
         except OSError as exc:
             raise DistError(f"rank {rank} cannot listen on {host}: {exc.strerror or exc}") from exc
         self.address = f"{host}:{self._listener.getsockname()[1]}"
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._start(self._accept_loop, f"simdist-peers-accept:{rank}")
+        self._acceptor = Acceptor(
+            self._listener, authenticate=self._authenticate, serve=self._serve, name=f"simdist-peers-recv:{rank}",
+            what=f"simdist rank {rank} (peers on {self.address})", logger=log, on_refused=self._refused,
+        )
         try:
             store.set(f"peer/{rank}", self.address.encode())
         except BaseException:
@@ -375,15 +385,17 @@ class PeerNetwork:
         self._recycle(msg)
         self._complete(op)
 
-    def _piece(self, nbytes: int) -> memoryview:
-        """A writable view of ``nbytes`` (at most ``_CHUNK``) for an unexpected payload: part of a
-        spare chunk where one is free, so large payloads cost no fresh zeroed memory each time."""
+    def _piece(self, nbytes: int, got: int) -> memoryview:
+        """A writable view of at most ``nbytes`` (at most ``_CHUNK``) for an unexpected payload of
+        which ``got`` bytes arrived: part of a spare chunk where one is free, so large payloads
+        cost no fresh zeroed memory each time; else fresh memory no larger than what arrived
+        (at least ``_SPARE_MIN``), so memory follows the bytes received, not the header's claim."""
         if nbytes < _SPARE_MIN:
             return memoryview(bytearray(nbytes))
         try:
             chunk = self._spares.pop()
         except IndexError:
-            chunk = bytearray(_CHUNK)
+            return memoryview(bytearray(min(nbytes, max(got, _SPARE_MIN))))
         return memoryview(chunk)[:nbytes]
 
     def _recycle(self, msg: _Message) -> None:
@@ -677,58 +689,38 @@ class PeerNetwork:
 
     # -- receiving --------------------------------------------------------------------
 
-    def _accept_loop(self) -> None:
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._listener, selectors.EVENT_READ)
-            sel.register(self._wake_r, selectors.EVENT_READ)
-            while True:
-                events = sel.select()
-                if self._closed or any(key.fileobj is self._wake_r for key, _ in events):
-                    return
-                try:
-                    conn, addr = self._listener.accept()
-                except OSError:
-                    continue
-                with self._cond:
-                    if self._closed:
-                        conn.close()
-                        return
-                    self._accepted.add(conn)
-                    self._start(lambda c=conn, a=addr: self._serve(c, a), f"simdist-peers-recv:{self.rank}")
-
-    def _serve(self, conn: socket.socket, addr: Any) -> None:
-        """Authenticate one incoming connection, learn its rank, then read its frames."""
+    def _authenticate(self, conn: socket.socket, seconds: float) -> _Peer:
+        """Authenticate an incoming connection and read its hello, all within ``seconds``; the
+        peer it comes from, whose ``inbound`` it now is."""
         from ._auth import server_handshake
 
-        try:
-            try:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                server_handshake(conn, self._secret, self.timeout)
-                conn.settimeout(self.timeout)
-                hello = bytearray(_HELLO.size)
-                recv_exact_into(conn, memoryview(hello))
-                magic, rank, world = _HELLO.unpack(hello)
-                if magic != _HELLO_MAGIC:
-                    raise ProtocolError(f"bad hello {bytes(hello)!r}")
-                if world != self.world_size or not 0 <= rank < world or rank == self.rank:
-                    raise ProtocolError(f"hello from rank {rank} of {world}; this is rank {self.rank} of "
-                                        f"{self.world_size}")
-                with self._cond:
-                    p = self._peers[rank]
-                    if p.inbound is not None:
-                        raise ProtocolError(f"a second connection claims to be rank {rank}")
-                    p.inbound = conn
-            except (DistError, OSError) as exc:
-                if not self._closed:
-                    with self._cond:
-                        self._rejected.append(f"{addr}: {type(exc).__name__}: {exc}")
-                return
-            conn.settimeout(None)
-            self._receive_loop(p, conn)
-        finally:
+        deadline = time.monotonic() + seconds
+        server_handshake(conn, self._secret, seconds)
+        hello = bytearray(_HELLO.size)
+        recv_exact_into(conn, memoryview(hello), deadline=deadline)
+        magic, rank, world = _HELLO.unpack(hello)
+        if magic != _HELLO_MAGIC:
+            raise ProtocolError(f"bad hello {bytes(hello)!r}")
+        if world != self.world_size or not 0 <= rank < world or rank == self.rank:
+            raise ProtocolError(f"hello from rank {rank} of {world}; this is rank {self.rank} of "
+                                f"{self.world_size}")
+        with self._cond:
+            if self._closed:
+                raise DistError("the peer network is closing")
+            p = self._peers[rank]
+            if p.inbound is not None:
+                raise ProtocolError(f"a second connection claims to be rank {rank}")
+            p.inbound = conn
+        return p
+
+    def _refused(self, addr: Any, exc: BaseException) -> None:
+        """Remember an incoming connection refused before its hello (timeouts name the last few)."""
+        if not self._closed:
             with self._cond:
-                self._accepted.discard(conn)
-            conn.close()
+                self._rejected.append(f"{addr}: {type(exc).__name__}: {exc}")
+
+    def _serve(self, conn: socket.socket, p: _Peer) -> None:
+        self._receive_loop(p, conn)
 
     def _receive_loop(self, p: _Peer, conn: socket.socket) -> None:
         head = bytearray(HEADER_SIZE)
@@ -736,8 +728,10 @@ class PeerNetwork:
         current: Handle | _Message | None = None
         try:
             while True:
+                conn.settimeout(None)  # idle between frames: no deadline
                 recv_exact_into(conn, view, peer=p.rank)
                 h = decode_header(head)
+                deadline = time.monotonic() + frame_deadline(h.nbytes, self.timeout)
                 if h.src != p.rank:
                     raise ProtocolError(f"a frame from rank {p.rank} claims to come from rank {h.src}")
                 if h.kind == CLOSE:
@@ -762,14 +756,14 @@ class PeerNetwork:
                     else:
                         current = op
                 if op is not None and op.nbytes != h.nbytes:
-                    _discard(conn, h.nbytes, p.rank)
+                    _discard(conn, h.nbytes, p.rank, deadline)
                     with self._cond:
                         self._fail(op, (ProtocolError, self._mismatch(h.nbytes, op, p.rank)), p.rank)
                 elif op is not None:
-                    recv_exact_into(conn, op.view, peer=p.rank)
+                    recv_exact_into(conn, op.view, peer=p.rank, deadline=deadline)
                     self._complete(op)
                 else:
-                    self._receive_unexpected(conn, current, p.rank)
+                    self._receive_unexpected(conn, current, p.rank, deadline)
                 current = None
         except Exception as exc:  # noqa: BLE001 - every failure becomes the peer's receive failure
             if self._closed:
@@ -799,21 +793,21 @@ class PeerNetwork:
                 else:
                     self._lose(p, failure, receiving=True)
 
-    def _receive_unexpected(self, conn: socket.socket, msg: _Message, src: int) -> None:
+    def _receive_unexpected(self, conn: socket.socket, msg: _Message, src: int, deadline: float) -> None:
         """Read an unexpected payload in chunks; once a receive matches it, read the rest straight in."""
         got = 0
         while got < msg.nbytes:
             op = msg.op  # set under the lock by irecv; seen here at the next chunk at the latest
             if op is not None and op.nbytes == msg.nbytes:
-                recv_exact_into(conn, op.view[got:], peer=src)
+                recv_exact_into(conn, op.view[got:], peer=src, deadline=deadline)
                 _copy_chunks(msg.chunks, op.view)
                 self._recycle(msg)
                 with self._cond:
                     msg.arrived = True
                 self._complete(op)
                 return
-            chunk = self._piece(min(msg.nbytes - got, _CHUNK))
-            recv_exact_into(conn, chunk, peer=src)
+            chunk = self._piece(min(msg.nbytes - got, _CHUNK), got)
+            recv_exact_into(conn, chunk, peer=src, deadline=deadline)
             msg.chunks.append(chunk)
             got += len(chunk)
         with self._cond:
@@ -869,14 +863,12 @@ class PeerNetwork:
             for p in self._peers:
                 if p.queue is not None:
                     p.queue.put(_STOP)
-        self._wake_w.send(b"x")
         deadline = time.monotonic() + min(self.timeout, _LINGER) + 1.0
         for p in self._peers:
             if p.sender is not None:
                 p.sender.join(max(0.0, deadline - time.monotonic()))
         with self._cond:
             inbound = [p.inbound for p in self._peers if p.inbound is not None]
-            others = list(self._accepted)
             stuck = [p.outbound for p in self._peers if p.outbound is not None and p.sender.is_alive()]
         for sock in inbound:  # the goodbye in the other direction, so the peer stops sending
             try:
@@ -884,16 +876,15 @@ class PeerNetwork:
                 sock.sendall(encode_header(CLOSE, 0, self._farewell, 0, self.rank))
             except OSError:
                 pass
-        for sock in [*inbound, *others, *stuck]:
+        for sock in stuck:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        self._acceptor.close(max(0.1, deadline - time.monotonic()))  # shuts down every accepted connection
         for t in self._threads:
             t.join(max(0.1, deadline - time.monotonic()))
         self._listener.close()
-        self._wake_r.close()
-        self._wake_w.close()
 
 
 def _pop(table: dict[tuple[int, int], deque], key: tuple[int, int]) -> Any:
@@ -912,12 +903,12 @@ def _copy_chunks(chunks: list[memoryview], view: memoryview) -> None:
         offset += len(chunk)
 
 
-def _discard(conn: socket.socket, nbytes: int, peer: int) -> None:
-    """Read and drop ``nbytes`` payload bytes (a frame no buffer can take)."""
+def _discard(conn: socket.socket, nbytes: int, peer: int, deadline: float) -> None:
+    """Read and drop ``nbytes`` payload bytes (a frame no buffer can take) by ``deadline``."""
     scratch = memoryview(bytearray(min(nbytes, 1 << 20)))
     while nbytes:
         n = min(nbytes, len(scratch))
-        recv_exact_into(conn, scratch[:n], peer=peer)
+        recv_exact_into(conn, scratch[:n], peer=peer, deadline=deadline)
         nbytes -= n
 
 

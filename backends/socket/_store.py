@@ -21,8 +21,15 @@ Wire format (big-endian). A frame is ``[u32 payload length][payload]``.
   ``key`` exists. A rank's will records that it died (``._failures``).
 
 A payload is at most ``max_value_bytes + HEADER_SLACK`` bytes and every field at most
-``max_value_bytes``; both are checked before anything is read or allocated. The server
-closes a connection that sends a malformed frame and keeps serving the others.
+``max_value_bytes``; both are checked before anything is read. A payload is allocated in
+pieces as its bytes arrive, never at the size its prefix announces. The server closes a
+connection that sends a malformed frame and keeps serving the others.
+
+Bounds of the server (see :mod:`._accept`): at most ``MAX_HANDSHAKES`` connections in the
+handshake, each with ``HANDSHAKE_DEADLINE_S`` to authenticate; refusals logged at most once
+per ``REFUSAL_LOG_INTERVAL_S``; after authentication, a frame has ``frame_timeout`` seconds
+from its first byte (plus its size at ``FRAME_MIN_RATE``); a GET or WAIT whose client has
+closed its connection ends within ``GONE_PROBE_S``, freeing its thread.
 
 Run a standalone server with ``python -m simdist.backends.socket._store --host H --port P``
 (the secret comes from ``$SIMDIST_SECRET``, which is required).
@@ -36,7 +43,7 @@ import enum
 import logging
 import math
 import re
-import selectors
+import select
 import signal
 import socket
 import struct
@@ -46,8 +53,9 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from simdist._errors import AuthenticationError, DistError, DistTimeoutError, ProtocolError
+from simdist._errors import DistError, DistTimeoutError, ProtocolError
 
+from ._accept import FRAME_DEADLINE_S, HANDSHAKE_DEADLINE_S, Acceptor, frame_deadline
 from ._auth import SECRET_ENV, client_handshake, resolve_secret, secret_from_env, server_handshake
 
 __all__ = [
@@ -65,6 +73,8 @@ HEADER_SLACK = 1024 * 1024  # room for the op, ints and keys around the largest 
 REPLY_MARGIN_S = 5.0
 DEFAULT_PORT = 29500
 _MAX_SOCKET_TIMEOUT = 1e8  # seconds; sockets refuse timeouts past time_t
+GONE_PROBE_S = 0.25  # seconds between checks, while a GET or WAIT waits, that its client is still there
+_FIRST_PIECE = 64 * 1024  # bytes: the first piece of a payload; each later one at most doubles what arrived
 
 _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")
@@ -311,24 +321,49 @@ def _recv_into(sock: socket.socket, view: memoryview, deadline: float | None) ->
     return got
 
 
-def _read_frame(sock: socket.socket, max_value_bytes: int, deadline: float | None) -> memoryview | None:
+def _recv_payload(sock: socket.socket, n: int, deadline: float | None) -> memoryview:
+    """``n`` bytes from ``sock``, allocated in pieces as they arrive: after the first
+    ``_FIRST_PIECE`` bytes no piece is larger than what already came, so memory follows the
+    bytes received (at most twice them, plus the join at the end), not the announced ``n``."""
+    pieces: list[bytearray] = []
+    got = 0
+    while got < n:
+        piece = bytearray(min(n - got, max(_FIRST_PIECE, got)))
+        if _recv_into(sock, memoryview(piece), deadline) < len(piece):
+            raise ProtocolError(f"connection closed inside a frame of {n} bytes")
+        pieces.append(piece)
+        got += len(piece)
+    return memoryview(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+
+
+def _read_frame(sock: socket.socket, max_value_bytes: int, deadline: float | None,
+                frame_timeout: float | None = None) -> memoryview | None:
     """The payload of the next frame, or None at a clean EOF between frames.
 
-    The length is checked against the limit before the payload is allocated.
+    ``deadline`` (monotonic) bounds the whole read. With ``frame_timeout``, the wait for
+    a frame's first byte has no other bound, and the frame then has
+    ``frame_deadline(n, frame_timeout)`` seconds to arrive. The length is checked
+    against the limit before anything is allocated; see :func:`_recv_payload`.
     """
-    head = bytearray(4)
-    got = _recv_into(sock, memoryview(head), deadline)
+    head = memoryview(bytearray(4))
+    first = 4 if frame_timeout is None else 1  # a frame deadline starts at the frame's first byte
+    if frame_timeout is not None and deadline is None:
+        sock.settimeout(None)
+    got = _recv_into(sock, head[:first], deadline)
     if got == 0:
         return None
+    start = time.monotonic()
+    if frame_timeout is not None:
+        deadline = min(math.inf if deadline is None else deadline, start + frame_deadline(0, frame_timeout))
+    got += _recv_into(sock, head[got:], deadline)
     if got < 4:
         raise ProtocolError(f"connection closed inside a frame header ({got} of 4 bytes)")
     (n,) = _U32.unpack(head)
     if n > max_value_bytes + HEADER_SLACK:
         raise ProtocolError(f"frame of {n} bytes exceeds the limit of {max_value_bytes + HEADER_SLACK} bytes")
-    payload = bytearray(n)
-    if _recv_into(sock, memoryview(payload), deadline) < n:
-        raise ProtocolError(f"connection closed inside a frame of {n} bytes")
-    return memoryview(payload)
+    if frame_timeout is not None:
+        deadline = min(deadline, start + frame_deadline(n, frame_timeout))
+    return _recv_payload(sock, n, deadline)
 
 
 def _check_limit(max_value_bytes: int) -> int:
@@ -345,6 +380,33 @@ def _error(message: str) -> Response:
     return Response(Kind.ERROR, values=(message.encode("utf-8"),))
 
 
+_RDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: the peer closed its side, even with bytes still unread
+
+
+def _client_gone(conn: socket.socket) -> bool:
+    """Whether the client on ``conn`` has closed its side (or reset); nothing is consumed.
+
+    Where ``poll`` reports ``POLLRDHUP`` this holds even when requests it sent before
+    leaving are still unread; elsewhere such a client is seen once they are read.
+    """
+    if _RDHUP and hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(conn, _RDHUP)
+        return bool(poller.poll(0))  # POLLHUP, POLLERR and POLLNVAL come unasked
+    try:
+        conn.settimeout(0)
+        return not conn.recv(1, socket.MSG_PEEK)
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+    finally:
+        try:
+            conn.settimeout(None)
+        except OSError:
+            pass
+
+
 class StoreServer:
     """A threaded TCP key-value store; it serves from construction until :meth:`close`.
 
@@ -353,10 +415,15 @@ class StoreServer:
         port: the port; 0 picks a free one (read it back from :attr:`port`).
         secret: the shared secret every client must prove (``None``: ``$SIMDIST_SECRET``).
         max_value_bytes: the largest value (and, plus ``HEADER_SLACK``, frame) accepted.
-        handshake_timeout: seconds a new connection has to authenticate.
+        handshake_timeout: seconds a new connection has to authenticate (``HANDSHAKE_DEADLINE_S``).
+        max_handshakes: connections in the handshake at once; more are closed at once
+            (``None``: ``MAX_HANDSHAKES``).
+        frame_timeout: seconds an authenticated client's request has from its first byte,
+            plus its size at ``FRAME_MIN_RATE``; a slower one closes the connection.
 
     Raises:
         DistError: the address cannot be bound (for example, the port is in use).
+        ValueError: a bound that is not a positive number.
     """
 
     def __init__(
@@ -366,17 +433,17 @@ class StoreServer:
         secret: bytes | str | None = None,
         *,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-        handshake_timeout: float = 30.0,
+        handshake_timeout: float = HANDSHAKE_DEADLINE_S,
+        max_handshakes: int | None = None,
+        frame_timeout: float = FRAME_DEADLINE_S,
     ):
         self._secret = resolve_secret(secret)
         self._max = _check_limit(max_value_bytes)
-        self._handshake_timeout = float(handshake_timeout)
+        self._frame_timeout = _seconds(frame_timeout, "frame_timeout")
         self._data: dict[str, bytes] = {}
         self._cond = threading.Condition()
         self._wills: dict[socket.socket, tuple[str, bytes]] = {}  # each connection's last will (Op.WILL)
         self._closed = False
-        self._conns: set[socket.socket] = set()
-        self._conns_lock = threading.Lock()
         try:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             self._listener = socket.create_server((host, port), family=family, backlog=128)
@@ -384,9 +451,15 @@ class StoreServer:
             raise DistError(f"the store cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
         self.host = host
         self.port: int = self._listener.getsockname()[1]
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._acceptor = threading.Thread(target=self._accept_loop, name=f"simdist-store:{self.port}", daemon=True)
-        self._acceptor.start()
+        try:
+            self._acceptor = Acceptor(
+                self._listener, authenticate=self._authenticate, serve=self._serve, name=f"simdist-store:{self.port}",
+                what=f"simdist store on port {self.port}", logger=log, max_handshakes=max_handshakes,
+                handshake_deadline=handshake_timeout,
+            )
+        except BaseException:
+            self._listener.close()
+            raise
 
     @property
     def address(self) -> tuple[str, int]:
@@ -409,62 +482,32 @@ class StoreServer:
                 return
             self._closed = True
             self._cond.notify_all()
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-        self._acceptor.join(timeout=5.0)
+        self._acceptor.close()
         self._listener.close()
-        self._wake_r.close()
-        self._wake_w.close()
-        with self._conns_lock:
-            conns = list(self._conns)
-        for conn in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
-    def _accept_loop(self) -> None:
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._listener, selectors.EVENT_READ)
-            sel.register(self._wake_r, selectors.EVENT_READ)
-            while not self._closed:
-                ready = sel.select()
-                if self._closed or any(key.fileobj is self._wake_r for key, _ in ready):
-                    return
-                try:
-                    conn, addr = self._listener.accept()
-                except OSError:
-                    continue
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                with self._conns_lock:
-                    self._conns.add(conn)
-                threading.Thread(target=self._serve, args=(conn, addr), name="simdist-store-conn", daemon=True).start()
+    def _authenticate(self, conn: socket.socket, seconds: float) -> None:
+        server_handshake(conn, self._secret, seconds)
 
-    def _serve(self, conn: socket.socket, addr: object) -> None:
+    def _serve(self, conn: socket.socket, _: None) -> None:
+        """Answer an authenticated client's requests until it leaves, errs, or the server closes."""
         try:
-            server_handshake(conn, self._secret, self._handshake_timeout)
-            conn.settimeout(None)
             while not self._closed:
-                payload = _read_frame(conn, self._max, None)
+                payload = _read_frame(conn, self._max, None, self._frame_timeout)
                 if payload is None:
                     return
                 resp = self._execute(_decode_request(payload, self._max), conn)
-                if resp is None:  # the server is closing
+                if resp is None:  # the server is closing, or the client left during a wait
                     return
                 conn.sendall(encode_response(resp))
-        except AuthenticationError as exc:
-            log.warning("simdist store on port %d refused a connection from %s: %s", self.port, addr, exc)
         except ProtocolError as exc:
-            log.info("simdist store on port %d closed a connection from %s: %s", self.port, addr, exc)
-        except OSError as exc:  # includes DistTimeoutError of the handshake
-            log.debug("simdist store on port %d lost a connection from %s: %s", self.port, addr, exc)
+            log.info("simdist store on port %d closed a connection: %s", self.port, exc)
+        except TimeoutError:
+            log.info("simdist store on port %d closed a connection: a request did not arrive within its "
+                     "deadline of %g s (+1 s per MiB)", self.port, self._frame_timeout)
+        except OSError as exc:
+            log.debug("simdist store on port %d lost a connection: %s", self.port, exc)
         finally:
             self._read_will(conn)
-            with self._conns_lock:
-                self._conns.discard(conn)
-            conn.close()
 
     def _read_will(self, conn: socket.socket) -> None:
         """``conn`` has ended: carry out its last will, unless the server is closing."""
@@ -484,9 +527,10 @@ class StoreServer:
                           f"{self._max + HEADER_SLACK} bytes; ask for fewer keys")
         return Response(Kind.ITEMS, keys=present, values=values)
 
-    def _wait_for(self, keys: Iterable[str], timeout_ms: int) -> list[str] | None:
+    def _wait_for(self, keys: Iterable[str], timeout_ms: int, conn: socket.socket | None = None) -> list[str] | None:
         """Wait (holding the condition) until all ``keys`` exist; the missing ones on timeout,
-        None if the server closed meanwhile. The caller holds ``self._cond``."""
+        None if the server closed or the client on ``conn`` left meanwhile (checked every
+        ``GONE_PROBE_S``). The caller holds ``self._cond``."""
         keys = list(keys)
         deadline = time.monotonic() + timeout_ms / 1000.0
         while True:
@@ -498,7 +542,9 @@ class StoreServer:
             left = deadline - time.monotonic()
             if left <= 0:
                 return missing
-            self._cond.wait(min(left, threading.TIMEOUT_MAX))
+            if conn is not None and _client_gone(conn):
+                return None
+            self._cond.wait(min(left, GONE_PROBE_S if conn is not None else threading.TIMEOUT_MAX))
 
     def _execute(self, req: Request, conn: socket.socket | None = None) -> Response | None:
         data = self._data
@@ -536,7 +582,7 @@ class StoreServer:
                 # torch's rule: a missing key with a non-empty expected value answers `expected`
                 return Response(Kind.BYTES, values=(expected if current is None else current,))
             if req.op in (Op.GET, Op.WAIT):
-                missing = self._wait_for(req.keys, req.number)
+                missing = self._wait_for(req.keys, req.number, conn)
                 if missing is None:
                     return None
                 if missing:
