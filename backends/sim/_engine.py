@@ -11,6 +11,7 @@ a choice: a run is a function of the program and its choice list.
 from __future__ import annotations
 
 import bisect
+import ctypes
 import threading
 import time
 from collections import deque
@@ -27,6 +28,18 @@ from ._messages import CollectiveRun, Post, Waitable
 from ._report import deadlock_error
 
 __all__ = ["Engine", "Abort"]
+
+STOP_WAIT = 10.0
+"""Seconds an interrupted or timed-out run waits at most for its rank threads to stop."""
+RETRY = 0.05
+"""Seconds between two injections of ``Abort`` into a rank that stays in user code (it may catch it)."""
+
+_SET_ASYNC_EXC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
+)
+_CLEAR_ASYNC_EXC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
+)
 
 
 class Abort(BaseException):
@@ -52,6 +65,8 @@ class RankState:
         "released",
         "deadline",
         "expired",
+        "guard",
+        "in_user",
     )
 
     def __init__(self, rank: int):
@@ -71,6 +86,8 @@ class RankState:
         self.released = False
         self.deadline: float | None = None  # a timed wait's end, in virtual time
         self.expired = False
+        self.guard = threading.Lock()  # orders leaving user code against an injection of Abort
+        self.in_user = False  # running user code, where an interrupted run may inject Abort
 
 
 class _GroupState:
@@ -159,14 +176,26 @@ class Engine:
     # --- running -------------------------------------------------------------------
 
     def run(self) -> list:
-        """Run every rank to the end; return their values or raise the run's error."""
+        """Run every rank to the end; return their values or raise the run's error.
+
+        A timeout, or any exception in the caller while it waits (``KeyboardInterrupt``),
+        aborts the run: every rank thread is stopped and joined before this raises.
+        """
         _isolation.enter(self)
         try:
-            self.topology.reset()
-            first = self._select(None)
-            self._handover(first)
-            if not self.main_lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
-                self._time_out()
+            try:
+                self.topology.reset()
+                first = self._select(None)
+                self._handover(first)
+                if not self.main_lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
+                    self._time_out()
+            except DistTimeoutError:
+                raise
+            except BaseException as exc:
+                stuck = self._stop()
+                if stuck:
+                    exc.add_note(stuck)
+                raise
             for rs in self.ranks:
                 if rs.thread is not None:
                     rs.thread.join()
@@ -180,18 +209,58 @@ class Engine:
         return [rs.value for rs in self.ranks]
 
     def _time_out(self) -> None:
-        """Stop a run that has not finished within ``timeout``; its stuck rank gives up the turn, so others go on."""
-        self.aborting = True
+        """Stop a run that has not finished within ``timeout`` and raise ``DistTimeoutError``."""
         running = self.current.rank if self.current else "?"
-        if _isolation.abandon(self.ranks) or not self.current or not self.current.started:
+        if any(rs.in_user for rs in self.ranks) or not self.current or not self.current.started:
             why = (f"rank {running} was running (a loop that never reaches a simdist call, or a call that blocks "
                    "outside simdist)")
         else:
             why = (f"rank {running} was waiting for its turn: a rank of another simulation in this process did not "
                    "reach a scheduling point")
+        stuck = self._stop()
         raise DistTimeoutError(
             f"the simulation did not finish within timeout={self.timeout} s of real time; {why}"
+            + (f"; {stuck}" if stuck else "; its rank threads were stopped")
         )._with_schedule(self.token())
+
+    def _stop(self) -> str:
+        """Abort the run and wait (at most ``STOP_WAIT``) for its rank threads to end; what is stuck, or ``""``.
+
+        Ranks blocked at a scheduling point raise ``Abort`` there as the abort reaches them; a
+        rank running user code gets ``Abort`` injected, again every ``RETRY`` seconds until it
+        leaves user code. A rank blocked in C code gets it only when it returns to Python: past
+        the bound its run gives up the turn for it (other simulations go on) and leaves it.
+        """
+        self.aborting = True
+        deadline = time.monotonic() + STOP_WAIT
+        while True:
+            for rs in self.ranks:
+                self._inject_abort(rs)
+            if self.main_lock.acquire(timeout=RETRY):
+                break
+            if time.monotonic() > deadline:
+                _isolation.abandon(self.ranks)
+                left = [rs.rank for rs in self.ranks if rs.started and not rs.done]
+                return (f"rank thread(s) {left} did not stop within {STOP_WAIT} s (blocked in code that does not "
+                        "return to Python) and are left running, without the turn")
+        for rs in self.ranks:
+            if rs.thread is not None:
+                rs.thread.join(STOP_WAIT)
+        _threads.wait_ended(rs.thread for rs in self.ranks if rs.thread is not None)
+        return ""
+
+    def _inject_abort(self, rs: RankState) -> None:
+        """Raise ``Abort`` in rank ``rs``'s thread if it runs user code (an aborting run's rank)."""
+        with rs.guard:
+            if rs.in_user and rs.thread is not None and rs.thread.ident is not None:
+                _SET_ASYNC_EXC(rs.thread.ident, Abort)
+
+    def _leave_user(self, rs: RankState) -> None:
+        """Rank ``rs`` (the calling thread) enters the engine: no ``Abort`` is injected from here on."""
+        with rs.guard:
+            rs.in_user = False
+            if self.aborting:
+                _CLEAR_ASYNC_EXC(threading.get_ident(), None)
 
     def now(self, rs: RankState) -> float:
         """Rank ``rs``'s virtual time in seconds (with ``cpu_time``, plus its CPU time since its last switch)."""
@@ -212,10 +281,13 @@ class Engine:
             try:
                 if self.aborting:
                     raise Abort
+                rs.in_user = True
                 rs.value = self.fn(rs.rank, *self.args)
+                self._leave_user(rs)
             except Abort:
-                pass
+                self._leave_user(rs)
             except BaseException as exc:  # noqa: BLE001 - a rank's failure is the run's result
+                self._leave_user(rs)
                 if not self.aborting:
                     self._set_error(RankError(rs.rank, exc))
             finally:
@@ -304,6 +376,7 @@ class Engine:
 
     def point(self, me: RankState) -> None:
         """A scheduling point of the running rank ``me``: maybe hand the baton to another rank."""
+        self._leave_user(me)
         self.points += 1
         self.drain()
         if self.aborting:
@@ -324,6 +397,7 @@ class Engine:
                 raise Abort
         if self.cpu_time:
             me.cpu_mark = time.thread_time()
+        me.in_user = True
 
     def wait(self, me: RankState, items: list[Waitable], what: str, deadline: float | None = None) -> None:
         """Block ``me`` until every item has completed (a scheduling point); advance its clock.
