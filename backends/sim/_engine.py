@@ -11,7 +11,6 @@ a choice: a run is a function of the program and its choice list.
 from __future__ import annotations
 
 import bisect
-import ctypes
 import threading
 import time
 from collections import deque
@@ -33,13 +32,6 @@ STOP_WAIT = 10.0
 """Seconds an interrupted or timed-out run waits at most for its rank threads to stop."""
 RETRY = 0.05
 """Seconds between two injections of ``Abort`` into a rank that stays in user code (it may catch it)."""
-
-_SET_ASYNC_EXC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
-    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
-)
-_CLEAR_ASYNC_EXC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
-    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
-)
 
 
 class Abort(BaseException):
@@ -65,8 +57,7 @@ class RankState:
         "released",
         "deadline",
         "expired",
-        "guard",
-        "in_user",
+        "user",
     )
 
     def __init__(self, rank: int):
@@ -86,8 +77,7 @@ class RankState:
         self.released = False
         self.deadline: float | None = None  # a timed wait's end, in virtual time
         self.expired = False
-        self.guard = threading.Lock()  # orders leaving user code against an injection of Abort
-        self.in_user = False  # running user code, where an interrupted run may inject Abort
+        self.user = _threads.Interruptible()  # inside: running user code, where a stopped run injects Abort
 
 
 class _GroupState:
@@ -169,8 +159,7 @@ class Engine:
         self.works_made = 0
         self.error: BaseException | None = None
         self.aborting = False
-        self.main_lock = threading.Lock()
-        self.main_lock.acquire()
+        self.ended = threading.Event()  # set once no rank thread of the run runs engine or user code
         self.alpha, self.beta = topology.alpha_beta()
 
     # --- running -------------------------------------------------------------------
@@ -179,27 +168,23 @@ class Engine:
         """Run every rank to the end; return their values or raise the run's error.
 
         A timeout, or any exception in the caller while it waits (``KeyboardInterrupt``),
-        aborts the run: every rank thread is stopped and joined before this raises.
+        stops the run: every rank thread has ended before this raises.
         """
         _isolation.enter(self)
         try:
             try:
                 self.topology.reset()
-                first = self._select(None)
-                self._handover(first)
-                if not self.main_lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
-                    self._time_out()
-            except DistTimeoutError:
-                raise
+                self._handover(self._select(None))
+                finished = self.ended.wait(self.timeout)
+                if finished:
+                    self._join(STOP_WAIT)
             except BaseException as exc:
                 stuck = self._stop()
                 if stuck:
                     exc.add_note(stuck)
                 raise
-            for rs in self.ranks:
-                if rs.thread is not None:
-                    rs.thread.join()
-            _threads.wait_ended(rs.thread for rs in self.ranks if rs.thread is not None)
+            if not finished:
+                self._time_out()
         finally:
             _isolation.leave(self)
             if isinstance(self.error, DistError):
@@ -208,10 +193,16 @@ class Engine:
             raise self.error
         return [rs.value for rs in self.ranks]
 
+    def _join(self, limit: float) -> None:
+        for rs in self.ranks:
+            if rs.thread is not None:
+                rs.thread.join(limit)
+        _threads.wait_ended(rs.thread for rs in self.ranks if rs.thread is not None)
+
     def _time_out(self) -> None:
         """Stop a run that has not finished within ``timeout`` and raise ``DistTimeoutError``."""
         running = self.current.rank if self.current else "?"
-        if any(rs.in_user for rs in self.ranks) or not self.current or not self.current.started:
+        if any(rs.user.inside for rs in self.ranks) or not self.current or not self.current.started:
             why = (f"rank {running} was running (a loop that never reaches a simdist call, or a call that blocks "
                    "outside simdist)")
         else:
@@ -230,37 +221,36 @@ class Engine:
         rank running user code gets ``Abort`` injected, again every ``RETRY`` seconds until it
         leaves user code. A rank blocked in C code gets it only when it returns to Python: past
         the bound its run gives up the turn for it (other simulations go on) and leaves it.
+        An exception in the caller meanwhile (Ctrl-C again) is raised once the threads are stopped.
         """
         self.aborting = True
         deadline = time.monotonic() + STOP_WAIT
+        again = None
         while True:
+            try:
+                stuck = self._stop_by(deadline)
+                break
+            except BaseException as exc:  # noqa: BLE001 - raised below, once the rank threads are stopped
+                again = exc
+        if again is not None:
+            if stuck:
+                again.add_note(stuck)
+            raise again
+        return stuck
+
+    def _stop_by(self, deadline: float) -> str:
+        while not self.ended.is_set():
             for rs in self.ranks:
-                self._inject_abort(rs)
-            if self.main_lock.acquire(timeout=RETRY):
+                rs.user.inject(Abort)
+            if self.ended.wait(RETRY):
                 break
             if time.monotonic() > deadline:
                 _isolation.abandon(self.ranks)
                 left = [rs.rank for rs in self.ranks if rs.started and not rs.done]
                 return (f"rank thread(s) {left} did not stop within {STOP_WAIT} s (blocked in code that does not "
                         "return to Python) and are left running, without the turn")
-        for rs in self.ranks:
-            if rs.thread is not None:
-                rs.thread.join(STOP_WAIT)
-        _threads.wait_ended(rs.thread for rs in self.ranks if rs.thread is not None)
+        self._join(max(deadline - time.monotonic(), RETRY))
         return ""
-
-    def _inject_abort(self, rs: RankState) -> None:
-        """Raise ``Abort`` in rank ``rs``'s thread if it runs user code (an aborting run's rank)."""
-        with rs.guard:
-            if rs.in_user and rs.thread is not None and rs.thread.ident is not None:
-                _SET_ASYNC_EXC(rs.thread.ident, Abort)
-
-    def _leave_user(self, rs: RankState) -> None:
-        """Rank ``rs`` (the calling thread) enters the engine: no ``Abort`` is injected from here on."""
-        with rs.guard:
-            rs.in_user = False
-            if self.aborting:
-                _CLEAR_ASYNC_EXC(threading.get_ident(), None)
 
     def now(self, rs: RankState) -> float:
         """Rank ``rs``'s virtual time in seconds (with ``cpu_time``, plus its CPU time since its last switch)."""
@@ -279,23 +269,44 @@ class Engine:
             set_thread_world(rs.world)
             _isolation.enter_thread(self, rs)
             try:
-                if self.aborting:
-                    raise Abort
-                rs.in_user = True
-                rs.value = self.fn(rs.rank, *self.args)
-                self._leave_user(rs)
-            except Abort:
-                self._leave_user(rs)
-            except BaseException as exc:  # noqa: BLE001 - a rank's failure is the run's result
-                self._leave_user(rs)
-                if not self.aborting:
-                    self._set_error(RankError(rs.rank, exc))
+                failure = self._call_user(rs)
             finally:
                 _isolation.leave_thread(self, rs)
                 set_thread_world(None)
+            if failure is not None and not self.aborting:
+                self._set_error(RankError(rs.rank, failure))
         finally:
             _isolation.end_turn(rs, done=True)
             self._finish(rs)
+
+    def _call_user(self, rs: RankState) -> BaseException | None:
+        """Run rank ``rs``'s function on its thread: the exception it raised, or ``None`` (it returned, or was aborted).
+
+        Nothing injected into the thread is pending once this returns.
+        """
+        user = rs.user
+        user.ident = threading.get_ident()
+        failure = None
+        try:
+            try:
+                if self.aborting:
+                    raise Abort
+                user.inside = True
+                rs.value = self.fn(rs.rank, *self.args)
+            finally:
+                user.inside = False  # first (a plain assignment): no Abort is injected from here on
+        except Abort:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - a rank's failure is the run's result
+            failure = exc
+        try:  # at most two injected Aborts may still arrive: see Interruptible
+            user.settle()
+        except Abort:
+            try:
+                user.settle()
+            except Abort:
+                user.settle()
+        return failure
 
     def _set_error(self, err: BaseException) -> None:
         if self.error is None:
@@ -324,7 +335,7 @@ class Engine:
             self._handover(nxt)
         elif all(r.done for r in self.ranks):
             self.current = None
-            self.main_lock.release()
+            self.ended.set()
         else:
             self._set_error(deadlock_error(self))
             self._continue_abort()
@@ -337,7 +348,7 @@ class Engine:
                 rs.lock.release()
                 return
         self.current = None
-        self.main_lock.release()
+        self.ended.set()
 
     def _handover(self, nxt: RankState) -> None:
         """Pass the baton to ``nxt`` (it then waits for its turn: see :mod:`._isolation`)."""
@@ -375,8 +386,18 @@ class Engine:
         return self.ranks[options[c]]
 
     def point(self, me: RankState) -> None:
-        """A scheduling point of the running rank ``me``: maybe hand the baton to another rank."""
-        self._leave_user(me)
+        """A scheduling point of the running rank ``me``: maybe hand the baton to another rank.
+
+        No ``Abort`` is injected into ``me`` in here: one that was is delivered on the way in.
+        """
+        me.user.inside = False
+        try:
+            me.user.settle()
+            self._point(me)
+        finally:
+            me.user.inside = True  # back in user code, whether by returning or by raising
+
+    def _point(self, me: RankState) -> None:
         self.points += 1
         self.drain()
         if self.aborting:
@@ -397,7 +418,6 @@ class Engine:
                 raise Abort
         if self.cpu_time:
             me.cpu_mark = time.thread_time()
-        me.in_user = True
 
     def wait(self, me: RankState, items: list[Waitable], what: str, deadline: float | None = None) -> None:
         """Block ``me`` until every item has completed (a scheduling point); advance its clock.
