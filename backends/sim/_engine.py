@@ -160,6 +160,7 @@ class Engine:
         self.error: BaseException | None = None
         self.aborting = False
         self.ended = threading.Event()  # set once no rank thread of the run runs engine or user code
+        self.stopped = False  # the run was aborted from outside and its rank threads have ended (or are stuck)
         self.alpha, self.beta = topology.alpha_beta()
 
     # --- running -------------------------------------------------------------------
@@ -175,16 +176,15 @@ class Engine:
             try:
                 self.topology.reset()
                 self._handover(self._select(None))
-                finished = self.ended.wait(self.timeout)
-                if finished:
-                    self._join(STOP_WAIT)
+                if not self.ended.wait(self.timeout):
+                    self._time_out()
+                self._join(STOP_WAIT)
             except BaseException as exc:
-                stuck = self._stop()
-                if stuck:
-                    exc.add_note(stuck)
+                if not self.stopped:  # (a timeout has stopped it)
+                    stuck = self._stop()
+                    if stuck:
+                        exc.add_note(stuck)
                 raise
-            if not finished:
-                self._time_out()
         finally:
             _isolation.leave(self)
             if isinstance(self.error, DistError):
@@ -232,6 +232,7 @@ class Engine:
                 break
             except BaseException as exc:  # noqa: BLE001 - raised below, once the rank threads are stopped
                 again = exc
+        self.stopped = True
         if again is not None:
             if stuck:
                 again.add_note(stuck)
