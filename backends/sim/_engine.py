@@ -29,6 +29,11 @@ from ._report import deadlock_error
 
 __all__ = ["Engine", "Abort"]
 
+STOP_WAIT = 10.0
+"""Seconds an interrupted or timed-out run waits at most for its rank threads to stop."""
+RETRY = 0.05
+"""Seconds between two injections of ``Abort`` into a rank that stays in user code (it may catch it)."""
+
 
 class Abort(BaseException):
     """Unwinds a rank thread when the run has failed elsewhere (never seen by users)."""
@@ -53,6 +58,7 @@ class RankState:
         "released",
         "deadline",
         "expired",
+        "user",
     )
 
     def __init__(self, rank: int):
@@ -72,6 +78,7 @@ class RankState:
         self.released = False
         self.deadline: float | None = None  # a timed wait's end, in virtual time
         self.expired = False
+        self.user = _threads.Interruptible()  # inside: running user code, where a stopped run injects Abort
 
 
 class _GroupState:
@@ -154,25 +161,32 @@ class Engine:
         self.works_made = 0
         self.error: BaseException | None = None
         self.aborting = False
-        self.main_lock = threading.Lock()
-        self.main_lock.acquire()
+        self.ended = threading.Event()  # set once no rank thread of the run runs engine or user code
+        self.stopped = False  # the run was aborted from outside and its rank threads have ended (or are stuck)
         self.alpha, self.beta = topology.alpha_beta()
 
     # --- running -------------------------------------------------------------------
 
     def run(self) -> list:
-        """Run every rank to the end; return their values or raise the run's error."""
+        """Run every rank to the end; return their values or raise the run's error.
+
+        A timeout, or any exception in the caller while it waits (``KeyboardInterrupt``),
+        stops the run: every rank thread has ended before this raises.
+        """
         _isolation.enter(self)
         try:
-            self.topology.reset()
-            first = self._select(None)
-            self._handover(first)
-            if not self.main_lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
-                self._time_out()
-            for rs in self.ranks:
-                if rs.thread is not None:
-                    rs.thread.join()
-            _threads.wait_ended(rs.thread for rs in self.ranks if rs.thread is not None)
+            try:
+                self.topology.reset()
+                self._handover(self._select(None))
+                if not self.ended.wait(self.timeout):
+                    self._time_out()
+                self._join(STOP_WAIT)
+            except BaseException as exc:
+                if not self.stopped:  # (a timeout has stopped it)
+                    stuck = self._stop()
+                    if stuck:
+                        exc.add_note(stuck)
+                raise
         finally:
             _isolation.leave(self)
             if isinstance(self.error, DistError):
@@ -181,19 +195,65 @@ class Engine:
             raise self.error
         return [rs.value for rs in self.ranks]
 
+    def _join(self, limit: float) -> None:
+        for rs in self.ranks:
+            if rs.thread is not None:
+                rs.thread.join(limit)
+        _threads.wait_ended(rs.thread for rs in self.ranks if rs.thread is not None)
+
     def _time_out(self) -> None:
-        """Stop a run that has not finished within ``timeout``; its stuck rank gives up the turn, so others go on."""
-        self.aborting = True
+        """Stop a run that has not finished within ``timeout`` and raise ``DistTimeoutError``."""
         running = self.current.rank if self.current else "?"
-        if _isolation.abandon(self.ranks) or not self.current or not self.current.started:
+        if any(rs.user.inside for rs in self.ranks) or not self.current or not self.current.started:
             why = (f"rank {running} was running (a loop that never reaches a simdist call, or a call that blocks "
                    "outside simdist)")
         else:
             why = (f"rank {running} was waiting for its turn: a rank of another simulation in this process did not "
                    "reach a scheduling point")
+        stuck = self._stop()
         raise DistTimeoutError(
             f"the simulation did not finish within timeout={self.timeout} s of real time; {why}"
+            + (f"; {stuck}" if stuck else "; its rank threads were stopped")
         )._with_schedule(self.token())
+
+    def _stop(self) -> str:
+        """Abort the run and wait (at most ``STOP_WAIT``) for its rank threads to end; what is stuck, or ``""``.
+
+        Ranks blocked at a scheduling point raise ``Abort`` there as the abort reaches them; a
+        rank running user code gets ``Abort`` injected, again every ``RETRY`` seconds until it
+        leaves user code. A rank blocked in C code gets it only when it returns to Python: past
+        the bound its run gives up the turn for it (other simulations go on) and leaves it.
+        An exception in the caller meanwhile (Ctrl-C again) is raised once the threads are stopped.
+        """
+        self.aborting = True
+        deadline = time.monotonic() + STOP_WAIT
+        again = None
+        while True:
+            try:
+                stuck = self._stop_by(deadline)
+                break
+            except BaseException as exc:  # noqa: BLE001 - raised below, once the rank threads are stopped
+                again = exc
+        self.stopped = True
+        if again is not None:
+            if stuck:
+                again.add_note(stuck)
+            raise again
+        return stuck
+
+    def _stop_by(self, deadline: float) -> str:
+        while not self.ended.is_set():
+            for rs in self.ranks:
+                rs.user.inject(Abort)
+            if self.ended.wait(RETRY):
+                break
+            if time.monotonic() > deadline:
+                _isolation.abandon(self.ranks)
+                left = [rs.rank for rs in self.ranks if rs.started and not rs.done]
+                return (f"rank thread(s) {left} did not stop within {STOP_WAIT} s (blocked in code that does not "
+                        "return to Python) and are left running, without the turn")
+        self._join(max(deadline - time.monotonic(), RETRY))
+        return ""
 
     def now(self, rs: RankState) -> float:
         """Rank ``rs``'s virtual time in seconds (with ``cpu_time``, plus its CPU time since its last switch)."""
@@ -212,20 +272,44 @@ class Engine:
             set_thread_world(rs.world)
             _isolation.enter_thread(self, rs)
             try:
-                if self.aborting:
-                    raise Abort
-                rs.value = self.fn(rs.rank, *self.args)
-            except Abort:
-                pass
-            except BaseException as exc:  # noqa: BLE001 - a rank's failure is the run's result
-                if not self.aborting:
-                    self._set_error(RankError(rs.rank, exc))
+                failure = self._call_user(rs)
             finally:
                 _isolation.leave_thread(self, rs)
                 set_thread_world(None)
+            if failure is not None and not self.aborting:
+                self._set_error(RankError(rs.rank, failure))
         finally:
             _isolation.end_turn(rs, done=True)
             self._finish(rs)
+
+    def _call_user(self, rs: RankState) -> BaseException | None:
+        """Run rank ``rs``'s function on its thread: the exception it raised, or ``None`` (it returned, or was aborted).
+
+        Nothing injected into the thread is pending once this returns.
+        """
+        user = rs.user
+        user.ident = threading.get_ident()
+        failure = None
+        try:
+            try:
+                if self.aborting:
+                    raise Abort
+                user.inside = True
+                rs.value = self.fn(rs.rank, *self.args)
+            finally:
+                user.inside = False  # first (a plain assignment): no Abort is injected from here on
+        except Abort:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - a rank's failure is the run's result
+            failure = exc
+        try:  # at most two injected Aborts may still arrive: see Interruptible
+            user.settle()
+        except Abort:
+            try:
+                user.settle()
+            except Abort:
+                user.settle()
+        return failure
 
     def _set_error(self, err: BaseException) -> None:
         if self.error is None:
@@ -254,7 +338,7 @@ class Engine:
             self._handover(nxt)
         elif all(r.done for r in self.ranks):
             self.current = None
-            self.main_lock.release()
+            self.ended.set()
         else:
             self._set_error(deadlock_error(self))
             self._continue_abort()
@@ -267,7 +351,7 @@ class Engine:
                 rs.lock.release()
                 return
         self.current = None
-        self.main_lock.release()
+        self.ended.set()
 
     def _handover(self, nxt: RankState) -> None:
         """Pass the baton to ``nxt`` (it then waits for its turn: see :mod:`._isolation`)."""
@@ -307,7 +391,18 @@ class Engine:
         return self.ranks[options[c]]
 
     def point(self, me: RankState) -> None:
-        """A scheduling point of the running rank ``me``: maybe hand the baton to another rank."""
+        """A scheduling point of the running rank ``me``: maybe hand the baton to another rank.
+
+        No ``Abort`` is injected into ``me`` in here: one that was is delivered on the way in.
+        """
+        me.user.inside = False
+        try:
+            me.user.settle()
+            self._point(me)
+        finally:
+            me.user.inside = True  # back in user code, whether by returning or by raising
+
+    def _point(self, me: RankState) -> None:
         self.points += 1
         self.drain()
         if self.aborting:

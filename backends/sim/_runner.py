@@ -129,7 +129,8 @@ def simulate(
         eager_limit: sends of at most this many bytes complete at once (buffered); larger
             ones wait for their receive, as on real transports. 0: every send waits.
         timeout: real seconds after which a run that does not finish raises ``DistTimeoutError``
-            (its rank stuck outside simdist no longer holds up other simulations of the process).
+            once its rank threads are stopped (as after Ctrl-C while waiting here); a rank stuck in C
+            code is named in the error and no longer holds up other simulations of the process.
         record_steps: record the leading values of each algorithm step's buffer in the trace.
         prefix_output: prefix each line a rank prints with ``[rank N]``.
         cpu_time: add each rank's measured CPU time to its virtual clock (not deterministic).

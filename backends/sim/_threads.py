@@ -14,6 +14,13 @@ A joined thread is not yet gone: ``Thread.join`` returns once the thread's Pytho
 released, before the C library's per-thread destructors (MKL frees its buffers there) have
 run. ``wait_ended`` waits for the threads to be gone from the process, so that a fork right
 after a simulation never copies a lock that a dying thread holds.
+
+An interrupted run raises an exception in a rank that runs Python code (``PyThreadState_SetAsyncExc``,
+:class:`Interruptible`). On CPython before 3.13 a pending asynchronous exception also sets a flag of
+the whole interpreter that only its delivery clears; one left pending, or cleared by setting
+``NULL``, keeps every thread's evaluation loop checking it forever, and under a trace function
+(Hypothesis, coverage, debuggers) 3.11 then re-runs the check at the entry of the next function
+called, without end. So no such exception is ever cleared or left behind: each one is delivered.
 """
 
 from __future__ import annotations
@@ -30,10 +37,63 @@ from typing import Callable
 
 import torch
 
-__all__ = ["one_thread", "wait_ended"]
+__all__ = ["Interruptible", "one_thread", "wait_ended"]
 
 ENDED_WAIT = 5.0
 """Seconds ``wait_ended`` waits at most for joined threads to leave the process."""
+
+_set_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
+)
+
+
+class _Settle(BaseException):
+    """Raised by a thread in itself to take delivery of an exception injected into it (never seen outside)."""
+
+
+class Interruptible:
+    """One thread's stretches of interruptible code, and the only way another thread raises an exception in them.
+
+    The thread sets ``ident``, then ``inside`` around the code, with plain assignments: no
+    exception can arrive between the code and the assignment. Once it has set ``inside`` to
+    ``False``, at most two injected exceptions can still arrive (one pending, and one whose
+    injection was under way); :meth:`settle`, called where those are caught, makes sure none
+    is left pending.
+    """
+
+    __slots__ = ("guard", "ident", "injected", "inside")
+
+    def __init__(self) -> None:
+        self.guard = threading.Lock()  # held while an exception is injected; settle waits for it
+        self.ident: int | None = None
+        self.inside = False
+        self.injected = False
+
+    def inject(self, exc: type[BaseException]) -> bool:
+        """Whether ``exc`` was raised in the thread: only while it is inside (called from another thread)."""
+        with self.guard:
+            if not self.inside or self.ident is None:
+                return False
+            _set_async_exc(self.ident, exc)
+            self.injected = True
+            return True
+
+    def settle(self) -> None:
+        """Return once nothing injected is pending in the calling thread (its own, no longer inside).
+
+        An exception injected earlier that has not arrived yet is replaced by one this raises and
+        catches at once: delivered, so it clears the interpreter's flag. One that arrives in here
+        first propagates (it was pending; nothing is left).
+        """
+        with self.guard:  # an injection under way has ended, and no other can start
+            injected, self.injected = self.injected, False
+        if injected:
+            try:
+                _set_async_exc(self.ident, _Settle)
+                while True:  # delivered at the first check of the evaluation loop
+                    pass
+            except _Settle:
+                pass
 
 
 @functools.cache
