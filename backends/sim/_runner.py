@@ -17,9 +17,10 @@ from ._engine import Engine
 from ._group import SimWorld
 from ._report import leaks as find_leaks
 from ._report import undestroyed
-from ._strategies import make_strategy
+from ._strategies import check_world, make_strategy
 
 __all__ = ["SimResult", "simulate", "DETAILS"]
+__tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 DETAILS = ("messages", "collectives")
 
@@ -121,7 +122,8 @@ def simulate(
         seed: the seed of the strategy (default 0): another seed, another interleaving.
         strategy: ``'random'`` (default), ``'round_robin'``, ``'pct'`` or a ``Strategy``.
         schedule: a replay token (``SimResult.schedule`` or an error's ``.schedule``) or a
-            list of scheduler choices: replays that run exactly.
+            list of scheduler choices: replays that run exactly. A token that records its
+            world size (``@world=N``) replays only at that size.
         detail: ``'messages'`` runs each collective's algorithm message by message;
             ``'collectives'`` completes each collective in one step once every member has
             arrived, charging the algorithm's alpha-beta cost (for thousands of ranks).
@@ -150,6 +152,7 @@ def simulate(
         ``.schedule``, the replay token of the failing run.
     """
     _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout, gpus_per_node)
+    check_world(schedule, nprocs)
     if algorithms is not None:
         from simdist import algorithms as registry
 
