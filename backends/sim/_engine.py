@@ -118,8 +118,10 @@ class Engine:
         make_world: Callable,
         algorithms: dict[str, str] | None = None,
         pin_cpu: bool = True,
+        test: str | None = None,
     ):
         self.fn, self.args, self.size = fn, args, size
+        self.test = test  # the pytest node id that the run's replay token records
         self.strategy = strategy
         self.topology = topology
         self.detail = detail
@@ -202,9 +204,9 @@ class Engine:
         return rs.clock
 
     def token(self) -> str:
-        from ._strategies import encode_choices, run_token
+        from ._strategies import encode_choices, make_token
 
-        return run_token(self.strategy.token() or encode_choices(self.choices), self.size)
+        return make_token(self.strategy.token() or encode_choices(self.choices), self.size, self.test)
 
     def _thread_main(self, rs: RankState) -> None:
         _isolation.take_turn(self, rs)

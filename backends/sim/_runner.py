@@ -104,6 +104,7 @@ def simulate(
     leaks: str = "warn",
     algorithms: dict[str, str] | None = None,
     pin_cpu: bool = True,
+    test: str | None = None,
 ) -> SimResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` simulated ranks; return values, trace and replay token.
 
@@ -146,12 +147,17 @@ def simulate(
             every group of the run; a call's ``algorithm=`` still wins.
         pin_cpu: run the rank threads on one CPU core (only one runs at a time, and
             hand-offs within a core are several times faster than across cores).
+        test: the pytest node id of the test this run belongs to (``simdist.testing`` passes
+            it): the replay token records it (``@test=...``), and ``pytest --simdist-replay``
+            refuses the token in any other test.
 
     Raises:
         DeadlockError, CollectiveMismatchError, RankError, DistTimeoutError: each with
         ``.schedule``, the replay token of the failing run.
     """
     _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout, gpus_per_node)
+    if test is not None and (not isinstance(test, str) or not test):
+        raise ValueError(f"test={test!r} must be a pytest node id (a non-empty str) or None")
     check_world(schedule, nprocs)
     if algorithms is not None:
         from simdist import algorithms as registry
@@ -179,6 +185,7 @@ def simulate(
         make_world=SimWorld,
         algorithms=algorithms,
         pin_cpu=pin_cpu,
+        test=test,
     )
     values = engine.run()
     token = engine.token()

@@ -44,7 +44,6 @@ __all__ = [
     "decode_choices",
     "make_token",
     "split_token",
-    "run_token",
     "check_world",
     "parse_token",
     "next_schedule",
@@ -257,13 +256,6 @@ def split_token(token: str) -> tuple[str, int | None, str | None]:
         raise ValueError(f"schedule={token!r} is not a valid replay token; expected SCHEDULE[@world=N][@test=NODEID] "
                          "with N a positive int")
     return m["schedule"], None if world is None else int(world), m["test"]
-
-
-def run_token(schedule: str, world: int) -> str:
-    """The token of a run of ``world`` ranks: ``schedule`` with its world size and, under pytest, the current test."""
-    from simdist._pytest_plugin import OPTIONS
-
-    return make_token(schedule, world, OPTIONS.get("test"))
 
 
 def next_schedule(choices: Sequence[int], widths: Sequence[int]) -> list[int] | None:

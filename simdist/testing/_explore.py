@@ -10,7 +10,7 @@ from simdist._callsite import trace_user_code
 from simdist._errors import DistError
 
 from ._explain import note_decisions
-from ._run import check_replays, replay_worlds, same_failure
+from ._run import check_replays, current_test, replay_worlds, same_failure
 
 __all__ = ["explore", "ExploreSummary", "minimize", "spmd"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
@@ -68,6 +68,7 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
         raise ValueError(f"depth={depth!r} must be a positive int")
     runs_wanted = _max_runs(max_runs)
     options.setdefault("leaks", "ignore")
+    options.setdefault("test", current_test())
     if OPTIONS["replay"] is not None:  # pytest --simdist-replay: exactly that interleaving
         from ._run import run
 

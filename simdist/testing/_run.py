@@ -16,7 +16,7 @@ from simdist._errors import DistError, RankError
 
 from ._explain import note_decisions
 
-__all__ = ["run", "replay", "replay_worlds", "NondeterminismError", "Schedule"]
+__all__ = ["run", "replay", "replay_worlds", "current_test", "NondeterminismError", "Schedule"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 # The seeds of runs given no seed, schedule or strategy. Registered with Hypothesis (below),
@@ -120,7 +120,7 @@ def _options_from(nprocs, seed, strategy, schedule) -> dict:
     from simdist._pytest_plugin import OPTIONS
 
     if OPTIONS["replay"] is not None:
-        return {"schedule": _replayed(OPTIONS["replay"], nprocs, OPTIONS.get("test"))}
+        return {"schedule": _replayed(OPTIONS["replay"], nprocs, OPTIONS["test"])}
     if isinstance(schedule, Schedule):
         schedule = list(schedule) if schedule.world is None else schedule.token
     if schedule is not None:
@@ -128,6 +128,13 @@ def _options_from(nprocs, seed, strategy, schedule) -> dict:
     if strategy is None and seed is None:
         seed = _SEEDS.randrange(1 << 32)
     return {"seed": seed, "strategy": strategy}
+
+
+def current_test() -> str | None:
+    """The node id of the pytest test running now (its runs' tokens record it), or ``None``."""
+    from simdist._pytest_plugin import OPTIONS
+
+    return OPTIONS["test"]
 
 
 def _replayed(token: str, nprocs: int, test: str | None) -> str:
@@ -179,6 +186,7 @@ def run(fn: Callable, nprocs: int, *, args: tuple = (), seed: int | None = None,
 
     kwargs = dict(detail=detail, topology=topology, eager_limit=eager_limit, timeout=timeout, **options)
     kwargs.setdefault("leaks", "ignore")
+    kwargs.setdefault("test", current_test())
     chosen = _options_from(nprocs, seed, strategy, schedule)
     outer_trace = trace_user_code(sys._getframe())
     try:
