@@ -224,7 +224,7 @@ def test_a_failing_tests_traceback_shows_no_simdist_frame(inner_pytest):
     result = inner_pytest("-k", "test_three", "--tb=long")
     out = result.stdout.str()
     assert "rank 2 was first" in out or "rank 1 was first" in out or "was first" in out, out
-    frames = re.findall(r"^(\S+\.py):\d+: ", out, flags=re.M)  # pytest's 'file:line: Error' after each frame
+    frames = re.findall(r"^(\S+\.py):\d+: ", out, flags=re.MULTILINE)  # pytest's 'file:line: Error' after each frame
     assert frames and set(frames) == {"test_racy.py"}, frames
     assert not any(d in out for d in _library_dirs()), out
     assert "_engine.py" not in out and "_runner.py" not in out
@@ -266,6 +266,6 @@ def test_hypothesis_explanation_points_at_the_users_code(pytester, inner_pytest)
     assert "Schedule([" in out  # Hypothesis prints the failing schedule as an evaluable repr
     lines = (pytester.path / "test_hyp.py").read_text().splitlines()
     raise_line = next(i for i, line in enumerate(lines, 1) if "only failing runs come here" in line)
-    explained = re.findall(r"^E\s+(/\S+\.py):(\d+)$", out, flags=re.M)
+    explained = re.findall(r"^E\s+(/\S+\.py):(\d+)$", out, flags=re.MULTILINE)
     assert "Explanation:" in out, out
     assert explained == [(str(pytester.path / "test_hyp.py"), str(raise_line))], out
