@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
-from types import CodeType
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Any
 
-__all__ = ["user_call_site", "skip_directory", "is_library_file"]
+__all__ = ["user_call_site", "skip_directory", "is_library_file", "user_tracer", "trace_user_code"]
 
 _SKIP: list[str] = []
 _LIBRARY: dict[CodeType, bool] = {}
@@ -46,6 +48,42 @@ def user_call_site(skip: tuple[str, ...] = ()) -> str:
             return site
         frame = frame.f_back
     return "<unknown>"
+
+
+def user_tracer(trace: Callable | None) -> Callable | None:
+    """``trace`` (a ``sys.settrace`` function) made blind to frames of simdist and other skipped libraries.
+
+    A tracer that reports lines to the user (Hypothesis's explain phase) then names the
+    user's lines only, also in rank threads that run under it.
+    """
+    if trace is None or isinstance(trace, _UserTracer):
+        return trace
+    return _UserTracer(trace)
+
+
+class _UserTracer:
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: Callable):
+        self.inner = inner
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> Callable | None:
+        if event == "call" and _is_library(frame.f_code):
+            return None
+        return self.inner(frame, event, arg)
+
+
+def trace_user_code(frame: FrameType) -> Callable | None:
+    """Limit this thread's trace function to the user's frames and stop tracing ``frame`` (simdist's, running).
+
+    Returns the trace function to put back with ``sys.settrace`` when ``frame`` returns, or ``None``.
+    """
+    trace = sys.gettrace()
+    if trace is None:
+        return None
+    frame.f_trace = None
+    sys.settrace(user_tracer(trace))
+    return trace
 
 
 skip_directory(os.path.dirname(os.path.abspath(__file__)))

@@ -3,13 +3,16 @@
 ``--simdist-replay TOKEN`` makes every simulated run of :mod:`simdist.testing` (``run``,
 ``explore`` and tests made by ``@spmd``) replay that interleaving; ``--simdist-max-schedules N``
 sets how many schedules ``@spmd`` tests and ``explore`` without ``max_runs`` try.
+
+While a test runs, ``OPTIONS["test"]`` holds its node id: the replay tokens of its runs
+record it (``...@test=NODEID``), and ``--simdist-replay`` refuses a token made in another test.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-OPTIONS: dict[str, Any] = {"replay": None, "max_schedules": None}
+OPTIONS: dict[str, Any] = {"replay": None, "max_schedules": None, "test": None}
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -28,5 +31,14 @@ def pytest_configure(config: Any) -> None:
     OPTIONS["max_schedules"] = n
 
 
+def pytest_runtest_setup(item: Any) -> None:
+    item.simdist_outer_test = OPTIONS["test"]  # a test running pytest in-process (pytester) gets its own back
+    OPTIONS["test"] = item.nodeid
+
+
+def pytest_runtest_teardown(item: Any) -> None:
+    OPTIONS["test"] = getattr(item, "simdist_outer_test", None)
+
+
 def pytest_unconfigure(config: Any) -> None:
-    OPTIONS.update(replay=None, max_schedules=None)
+    OPTIONS.update(replay=None, max_schedules=None, test=None)

@@ -95,7 +95,7 @@ def test_out_of_range_choices_wrap():
 
 def test_strategy_objects():
     res = simdist.simulate(racy, 3, strategy=PCTStrategy(seed=2, depth=2, steps=20))
-    assert res.schedule == "pct:2:2:20"
+    assert res.schedule == "pct:2:2:20@world=3"
     assert simdist.simulate(racy, 3, schedule=res.schedule).values == res.values
     assert simdist.simulate(racy, 3, strategy=ReplayStrategy(res.choices)).values == res.values
 

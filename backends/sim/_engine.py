@@ -28,6 +28,7 @@ from ._messages import CollectiveRun, Post, Waitable
 from ._report import deadlock_error
 
 __all__ = ["Engine", "Abort"]
+__tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 STOP_WAIT = 10.0
 """Seconds an interrupted or timed-out run waits at most for its rank threads to stop."""
@@ -125,8 +126,10 @@ class Engine:
         make_world: Callable,
         algorithms: dict[str, str] | None = None,
         pin_cpu: bool = True,
+        test: str | None = None,
     ):
         self.fn, self.args, self.size = fn, args, size
+        self.test = test  # the pytest node id that the run's replay token records
         self.strategy = strategy
         self.topology = topology
         self.detail = detail
@@ -138,6 +141,7 @@ class Engine:
         self.gpus_per_node = gpus_per_node
         self.environ: dict[str, str] = {}  # the environment each rank's copy starts as (set by _isolation.enter)
         self.torch_store: Any = None  # the store torch's rendezvous gives the ranks (set by _isolation.enter)
+        self.user_trace: Any = None  # the caller's sys.settrace function, blind to simdist (set by _isolation.enter)
         self.algorithms = dict(algorithms or {})
         self.pin_core = _isolation.pin_target() if pin_cpu else None
         self.timeout = timeout
@@ -262,9 +266,9 @@ class Engine:
         return rs.clock
 
     def token(self) -> str:
-        from ._strategies import encode_choices
+        from ._strategies import encode_choices, make_token
 
-        return self.strategy.token() or encode_choices(self.choices)
+        return make_token(self.strategy.token() or encode_choices(self.choices), self.size, self.test)
 
     def _thread_main(self, rs: RankState) -> None:
         _isolation.take_turn(self, rs)
@@ -388,6 +392,7 @@ class Engine:
         c = self.strategy.pick(n, options, me.rank if me is not None else None)
         self.choices.append(c)
         self.widths.append(n)
+        self.strategy.chose(self, "run", options, c, me)
         return self.ranks[options[c]]
 
     def point(self, me: RankState) -> None:
@@ -527,6 +532,7 @@ class Engine:
                         pick = self.strategy.pick_match(len(senders)) % len(senders)
                         self.choices.append(pick)
                         self.widths.append(len(senders))
+                        self.strategy.chose(self, "match", senders, pick, p)
                     self._match(by_src[senders[pick]].popleft(), p)
                     return p
         self.recvs.setdefault(key, []).append(p)

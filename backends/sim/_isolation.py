@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from simdist import _torch_cuda, _torch_spawn
+from simdist._callsite import user_tracer
 
 from . import _threads
 
@@ -109,6 +110,7 @@ def enter(engine: Any) -> None:
             _torch_cuda.install()
         engine.environ = dict(_shared.saved[4])  # what each rank's copy starts as
     engine.torch_store = _torch_bridge.new_store()
+    engine.user_trace = user_tracer(sys.gettrace())  # Hypothesis's explain phase also sees the ranks' lines
 
 
 def leave(engine: Any) -> None:
@@ -323,6 +325,8 @@ def enter_thread(engine: Any, rs: Any) -> None:
         os.sched_setaffinity(0, {engine.pin_core})
     if engine.cuda_as_cpu:
         _torch_cuda.enter_thread(engine.gpus_per_node, functools.partial(engine.now, rs))
+    if engine.user_trace is not None:
+        sys.settrace(engine.user_trace)
 
 
 def leave_thread(engine: Any, rs: Any) -> None:
@@ -332,6 +336,8 @@ def leave_thread(engine: Any, rs: Any) -> None:
     _local.rank = _local.environ = _local.prefix = None
     if engine.cuda_as_cpu:
         _torch_cuda.leave_thread()
+    if engine.user_trace is not None:
+        sys.settrace(None)
 
 
 class _Environ(MutableMapping):

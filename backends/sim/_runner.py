@@ -17,9 +17,10 @@ from ._engine import Engine
 from ._group import SimWorld
 from ._report import leaks as find_leaks
 from ._report import undestroyed
-from ._strategies import make_strategy
+from ._strategies import check_world, make_strategy
 
 __all__ = ["SimResult", "simulate", "DETAILS"]
+__tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 DETAILS = ("messages", "collectives")
 
@@ -103,6 +104,7 @@ def simulate(
     leaks: str = "warn",
     algorithms: dict[str, str] | None = None,
     pin_cpu: bool = True,
+    test: str | None = None,
 ) -> SimResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` simulated ranks; return values, trace and replay token.
 
@@ -121,7 +123,8 @@ def simulate(
         seed: the seed of the strategy (default 0): another seed, another interleaving.
         strategy: ``'random'`` (default), ``'round_robin'``, ``'pct'`` or a ``Strategy``.
         schedule: a replay token (``SimResult.schedule`` or an error's ``.schedule``) or a
-            list of scheduler choices: replays that run exactly.
+            list of scheduler choices: replays that run exactly. A token that records its
+            world size (``@world=N``) replays only at that size.
         detail: ``'messages'`` runs each collective's algorithm message by message;
             ``'collectives'`` completes each collective in one step once every member has
             arrived, charging the algorithm's alpha-beta cost (for thousands of ranks).
@@ -145,12 +148,18 @@ def simulate(
             every group of the run; a call's ``algorithm=`` still wins.
         pin_cpu: run the rank threads on one CPU core (only one runs at a time, and
             hand-offs within a core are several times faster than across cores).
+        test: the pytest node id of the test this run belongs to (``simdist.testing`` passes
+            it): the replay token records it (``@test=...``), and ``pytest --simdist-replay``
+            refuses the token in any other test.
 
     Raises:
         DeadlockError, CollectiveMismatchError, RankError, DistTimeoutError: each with
         ``.schedule``, the replay token of the failing run.
     """
     _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout, gpus_per_node)
+    if test is not None and (not isinstance(test, str) or not test):
+        raise ValueError(f"test={test!r} must be a pytest node id (a non-empty str) or None")
+    check_world(schedule, nprocs)
     if algorithms is not None:
         from simdist import algorithms as registry
 
@@ -177,6 +186,7 @@ def simulate(
         make_world=SimWorld,
         algorithms=algorithms,
         pin_cpu=pin_cpu,
+        test=test,
     )
     values = engine.run()
     token = engine.token()

@@ -11,15 +11,25 @@ A run records every choice it made. Its *replay token* is a short string:
 
 - ``random:SEED``, ``round_robin``, ``pct:SEED:DEPTH:STEPS`` for the seeded strategies,
   which are deterministic and replay exactly;
-- ``choices:BASE64`` for an explicit choice list (a replay or a Hypothesis schedule).
-  Choices past the end of the list are 0, and a choice larger than the number of
-  options wraps around, so every list of non-negative integers is a valid schedule.
+- ``choices:0,2,1`` for an explicit choice list (a replay or a Hypothesis schedule), in
+  plain decimals while that stays short (at most ``READABLE_CHARS`` characters), else
+  ``choices:BASE64`` (varints, zlib-compressed when that is shorter). Choices past the
+  end of the list are 0 (``choices:0`` is the empty list), and a choice larger than the
+  number of options wraps around, so every list of non-negative integers is a valid schedule.
+
+Then what the run was: ``@world=N`` (its world size) and, for a run inside a pytest
+test, ``@test=NODEID`` (the test's node id, last: it may hold any character)::
+
+    choices:0,2@world=4@test=tests/test_ring.py::test_sum[3]
+
+Tokens made by hand may leave both out; tokens of older versions (``choices:dgAC``) still replay.
 """
 
 from __future__ import annotations
 
 import base64
 import random
+import re
 import zlib
 from typing import Sequence
 
@@ -32,8 +42,16 @@ __all__ = [
     "make_strategy",
     "encode_choices",
     "decode_choices",
+    "make_token",
+    "split_token",
+    "check_world",
+    "parse_token",
     "next_schedule",
+    "READABLE_CHARS",
 ]
+
+READABLE_CHARS = 100  # the longest choice list written in plain decimals
+_TOKEN = re.compile(r"(?P<schedule>[^@]*)(?:@world=(?P<world>[^@]*))?(?:@test=(?P<test>.+))?", re.DOTALL)
 
 
 class Strategy:
@@ -48,6 +66,10 @@ class Strategy:
     def pick_match(self, n: int) -> int:
         """Which of ``n >= 2`` pending senders an any-source receive matches."""
         return self.pick(n, range(n), None)
+
+    def chose(self, engine: object, kind: str, options: Sequence[int], index: int, subject: object) -> None:
+        """Called after each choice: ``kind`` ``'run'`` (``subject``: the rank state that was running,
+        or ``None``) or ``'match'`` (``subject``: the any-source receive; ``options``: its senders)."""
 
     def token(self) -> str | None:
         """A token that replays this strategy exactly, or ``None`` to use the recorded choices."""
@@ -174,10 +196,13 @@ def _varints(values: Sequence[int]) -> bytes:
 
 
 def encode_choices(choices: Sequence[int]) -> str:
-    """The ``choices:...`` token of a choice list (trailing zeros dropped: they are implied)."""
+    """The ``choices:...`` token of a choice list: decimals when short (trailing zeros dropped: they are implied)."""
     trimmed = list(choices)
     while trimmed and trimmed[-1] == 0:
         trimmed.pop()
+    readable = ",".join(str(c) for c in trimmed) or "0"
+    if len(readable) <= READABLE_CHARS:
+        return "choices:" + readable
     data = _varints(trimmed)
     packed = zlib.compress(data, 9)
     if len(packed) < len(data):
@@ -188,8 +213,19 @@ def encode_choices(choices: Sequence[int]) -> str:
 
 
 def decode_choices(text: str) -> list[int]:
-    """The choice list of a ``choices:...`` token."""
-    raw = text.removeprefix("choices:")
+    """The choice list of a ``choices:...`` token (with or without ``@world``/``@test``), trailing zeros dropped."""
+    raw = split_token(text)[0].removeprefix("choices:")
+    if re.fullmatch(r"\d+(,\d+)*", raw):
+        out = [int(c) for c in raw.split(",")]
+    else:
+        out = _decode_base64(raw, text)
+    while out and out[-1] == 0:
+        out.pop()
+    return out
+
+
+def _decode_base64(raw: str, text: str) -> list[int]:
+    """The choices of the compact form of a token (varints in base64, ``v`` plain or ``z`` compressed)."""
     try:
         data = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
         kind, body = data[:1], data[1:]
@@ -207,6 +243,28 @@ def decode_choices(text: str) -> list[int]:
             out.append(v)
             v, shift = 0, 0
     return out
+
+
+def make_token(schedule: str, world: int | None = None, test: str | None = None) -> str:
+    """``schedule`` (a strategy's token or ``choices:...``) with the run's ``@world=N`` and ``@test=NODEID``."""
+    token = schedule
+    if world is not None:
+        token += f"@world={world}"
+    if test:
+        token += f"@test={test}"
+    return token
+
+
+def split_token(token: str) -> tuple[str, int | None, str | None]:
+    """``(schedule, world, test)`` of a replay token; ``world`` and ``test`` are ``None`` where it leaves them out."""
+    if not isinstance(token, str):
+        raise TypeError(f"token must be a replay token (str), got {type(token).__name__} ({token!r:.60})")
+    m = _TOKEN.fullmatch(token)
+    world = m["world"] if m else None
+    if m is None or (world is not None and not (world.isdigit() and int(world) >= 1)):
+        raise ValueError(f"schedule={token!r} is not a valid replay token; expected SCHEDULE[@world=N][@test=NODEID] "
+                         "with N a positive int")
+    return m["schedule"], None if world is None else int(world), m["test"]
 
 
 def next_schedule(choices: Sequence[int], widths: Sequence[int]) -> list[int] | None:
@@ -245,9 +303,18 @@ def make_strategy(strategy: object = None, seed: int | None = None, schedule: ob
     raise ValueError(f"strategy={strategy!r} is not a strategy; expected 'random', 'round_robin', 'pct' or a Strategy")
 
 
+def check_world(schedule: object, nprocs: int) -> None:
+    """Raise ``ValueError`` if ``schedule`` is a token made for another world size than ``nprocs``."""
+    if isinstance(schedule, str):
+        world = split_token(schedule)[1]
+        if world is not None and world != nprocs:
+            raise ValueError(f"schedule={schedule!r} was made for world size {world}, not nprocs={nprocs}; "
+                             f"replay it with {world} ranks")
+
+
 def parse_token(token: str) -> Strategy:
-    """The strategy that a replay token stands for."""
-    head, _, rest = token.partition(":")
+    """The strategy that a replay token stands for (its ``@world``/``@test`` are checked by the caller)."""
+    head, _, rest = split_token(token)[0].partition(":")
     try:
         if head == "choices":
             return ReplayStrategy(decode_choices(token))

@@ -6,11 +6,14 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from simdist._callsite import trace_user_code
 from simdist._errors import DistError
 
-from ._run import check_replays, same_failure
+from ._explain import note_decisions
+from ._run import check_replays, current_test, replay_worlds, same_failure
 
 __all__ = ["explore", "ExploreSummary", "minimize", "spmd"]
+__tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 DEFAULT_RUNS = 100
 MINIMIZE_RUNS = 300  # replays spent at most on shrinking one failure
@@ -62,7 +65,9 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
     ``.schedule`` set to the minimal token (replay it with :func:`simdist.testing.replay`).
     ``progress`` (default: when stderr is a terminal) draws a progress line on stderr.
     ``max_runs`` defaults to 100, or ``pytest --simdist-max-schedules N``. ``options``
-    go to :func:`simdist.simulate` (``detail``, ``topology``, ``eager_limit``, ...).
+    go to :func:`simdist.simulate` (``detail``, ``topology``, ``eager_limit``, ...). When the
+    minimal schedule has at most a few preemptions, a note on the error lists them
+    (:func:`simdist.testing.explain`).
     """
     from simdist.backends.sim import simulate
     from simdist._pytest_plugin import OPTIONS
@@ -79,6 +84,7 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
         raise TypeError(f"reduction={reduction!r}: expected True or False")
     runs_wanted = _max_runs(max_runs)
     options.setdefault("leaks", "ignore")
+    options.setdefault("test", current_test())
     if OPTIONS["replay"] is not None:  # pytest --simdist-replay: exactly that interleaving
         from ._run import run
 
@@ -97,6 +103,7 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
     base = 0 if seed is None else seed
     seen: set[tuple] = set()
     steps, runs = 1000, 0
+    outer_trace = trace_user_code(sys._getframe())
     try:
         for i in range(runs_wanted):
             if strategy == "random":
@@ -113,12 +120,15 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
                 if err.choices is None:
                     raise
                 shrunk = _shrunk(fn, nprocs, args, err, options)
+                note_decisions(fn, nprocs, args, shrunk, options)
                 shrunk.__suppress_context__ = True  # a RankError keeps its __cause__: the rank's own exception
                 raise shrunk
             seen.add(tuple(res.choices))
             if strategy == "pct" and i == 0:
                 steps = max(len(res.choices), depth)  # PCT's change points fall among this many decisions
     finally:
+        if outer_trace is not None:
+            sys.settrace(outer_trace)
         if show:
             print(file=sys.stderr, flush=True)
     return ExploreSummary(runs, len(seen), strategy, False)
@@ -190,7 +200,8 @@ def spmd(nprocs: Any = 2, *, args: tuple = (), strategy: str = "pct", max_runs: 
 
     ``nprocs`` is a world size or an iterable of them (each explored in turn). The test
     fails with the minimal failing schedule's error; ``pytest --simdist-replay TOKEN``
-    replays one schedule, ``--simdist-max-schedules N`` changes how many are tried.
+    replays one schedule (at the token's world size only), ``--simdist-max-schedules N``
+    changes how many are tried.
 
     Example::
 
@@ -205,7 +216,7 @@ def spmd(nprocs: Any = 2, *, args: tuple = (), strategy: str = "pct", max_runs: 
 
     def decorate(fn: Callable) -> Callable[[], None]:
         def test() -> None:
-            for n in worlds:
+            for n in replay_worlds(worlds):
                 explore(fn, n, args=args, strategy=strategy, max_runs=max_runs, depth=depth, seed=seed, **options)
 
         for attr in ("__module__", "__name__", "__qualname__", "__doc__"):

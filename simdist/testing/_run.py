@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import os
 import random
+import shlex
 import sys
 import sysconfig
 import threading
 import time
 from typing import Any, Callable
 
+from simdist._callsite import trace_user_code
 from simdist._errors import DistError, RankError
 
-__all__ = ["run", "replay", "NondeterminismError", "Schedule"]
+from ._explain import note_decisions
+
+__all__ = ["run", "replay", "replay_worlds", "current_test", "NondeterminismError", "Schedule"]
+__tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 # The seeds of runs given no seed, schedule or strategy. Registered with Hypothesis (below),
 # which resets it for each example, so a seedless run inside a Hypothesis test repeats exactly;
@@ -27,20 +32,74 @@ except ImportError:  # pragma: no cover - hypothesis is a dependency
 
 
 class Schedule(list):
-    """A list of scheduler choices (what :func:`simdist.testing.schedules` draws); ``repr`` is its token.
+    """A list of scheduler choices (what :func:`simdist.testing.schedules` draws), with the run it was made for.
 
     Choice 0 keeps the running rank (or takes the lowest runnable one); choices past the
     end of the list are 0. So shorter lists of smaller numbers are simpler schedules.
+    ``world`` and ``test`` (a pytest node id) say which run it came from, where known:
+    ``pytest --simdist-replay`` refuses to apply it elsewhere.
+
+    ``token`` is its replay token and :meth:`from_token` reads one back; ``repr`` evaluates
+    back to an equal schedule where ``Schedule`` is in scope
+    (``from simdist.testing import Schedule``)::
+
+        >>> Schedule.from_token("choices:0,2@world=4")
+        Schedule([0, 2], world=4)
     """
+
+    def __init__(self, choices: Any = (), world: int | None = None, test: str | None = None):
+        choices = list(choices)
+        bad = [c for c in choices if isinstance(c, bool) or not isinstance(c, int) or c < 0]
+        if bad:
+            raise ValueError(f"choices={choices!r:.80} has {bad[0]!r}; a schedule's choices are non-negative ints")
+        if world is not None and (isinstance(world, bool) or not isinstance(world, int) or world < 1):
+            raise ValueError(f"world={world!r} must be a positive int (the world size) or None")
+        if test is not None and (not isinstance(test, str) or not test):
+            raise ValueError(f"test={test!r} must be a pytest node id (a non-empty str) or None")
+        super().__init__(choices)
+        self.world, self.test = world, test
+
+    @classmethod
+    def from_token(cls, token: str) -> Schedule:
+        """The schedule of a ``choices:...`` replay token, with its world size and test."""
+        from simdist.backends.sim._strategies import decode_choices, split_token
+
+        schedule, world, test = split_token(token)
+        if not schedule.startswith("choices:"):
+            raise ValueError(f"token={token!r} is a seeded strategy's token, whose choices are known only after a "
+                             "run; expected 'choices:...' (a run's .choices holds the list it made)")
+        return cls(decode_choices(token), world=world, test=test)
+
+    @property
+    def choices(self) -> list[int]:
+        """The choices, as a plain list."""
+        return list(self)
 
     @property
     def token(self) -> str:
-        from simdist.backends.sim._strategies import encode_choices
+        """The replay token: ``choices:0,2`` then ``@world=N`` and ``@test=NODEID`` where known."""
+        from simdist.backends.sim._strategies import encode_choices, make_token
 
-        return encode_choices(self)
+        return make_token(encode_choices(self), self.world, self.test)
 
     def __repr__(self) -> str:
-        return f"Schedule({self.token!r})"
+        parts = [repr(list(self))]
+        if self.world is not None:
+            parts.append(f"world={self.world!r}")
+        if self.test is not None:
+            parts.append(f"test={self.test!r}")
+        return f"Schedule({', '.join(parts)})"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Schedule) and (self.world, self.test) != (other.world, other.test):
+            return False
+        return list.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None  # type: ignore[assignment]  # a list
 
 
 class NondeterminismError(DistError):
@@ -57,16 +116,56 @@ class NondeterminismError(DistError):
         self.first, self.second, self.causes = first, second, causes
 
 
-def _options_from(seed, strategy, schedule) -> dict:
+def _options_from(nprocs, seed, strategy, schedule) -> dict:
     from simdist._pytest_plugin import OPTIONS
 
     if OPTIONS["replay"] is not None:
-        return {"schedule": OPTIONS["replay"]}
+        return {"schedule": _replayed(OPTIONS["replay"], nprocs, OPTIONS["test"])}
+    if isinstance(schedule, Schedule):
+        schedule = list(schedule) if schedule.world is None else schedule.token
     if schedule is not None:
-        return {"schedule": list(schedule) if isinstance(schedule, Schedule) else schedule}
+        return {"schedule": schedule}
     if strategy is None and seed is None:
         seed = _SEEDS.randrange(1 << 32)
     return {"seed": seed, "strategy": strategy}
+
+
+def current_test() -> str | None:
+    """The node id of the pytest test running now (its runs' tokens record it), or ``None``."""
+    from simdist._pytest_plugin import OPTIONS
+
+    return OPTIONS["test"]
+
+
+def _replayed(token: str, nprocs: int, test: str | None) -> str:
+    """``token`` of ``pytest --simdist-replay``, checked against the test and world size it was made for.
+
+    Inside a Hypothesis test a run at another world size is rejected (as ``assume`` would), so
+    only the examples at the token's size run.
+    """
+    from simdist.backends.sim._strategies import split_token
+
+    _, world, made_for = split_token(token)
+    if made_for is not None and test is not None and made_for != test:
+        raise ValueError(
+            f"--simdist-replay {token} was made for the test {made_for}, not this one ({test}); "
+            f"replay it there: pytest {shlex.quote(made_for)} --simdist-replay {shlex.quote(token)}")
+    if world is not None and world != nprocs:
+        from hypothesis import currently_in_test_context, reject
+
+        if currently_in_test_context():
+            reject()
+        raise ValueError(f"--simdist-replay {token} was made for a run of {world} ranks, not of nprocs={nprocs}")
+    return token
+
+
+def replay_worlds(worlds: list[int]) -> list[int]:
+    """The world sizes of ``worlds`` that ``pytest --simdist-replay`` replays: the token's, if it is among them."""
+    from simdist._pytest_plugin import OPTIONS
+    from simdist.backends.sim._strategies import split_token
+
+    world = None if OPTIONS["replay"] is None else split_token(OPTIONS["replay"])[1]
+    return [world] if world in worlds else worlds
 
 
 def run(fn: Callable, nprocs: int, *, args: tuple = (), seed: int | None = None, strategy: Any = None,
@@ -76,27 +175,37 @@ def run(fn: Callable, nprocs: int, *, args: tuple = (), seed: int | None = None,
 
     Like :func:`simdist.simulate`, which does the work. With no ``seed``, ``strategy`` or
     ``schedule`` the seed comes from a generator registered with Hypothesis. Under
-    ``pytest --simdist-replay TOKEN`` every run replays ``TOKEN``. A failing run is
-    replayed once before its error is raised: if the replay does not fail the same way,
-    :class:`NondeterminismError` says what in the program is not under the simulator's
-    control. The error's ``schedule`` is the replay token.
+    ``pytest --simdist-replay TOKEN`` every run replays ``TOKEN`` (refused in another test, or
+    at another world size, than the token's). A failing run is replayed once before its
+    error is raised: if the replay does not fail the same way, :class:`NondeterminismError`
+    says what in the program is not under the simulator's control. The error's ``schedule``
+    is the replay token; when it has at most a few preemptions, a note lists them
+    (:func:`simdist.testing.explain`).
     """
     from simdist.backends.sim import simulate
 
     kwargs = dict(detail=detail, topology=topology, eager_limit=eager_limit, timeout=timeout, **options)
     kwargs.setdefault("leaks", "ignore")
-    chosen = _options_from(seed, strategy, schedule)
+    kwargs.setdefault("test", current_test())
+    chosen = _options_from(nprocs, seed, strategy, schedule)
+    outer_trace = trace_user_code(sys._getframe())
     try:
         return simulate(fn, nprocs, args, **chosen, **kwargs)
     except DistError as err:
         if err.schedule is None:
             raise
         check_replays(fn, nprocs, args, err, kwargs)
+        note_decisions(fn, nprocs, args, err, kwargs)
         raise
+    finally:
+        if outer_trace is not None:
+            sys.settrace(outer_trace)
 
 
 def replay(fn: Callable, nprocs: int, token: str, args: tuple = (), **options: Any) -> Any:
     """Rerun exactly the interleaving of ``token`` (a failure's ``.schedule``): its ``SimResult``, or its error."""
+    if isinstance(token, Schedule):
+        token = token.token
     if not isinstance(token, str):
         raise TypeError(f"token must be a replay token (str), got {type(token).__name__} ({token!r:.60})")
     return run(fn, nprocs, args=args, schedule=token, **options)
