@@ -14,6 +14,7 @@ A failure carries the replay token of its (shrunk) schedule: ``sdt.replay(fn, wo
 or ``pytest --simdist-replay TOKEN`` reruns exactly that interleaving.
 """
 
+from ._check import CheckError
 from ._explore import ExploreSummary, explore, minimize, spmd
 from ._run import NondeterminismError, Schedule, replay, run
 from ._strategies import COLLECTIVE_OPS, CollectiveInputs, collective_inputs, schedules, topologies, world_sizes
@@ -33,4 +34,5 @@ __all__ = [
     "Schedule",
     "ExploreSummary",
     "NondeterminismError",
+    "CheckError",
 ]
