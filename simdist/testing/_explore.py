@@ -44,11 +44,11 @@ def _max_runs(max_runs: int | None) -> int:
 
 
 def run_seed(seed: int, i: int) -> int:
-    """The strategy seed of run ``i`` of an exploration with ``seed``: 64 bits from ``numpy.random.SeedSequence``.
+    """The strategy seed of run ``i`` of an exploration with ``seed``: 32 bits from ``numpy.random.SeedSequence``.
 
     Runs of one exploration, and the explorations of nearby seeds, draw unrelated seeds.
     """
-    return int(np.random.SeedSequence(seed, spawn_key=(i,)).generate_state(1, np.uint64)[0])
+    return int(np.random.SeedSequence(seed, spawn_key=(i,)).generate_state(1)[0])
 
 
 def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct", max_runs: int | None = None,
@@ -78,15 +78,17 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
         raise ValueError(f"strategy={strategy!r}: expected 'pct', 'random' or 'exhaustive'")
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"depth={depth!r} must be a positive int")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"seed={seed!r} must be a non-negative int (or None for 0)")
     runs_wanted = _max_runs(max_runs)
     check_argument(check)
-    leaks = options.get("leaks", "warn")
-    options["leaks"] = "ignore" if leaks == "warn" else leaks  # warned once below, not once per run
     if OPTIONS["replay"] is not None:  # pytest --simdist-replay: exactly that interleaving
         from ._run import run
 
         run(fn, nprocs, args=args, check=check, **options)
         return ExploreSummary(1, 1, "replay", False)
+    leaks = options.get("leaks", "warn")
+    options["leaks"] = "ignore" if leaks == "warn" else leaks  # warned once below, not once per run
     from simdist.backends.sim._strategies import PCTStrategy, RandomStrategy, next_schedule
 
     show = sys.stderr.isatty() if progress is None else bool(progress)
