@@ -140,9 +140,9 @@ def lesson_deadlock():
         except simdist.DeadlockError as err:
             print(f"{strategy}: DeadlockError, minimal schedule {choices(err.schedule)} (token {err.schedule!r})")
             last = err
-    # "Minimal" means what the shrinker could reach: the shortest failing prefix of the
-    # failing run's choices, then each remaining choice set to 0 where the run still fails,
-    # repeated until nothing changes. Here every strategy ends at the same two choices.
+    # "Minimal" means a local minimum: the shrinker deletes, zeroes, lowers and moves the
+    # failing run's choices until no single deletion or lowering still deadlocks the same
+    # way. Each strategy ends with one non-zero choice (one reordering), not always the same.
     title("2b. the report of the minimal deadlocking schedule")
     show(last)
 

@@ -17,6 +17,7 @@ token)`` says which decisions made it (also noted on the failure when there are 
 ``sdt.Schedule.from_token(token)`` reads it as a list of choices.
 """
 
+from ._check import CheckError
 from ._explain import explain
 from ._explore import ExploreSummary, explore, minimize, spmd
 from ._run import NondeterminismError, Schedule, replay, run
@@ -38,4 +39,5 @@ __all__ = [
     "Schedule",
     "ExploreSummary",
     "NondeterminismError",
+    "CheckError",
 ]

@@ -6,17 +6,20 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from simdist._callsite import trace_user_code
 from simdist._errors import DistError
 
+from ._check import check_argument, run_checked
 from ._explain import note_decisions
-from ._run import check_replays, current_test, replay_worlds, same_failure
+from ._run import current_test, replay_worlds, warn_leaks
+from ._shrink import minimize, shrunk_failure
 
-__all__ = ["explore", "ExploreSummary", "minimize", "spmd"]
+__all__ = ["ExploreSummary", "explore", "minimize", "run_seed", "spmd"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 DEFAULT_RUNS = 100
-MINIMIZE_RUNS = 300  # replays spent at most on shrinking one failure
 
 
 @dataclass(frozen=True)
@@ -47,9 +50,17 @@ def _max_runs(max_runs: int | None) -> int:
     return max_runs
 
 
+def run_seed(seed: int, i: int) -> int:
+    """The strategy seed of run ``i`` of an exploration with ``seed``: 32 bits from ``numpy.random.SeedSequence``.
+
+    Runs of one exploration, and the explorations of nearby seeds, draw unrelated seeds.
+    """
+    return int(np.random.SeedSequence(seed, spawn_key=(i,)).generate_state(1)[0])
+
+
 def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct", max_runs: int | None = None,
             depth: int = 3, seed: int | None = None, progress: bool | None = None, preemption_bound: int | None = None,
-            reduction: bool = True, **options: Any) -> ExploreSummary:
+            reduction: bool = True, check: Callable | None = None, **options: Any) -> ExploreSummary:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks under up to ``max_runs`` schedules: an :class:`ExploreSummary`.
 
     ``strategy`` is ``'pct'`` (priority change points of depth ``depth``: finds bugs
@@ -60,16 +71,21 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
     only what passes through simdist, not Python state the ranks share); see
     :mod:`simdist.testing._search`. The summary's ``complete`` says whether the bound was
     covered; when ``max_runs`` cuts the search short a ``UserWarning`` says so.
-    Run ``i`` uses seed ``seed + i``. On the first failure the schedule is shrunk to a
-    minimal one that fails the same way, replayed once, and the error is raised with
-    ``.schedule`` set to the minimal token (replay it with :func:`simdist.testing.replay`).
+    Run ``i`` uses seed :func:`run_seed` ``(seed, i)`` (``seed`` default 0), so runs and
+    explorations with other seeds do not repeat each other's schedules. ``check``, if
+    given, is called as ``check(values)`` (each rank's return value) after each run; if it
+    raises or returns ``False`` the run fails with :class:`CheckError`. On the first failure
+    the schedule is shrunk to a minimal one that fails the same way (:func:`minimize`),
+    replayed once, and the error is raised with ``.schedule`` set to the minimal token
+    (replay it with :func:`simdist.testing.replay`). Never-waited works and unmatched
+    messages give one ``LeakWarning`` per exploration (``leaks='ignore'`` or ``'error'``
+    as for :func:`simdist.simulate`).
     ``progress`` (default: when stderr is a terminal) draws a progress line on stderr.
     ``max_runs`` defaults to 100, or ``pytest --simdist-max-schedules N``. ``options``
     go to :func:`simdist.simulate` (``detail``, ``topology``, ``eager_limit``, ...). When the
     minimal schedule has at most a few preemptions, a note on the error lists them
     (:func:`simdist.testing.explain`).
     """
-    from simdist.backends.sim import simulate
     from simdist._pytest_plugin import OPTIONS
 
     if strategy not in ("pct", "random", "exhaustive"):
@@ -82,14 +98,18 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
                          "with strategy='exhaustive'")
     if not isinstance(reduction, bool):
         raise TypeError(f"reduction={reduction!r}: expected True or False")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"seed={seed!r} must be a non-negative int (or None for 0)")
     runs_wanted = _max_runs(max_runs)
-    options.setdefault("leaks", "ignore")
+    check_argument(check)
     options.setdefault("test", current_test())
     if OPTIONS["replay"] is not None:  # pytest --simdist-replay: exactly that interleaving
         from ._run import run
 
-        run(fn, nprocs, args=args, **options)
+        run(fn, nprocs, args=args, check=check, **options)
         return ExploreSummary(1, 1, "replay", False)
+    leaks = options.get("leaks", "warn")
+    options["leaks"] = "ignore" if leaks == "warn" else leaks  # warned once below, not once per run
     from simdist.backends.sim._strategies import PCTStrategy, RandomStrategy
 
     show = sys.stderr.isatty() if progress is None else bool(progress)
@@ -98,31 +118,31 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
 
         runs, distinct, complete = exhaustive(fn, nprocs, args, preemption_bound=preemption_bound,
                                               reduce=bool(reduction), max_runs=runs_wanted, options=options,
-                                              progress=show, shrink=_shrunk)
+                                              progress=show, check=check, warn_leaks=leaks == "warn")
         return ExploreSummary(runs, runs, strategy, complete, distinct, preemption_bound)
     base = 0 if seed is None else seed
     seen: set[tuple] = set()
-    steps, runs = 1000, 0
+    steps, runs, warned = 1000, 0, leaks != "warn"
     outer_trace = trace_user_code(sys._getframe())
     try:
         for i in range(runs_wanted):
             if strategy == "random":
-                kwargs: dict = {"strategy": RandomStrategy(base + i)}
+                kwargs: dict = {"strategy": RandomStrategy(run_seed(base, i))}
             else:
-                kwargs = {"strategy": PCTStrategy(base + i, depth, steps)}
+                kwargs = {"strategy": PCTStrategy(run_seed(base, i), depth, steps)}
             runs += 1
             if show:
                 print(f"\rsimdist explore: {runs}/{runs_wanted} runs, {len(seen)} interleavings", end="",
                       file=sys.stderr, flush=True)
             try:
-                res = simulate(fn, nprocs, args, **kwargs, **options)
+                res = run_checked(fn, nprocs, args, options, check, **kwargs)
             except DistError as err:
                 if err.choices is None:
                     raise
-                shrunk = _shrunk(fn, nprocs, args, err, options)
+                shrunk = shrunk_failure(fn, nprocs, args, err, options, check)
                 note_decisions(fn, nprocs, args, shrunk, options)
-                shrunk.__suppress_context__ = True  # a RankError keeps its __cause__: the rank's own exception
                 raise shrunk
+            warned = warned or warn_leaks(res)
             seen.add(tuple(res.choices))
             if strategy == "pct" and i == 0:
                 steps = max(len(res.choices), depth)  # PCT's change points fall among this many decisions
@@ -134,74 +154,14 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
     return ExploreSummary(runs, len(seen), strategy, False)
 
 
-def minimize(fn: Callable, nprocs: int, args: tuple, err: DistError, options: dict,
-             budget: int = MINIMIZE_RUNS) -> DistError:
-    """The error of the simplest schedule found that fails like ``err``: shorter, then with more zero choices."""
-    from simdist.backends.sim import simulate
-
-    best, choices, spent = err, list(err.choices), 0
-
-    def fails(candidate: list[int]) -> DistError | None:
-        nonlocal spent
-        spent += 1
-        try:
-            simulate(fn, nprocs, args, schedule=candidate, **options)
-        except DistError as again:
-            return again if same_failure(err, again) else None
-        return None
-
-    while spent < budget:  # until a pass changes nothing: the shortest failing prefix, then zeros
-        before = list(choices)
-        lo, hi = 0, len(choices)
-        while lo < hi and spent < budget:
-            mid = (lo + hi) // 2
-            again = fails(choices[:mid])
-            if again is not None:
-                hi, best = mid, again
-            else:
-                lo = mid + 1
-        choices = choices[:hi]
-        for i in reversed(range(len(choices))):  # each remaining choice to 0 (no preemption) if it still fails
-            if spent >= budget:
-                break
-            if choices[i] != 0:
-                trial = choices[:i] + [0] + choices[i + 1 :]
-                again = fails(trial)
-                if again is not None:
-                    choices, best = trial, again
-        while choices and choices[-1] == 0:
-            choices.pop()
-        if choices == before:
-            break
-    return best
-
-
-def _shrunk(fn: Callable, nprocs: int, args: tuple, err: DistError, options: dict) -> DistError:
-    """``err`` with the minimal schedule, after checking that it replays."""
-    best = minimize(fn, nprocs, args, err, options)
-    check_replays(fn, nprocs, args, best, options)
-    if best.schedule != err.schedule:
-        best.add_note(f"schedule shrunk from {_length(err.choices)} scheduler choices to {_length(best.choices)}; "
-                      f"the original run's token: {err.schedule}")
-    return best
-
-
-def _length(choices: list[int] | None) -> int:
-    """Choices up to the last non-zero one (the rest are implied)."""
-    choices = list(choices or [])
-    while choices and choices[-1] == 0:
-        choices.pop()
-    return len(choices)
-
-
 def spmd(nprocs: Any = 2, *, args: tuple = (), strategy: str = "pct", max_runs: int | None = None, depth: int = 3,
-         seed: int = 0, **options: Any) -> Callable[[Callable], Callable[[], None]]:
+         seed: int = 0, check: Callable | None = None, **options: Any) -> Callable[[Callable], Callable[[], None]]:
     """Decorator: ``fn(rank, *args)`` becomes a test that :func:`explore`\\ s it under many schedules.
 
     ``nprocs`` is a world size or an iterable of them (each explored in turn). The test
-    fails with the minimal failing schedule's error; ``pytest --simdist-replay TOKEN``
-    replays one schedule (at the token's world size only), ``--simdist-max-schedules N``
-    changes how many are tried.
+    fails with the minimal failing schedule's error (``check(values)`` as in :func:`explore`);
+    ``pytest --simdist-replay TOKEN`` replays one schedule (at the token's world size only),
+    ``--simdist-max-schedules N`` changes how many are tried.
 
     Example::
 
@@ -213,11 +173,13 @@ def spmd(nprocs: Any = 2, *, args: tuple = (), strategy: str = "pct", max_runs: 
     worlds = [nprocs] if isinstance(nprocs, int) else list(nprocs)
     if not worlds or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in worlds):
         raise ValueError(f"nprocs={nprocs!r}: expected a positive int or an iterable of them")
+    check_argument(check)
 
     def decorate(fn: Callable) -> Callable[[], None]:
         def test() -> None:
             for n in replay_worlds(worlds):
-                explore(fn, n, args=args, strategy=strategy, max_runs=max_runs, depth=depth, seed=seed, **options)
+                explore(fn, n, args=args, strategy=strategy, max_runs=max_runs, depth=depth, seed=seed, check=check,
+                        **options)
 
         for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
             setattr(test, attr, getattr(fn, attr, None))

@@ -9,15 +9,20 @@ import sys
 import sysconfig
 import threading
 import time
+import warnings
 from typing import Any, Callable
 
-from simdist._callsite import trace_user_code
-from simdist._errors import DistError, RankError
+from simdist._callsite import trace_user_code, user_call_site
+from simdist._errors import CollectiveMismatchError, DeadlockError, DistError, LeakWarning
 
+from ._check import check_argument, run_checked
 from ._explain import note_decisions
 
-__all__ = ["run", "replay", "replay_worlds", "current_test", "NondeterminismError", "Schedule"]
+__all__ = ["NondeterminismError", "Schedule", "current_test", "failure_site", "replay", "replay_worlds", "run",
+           "same_failure", "warn_leaks"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
+
+_UNDESTROYED = "(destroy_process_group)"  # how simulate lists groups never destroyed, which are not warned about
 
 # The seeds of runs given no seed, schedule or strategy. Registered with Hypothesis (below),
 # which resets it for each example, so a seedless run inside a Hypothesis test repeats exactly;
@@ -170,7 +175,7 @@ def replay_worlds(worlds: list[int]) -> list[int]:
 
 def run(fn: Callable, nprocs: int, *, args: tuple = (), seed: int | None = None, strategy: Any = None,
         schedule: Any = None, detail: str = "messages", topology: Any = None, eager_limit: int = 0,
-        timeout: float | None = None, **options: Any) -> Any:
+        timeout: float | None = None, check: Callable | None = None, **options: Any) -> Any:
     """Run ``fn(rank, *args)`` on ``nprocs`` simulated ranks: a ``SimResult`` (``values``, ``trace``, ``schedule``).
 
     Like :func:`simdist.simulate`, which does the work. With no ``seed``, ``strategy`` or
@@ -180,21 +185,24 @@ def run(fn: Callable, nprocs: int, *, args: tuple = (), seed: int | None = None,
     error is raised: if the replay does not fail the same way, :class:`NondeterminismError`
     says what in the program is not under the simulator's control. The error's ``schedule``
     is the replay token; when it has at most a few preemptions, a note lists them
-    (:func:`simdist.testing.explain`).
+    (:func:`simdist.testing.explain`). ``check(values)``, if given, is called after the
+    run; if it raises or returns ``False`` the run fails with
+    :class:`~simdist.testing.CheckError`. What a passing run leaves behind (never-waited
+    works, unmatched messages) is a ``LeakWarning``; ``leaks='ignore'`` or ``'error'`` as
+    for :func:`simdist.simulate`.
     """
-    from simdist.backends.sim import simulate
-
     kwargs = dict(detail=detail, topology=topology, eager_limit=eager_limit, timeout=timeout, **options)
-    kwargs.setdefault("leaks", "ignore")
+    kwargs.setdefault("leaks", "warn")
     kwargs.setdefault("test", current_test())
+    check_argument(check)
     chosen = _options_from(nprocs, seed, strategy, schedule)
     outer_trace = trace_user_code(sys._getframe())
     try:
-        return simulate(fn, nprocs, args, **chosen, **kwargs)
+        return run_checked(fn, nprocs, args, kwargs, check, **chosen)
     except DistError as err:
         if err.schedule is None:
             raise
-        check_replays(fn, nprocs, args, err, kwargs)
+        check_replays(fn, nprocs, args, err, kwargs, check)
         note_decisions(fn, nprocs, args, err, kwargs)
         raise
     finally:
@@ -211,21 +219,54 @@ def replay(fn: Callable, nprocs: int, token: str, args: tuple = (), **options: A
     return run(fn, nprocs, args=args, schedule=token, **options)
 
 
-def same_failure(a: BaseException, b: BaseException | None) -> bool:
-    """Whether ``b`` is the failure ``a`` is: same type, same rank and cause type for a ``RankError``."""
-    if b is None or type(a) is not type(b):
+def warn_leaks(res: Any) -> bool:
+    """Whether ``res`` (a ``SimResult``) left never-waited works or unmatched messages: then one ``LeakWarning``.
+
+    Groups never destroyed are listed on the result only, as :func:`simdist.simulate` does.
+    """
+    found = [line for line in res.leaks if not line.endswith(_UNDESTROYED)]
+    if not found:
         return False
-    if isinstance(a, RankError):
-        return a.rank == b.rank and type(a.__cause__) is type(b.__cause__)
+    site = user_call_site()
+    filename, _, line = site.rpartition(":")
+    text = f"a run left {len(found)} leak(s) (replay token {res.schedule}):\n  " + "\n  ".join(found)
+    warnings.warn_explicit(text, LeakWarning, filename or site, int(line) if line.isdigit() else 0)
     return True
 
 
-def check_replays(fn: Callable, nprocs: int, args: tuple, err: DistError, kwargs: dict) -> None:
-    """Replay ``err``'s schedule; raise :class:`NondeterminismError` from ``err`` if it does not fail the same way."""
-    from simdist.backends.sim import simulate
+def same_failure(a: BaseException, b: BaseException | None) -> bool:
+    """Whether ``b`` is the failure ``a`` is: the same exception type at the same user call site (any rank)."""
+    return b is not None and type(a) is type(b) and failure_site(a) == failure_site(b)
 
+
+def failure_site(err: BaseException) -> Any:
+    """Where in the user's code ``err`` happened, as compared by :func:`same_failure` (ranks left out).
+
+    A deadlock: the call sites its blocked ranks wait at. A collective mismatch: the two
+    calls' sites. An error with a ``__cause__`` (``RankError``, ``CheckError``): the cause's
+    type and the innermost frame of its traceback that is user code (``file:line``).
+    """
+    if isinstance(err, DeadlockError):
+        return frozenset(entry.get("call_site") for entry in err.blocked)
+    if isinstance(err, CollectiveMismatchError):
+        return frozenset(err.call_sites)
+    cause = err.__cause__
+    if cause is None:
+        return None
+    site, tb = None, cause.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if _is_user_file(name):
+            site = f"{name}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return type(cause), site
+
+
+def check_replays(fn: Callable, nprocs: int, args: tuple, err: DistError, kwargs: dict,
+                  check: Callable | None = None) -> None:
+    """Replay ``err``'s schedule (then ``check``); raise :class:`NondeterminismError` unless it fails the same way."""
     try:
-        simulate(fn, nprocs, args, schedule=err.schedule, **kwargs)
+        run_checked(fn, nprocs, args, kwargs, check, schedule=err.schedule)
         second = None
     except DistError as again:
         second = again
@@ -253,13 +294,16 @@ def _library_dirs() -> tuple[str, ...]:
 _LIBRARY = _library_dirs()
 
 
+def _is_user_file(name: str) -> bool:
+    """Whether code in file ``name`` is the user's (not simdist, the stdlib, an installed package or frozen)."""
+    return not name.startswith((*_LIBRARY, "<frozen"))
+
+
 def _user_caller() -> str | None:
     """``file:line`` of the caller's caller if it is the user's code (not simdist, the stdlib or a package)."""
     frame = sys._getframe(2)
     name = frame.f_code.co_filename
-    if name.startswith(_LIBRARY) or name.startswith("<frozen"):
-        return None
-    return f"{name}:{frame.f_lineno}"
+    return f"{name}:{frame.f_lineno}" if _is_user_file(name) else None
 
 
 def _diagnose(fn: Callable, nprocs: int, args: tuple, token: str, kwargs: dict) -> list[str]:

@@ -212,8 +212,8 @@ class Search:
     """
 
     def __init__(self, fn: Callable, nprocs: int, args: tuple, *, preemption_bound: int | None, reduce: bool,
-                 max_runs: int, options: dict):
-        self.fn, self.nprocs, self.args, self.options = fn, nprocs, args, options
+                 max_runs: int, options: dict, check: Callable | None = None):
+        self.fn, self.nprocs, self.args, self.options, self.check = fn, nprocs, args, options, check
         self.bound, self.reduce, self.max_runs = preemption_bound, reduce, max_runs
         self.runs = 0
         self.complete = False
@@ -221,7 +221,8 @@ class Search:
 
     def __iter__(self) -> Iterator[SearchRun]:
         from simdist._errors import DistError
-        from simdist.backends.sim import simulate
+
+        from ._check import run_checked
 
         root, level, depth = _Node(), [[]], 0
         while level:
@@ -233,7 +234,8 @@ class Search:
                 strategy = SearchStrategy(prefix, root, reduce=self.reduce, bounded=self.bound is not None)
                 run = SearchRun(prefix, depth, strategy.record)
                 try:
-                    run.result = simulate(self.fn, self.nprocs, self.args, strategy=strategy, **self.options)
+                    run.result = run_checked(self.fn, self.nprocs, self.args, self.options, self.check,
+                                             strategy=strategy)
                 except DistError as err:
                     if err.choices is None:
                         raise
@@ -248,25 +250,34 @@ class Search:
 
 
 def exhaustive(fn: Callable, nprocs: int, args: tuple, *, preemption_bound: int | None, reduce: bool, max_runs: int,
-               options: dict, progress: bool, shrink: Callable) -> tuple[int, int, bool]:
+               options: dict, progress: bool, check: Callable | None = None,
+               warn_leaks: bool = False) -> tuple[int, int, bool]:
     """``explore(strategy="exhaustive")``: (runs, distinct classes, complete), or the first failure, shrunk.
 
-    A ``UserWarning`` says so when ``max_runs`` stopped the search before the bound was covered.
+    ``check(values)`` judges each run as in ``explore``; ``warn_leaks`` gives one ``LeakWarning``
+    for the first run that leaked. A ``UserWarning`` says so when ``max_runs`` stopped the
+    search before the bound was covered.
     """
     import sys
     import warnings
 
+    from ._explain import note_decisions
+    from ._run import warn_leaks as warn
+    from ._shrink import shrunk_failure
+
     found = Search(fn, nprocs, args, preemption_bound=preemption_bound, reduce=reduce, max_runs=max_runs,
-                   options=options)
+                   options=options, check=check)
     try:
         for run in found:
             if progress:
                 print(f"\rsimdist explore: {found.runs}/{max_runs} runs, {run.level} preemptions, "
                       f"{len(found.signatures)} distinct", end="", file=sys.stderr, flush=True)
             if run.error is not None:
-                shrunk = shrink(fn, nprocs, args, run.error, options)
-                shrunk.__suppress_context__ = True
+                shrunk = shrunk_failure(fn, nprocs, args, run.error, options, check)
+                note_decisions(fn, nprocs, args, shrunk, options)
                 raise shrunk
+            if warn_leaks and warn(run.result):
+                warn_leaks = False
     finally:
         if progress:
             print(file=sys.stderr, flush=True)
