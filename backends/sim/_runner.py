@@ -13,6 +13,7 @@ from simdist._errors import DistError, LeakWarning
 from simdist._topology import Topology, as_topology
 from simdist._trace import Trace
 
+from ._buffers import unsettled_race
 from ._engine import Engine
 from ._group import SimWorld
 from ._report import leaks as find_leaks
@@ -180,6 +181,10 @@ def simulate(
     values = engine.run()
     token = engine.token()
     engine.trace.meta["schedule"] = token
+    race = unsettled_race(rs.world for rs in engine.ranks)
+    if race is not None:
+        race.choices = list(engine.choices)
+        raise race._with_schedule(token)
     found = find_leaks(engine)
     if found and leaks != "ignore":
         text = f"the simulation left {len(found)} leak(s) (replay token {token}):\n  " + "\n  ".join(found)
