@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 from simdist import _arrays as A
 from simdist._algorithmic import AlgorithmicGroup, CollectiveCall
+from simdist._entry import library_call
 from simdist._group import GroupMember, Options
 from simdist._registry import TORCH_NAMES, backend_names
 from simdist._work import Work
@@ -58,6 +59,7 @@ class SimWork(Work):
             self._settle("is_completed()")
         return self.item.done
 
+    @library_call
     def _settle(self, when: str) -> None:
         """Settle the buffer check (a receive's data lands); a race fails the run on this rank."""
         check, self.check = self.check, None
@@ -162,7 +164,7 @@ class SimWorld(World):
     buffer races; ``open_checks`` holds the checks of those not settled yet, by work key.
     """
 
-    def __init__(self, engine: Any, me: Any, check_buffers: bool = True):
+    def __init__(self, engine: Any, me: Any, check_buffers: bool = False):
         self.engine = engine
         self.me = me
         self.rank = me.rank

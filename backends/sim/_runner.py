@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 import torch
@@ -104,6 +105,7 @@ def simulate(
     leaks: str = "warn",
     algorithms: dict[str, str] | None = None,
     pin_cpu: bool = True,
+    check_buffers: bool = False,
 ) -> SimResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` simulated ranks; return values, trace and replay token.
 
@@ -145,12 +147,18 @@ def simulate(
             every group of the run; a call's ``algorithm=`` still wins.
         pin_cpu: run the rank threads on one CPU core (only one runs at a time, and
             hand-offs within a core are several times faster than across cores).
+        check_buffers: raise ``BufferRaceError`` when a rank writes to the buffer of its own
+            ``isend``/``irecv`` (also in ``batch_isend_irecv`` and through torch) before the
+            operation completed, under every schedule. It copies each such buffer when the
+            operation is posted (see BENCHMARKS.md for the cost); ``simdist.testing`` turns it on.
 
     Raises:
-        DeadlockError, CollectiveMismatchError, RankError, DistTimeoutError: each with
-        ``.schedule``, the replay token of the failing run.
+        DeadlockError, CollectiveMismatchError, RankError, DistTimeoutError, BufferRaceError:
+        each with ``.schedule``, the replay token of the failing run.
     """
     _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout, gpus_per_node)
+    if not isinstance(check_buffers, bool):
+        raise TypeError(f"check_buffers={check_buffers!r} must be a bool")
     if algorithms is not None:
         from simdist import algorithms as registry
 
@@ -174,7 +182,7 @@ def simulate(
         cuda_as_cpu=_default_cuda_as_cpu() if cuda_as_cpu is None else bool(cuda_as_cpu),
         gpus_per_node=nprocs if gpus_per_node is None else gpus_per_node,
         timeout=timeout,
-        make_world=SimWorld,
+        make_world=partial(SimWorld, check_buffers=check_buffers),
         algorithms=algorithms,
         pin_cpu=pin_cpu,
     )

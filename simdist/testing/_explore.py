@@ -63,6 +63,7 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
         raise ValueError(f"depth={depth!r} must be a positive int")
     runs_wanted = _max_runs(max_runs)
     options.setdefault("leaks", "ignore")
+    options.setdefault("check_buffers", True)
     if OPTIONS["replay"] is not None:  # pytest --simdist-replay: exactly that interleaving
         from ._run import run
 

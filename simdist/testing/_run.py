@@ -85,6 +85,7 @@ def run(fn: Callable, nprocs: int, *, args: tuple = (), seed: int | None = None,
 
     kwargs = dict(detail=detail, topology=topology, eager_limit=eager_limit, timeout=timeout, **options)
     kwargs.setdefault("leaks", "ignore")
+    kwargs.setdefault("check_buffers", True)
     chosen = _options_from(seed, strategy, schedule)
     try:
         return simulate(fn, nprocs, args, **chosen, **kwargs)
