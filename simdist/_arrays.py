@@ -204,7 +204,7 @@ def changed_bytes(before: Array, after: Array) -> tuple[int, int] | None:
         return None
     if device_of(before) == "cpu" and device_of(after) == "cpu":
         a, b = host_bytes(before), host_bytes(after)
-        if np.array_equal(a, b):
+        if a.tobytes() == b.tobytes() if a.size <= 16384 else np.array_equal(a, b):  # each the faster at its size
             return None
         diff = np.flatnonzero(a != b)
     else:
