@@ -27,8 +27,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 import torch
-from _common import base_parser, finish_info, fmt_ms, machine_info, markdown_table, median, profile_call, publish, \
-    run_sim, timed
+from _common import (
+    base_parser,
+    finish_info,
+    fmt_ms,
+    machine_info,
+    markdown_table,
+    median,
+    profile_call,
+    publish,
+    run_sim,
+    timed,
+)
 
 import simdist
 
