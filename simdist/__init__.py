@@ -45,6 +45,7 @@ _LAZY = {
     "DistributedDataParallel": "._ddp",
     "GradBucket": "._ddp",
     "AuthenticationError": "._errors",
+    "BufferRaceError": "._errors",
     "CollectiveMismatchError": "._errors",
     "DeadlockError": "._errors",
     "DistError": "._errors",
@@ -112,6 +113,7 @@ __all__ = [
     "gather_object",
     "scatter_object_list",
     "AuthenticationError",
+    "BufferRaceError",
     "CollectiveMismatchError",
     "DeadlockError",
     "DistError",
@@ -192,6 +194,7 @@ if _typing.TYPE_CHECKING:
     from ._ddp import DistributedDataParallel as DistributedDataParallel
     from ._ddp import GradBucket as GradBucket
     from ._errors import AuthenticationError as AuthenticationError
+    from ._errors import BufferRaceError as BufferRaceError
     from ._errors import CollectiveMismatchError as CollectiveMismatchError
     from ._errors import DeadlockError as DeadlockError
     from ._errors import DistError as DistError

@@ -329,7 +329,11 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, g
 def isend(
     tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
 ) -> Work | None:
-    """Start sending ``tensor`` to ``dst``; return a Work (do not modify ``tensor`` before ``wait()``)."""
+    """Start sending ``tensor`` to ``dst``; return a Work (do not modify ``tensor`` before ``wait()``).
+
+    On the simulator with ``check_buffers=True`` (as in ``simdist.testing``), a write to
+    ``tensor`` before the send completed raises ``BufferRaceError`` at ``wait()``.
+    """
     return _p2p("isend", tensor, dst, group, tag, group_dst, "send")[1]
 
 
@@ -337,7 +341,12 @@ def isend(
 def irecv(
     tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
 ) -> Work | None:
-    """Start receiving into ``tensor`` from ``src`` (any rank if ``None``); return a Work."""
+    """Start receiving into ``tensor`` from ``src`` (any rank if ``None``); return a Work.
+
+    ``tensor`` holds the message once ``wait()`` returns; do not write to it before. On the
+    simulator with ``check_buffers=True`` (as in ``simdist.testing``), such a write raises
+    ``BufferRaceError`` at ``wait()``.
+    """
     return _p2p("irecv", tensor, src, group, tag, group_src, "recv")[1]
 
 

@@ -32,6 +32,8 @@ __all__ = [
     "device_of",
     "flat",
     "stage_in",
+    "stage_copy",
+    "changed_bytes",
     "may_overlap",
     "overlap_span",
     "stage_out",
@@ -184,6 +186,33 @@ def stage_in(x: Array) -> Array:
     if isinstance(x, torch.Tensor):
         return x.detach().contiguous().view(-1)
     return _xp(x).ascontiguousarray(x).reshape(-1)
+
+
+def stage_copy(x: Array) -> Array:
+    """A flat buffer holding a copy of ``x``'s values; unlike :func:`stage_in`, never ``x``'s own memory."""
+    if isinstance(x, torch.Tensor):
+        return _flat_tensor(x.detach().clone(memory_format=torch.contiguous_format))
+    return x.flatten()  # numpy and cupy: always a copy, in C order
+
+
+def changed_bytes(before: Array, after: Array) -> tuple[int, int] | None:
+    """The first and the last byte at which flat buffers ``before`` and ``after`` differ; ``None`` if none does.
+
+    Bytes, not values: a NaN equals itself here, and ``-0.0`` differs from ``0.0``.
+    """
+    if nbytes(before) == 0:
+        return None
+    if device_of(before) == "cpu" and device_of(after) == "cpu":
+        a, b = host_bytes(before), host_bytes(after)
+        if a.tobytes() == b.tobytes() if a.size <= 16384 else np.array_equal(a, b):  # each the faster at its size
+            return None
+        diff = np.flatnonzero(a != b)
+    else:
+        a, b = _torch_bytes(before), _torch_bytes(after)
+        if torch.equal(a, b):
+            return None
+        diff = torch.nonzero(a != b).flatten().cpu().numpy()
+    return int(diff[0]), int(diff[-1])
 
 
 def _byte_bounds(x: Array) -> tuple[int, int] | None:

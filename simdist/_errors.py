@@ -6,6 +6,7 @@ __all__ = [
     "DistError",
     "DeadlockError",
     "CollectiveMismatchError",
+    "BufferRaceError",
     "RankError",
     "DistTimeoutError",
     "ProtocolError",
@@ -72,6 +73,28 @@ class CollectiveMismatchError(DistError):
         self.ranks = tuple(ranks)
         self.call_sites = tuple(call_sites)
         self.fields = dict(fields or {})
+
+
+class BufferRaceError(DistError):
+    """A rank wrote to the buffer of its own send or receive before that operation completed.
+
+    Raised by the simulator when the rank waits for the operation (or learns from
+    ``is_completed()`` that it has completed, or ends without waiting for it): the buffer
+    then differs from the copy taken when the operation was posted.
+
+    Attributes:
+        rank: the global rank that wrote to the buffer.
+        op: ``'isend'`` or ``'irecv'``.
+        call_site: ``file:line`` of the call that posted the operation.
+        changed: ``(first, last)``, the first and the last byte of the buffer that changed.
+    """
+
+    def __init__(self, message: str, *, rank: int, op: str, call_site: str | None, changed: tuple[int, int]):
+        super().__init__(message)
+        self.rank = rank
+        self.op = op
+        self.call_site = call_site
+        self.changed = changed
 
 
 class RankError(DistError):

@@ -150,7 +150,7 @@ main = namespace.get("main")
 if not callable(main):
     raise SystemExit("the pasted code must define main(rank)")
 try:
-    res = simdist.simulate(main, world, seed=0, leaks="ignore")
+    res = simdist.simulate(main, world, seed=0, leaks="ignore", check_buffers=True)
     out = {"ok": True, "trace": res.trace.to_json(), "values": [repr(v)[:200] for v in res.values]}
 except simdist.DistError as err:
     out = {"ok": False, "error": f"{type(err).__name__}: {err}"}

@@ -6,11 +6,13 @@ from typing import Any, Sequence
 
 from simdist import _arrays as A
 from simdist._algorithmic import AlgorithmicGroup, CollectiveCall
+from simdist._entry import library_call
 from simdist._group import GroupMember, Options
 from simdist._registry import TORCH_NAMES, backend_names
 from simdist._work import Work
 from simdist._world import World
 
+from ._buffers import BufferCheck
 from ._messages import Post, Waitable
 from ._record import recorded
 
@@ -18,20 +20,29 @@ __all__ = ["SimGroup", "SimWorld", "SimWork"]
 
 
 class SimWork(Work):
-    """A work in the simulator; ``wait`` is a scheduling point."""
+    """A work in the simulator; ``wait`` is a scheduling point.
 
-    def __init__(self, group: "SimGroup", item: Waitable, what: str, outputs: list, track: bool):
+    ``check`` is the buffer check of an asynchronous send or receive (see :mod:`._buffers`):
+    settled when the rank learns the operation has completed, at ``wait()`` or at an
+    ``is_completed()`` that answers ``True``.
+    """
+
+    def __init__(self, group: "SimGroup", item: Waitable, what: str, outputs: list, track: bool,
+                 check: BufferCheck | None = None):
         self.group = group
         self.item = item
         self.what = what
         self.outs = outputs
         self.key = None
+        self.check = check
         if track:
             engine = group.engine
             engine.works_made += 1
             self.key = engine.works_made
             site = getattr(item, "call_site", None) or _site(item)
             engine.unwaited[self.key] = (group.me.rank, f"{what} at {site}")
+            if check is not None:
+                group.me.world.open_checks[self.key] = check
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the work; with ``timeout`` (seconds of virtual time) raise ``DistTimeoutError`` past it."""
@@ -39,10 +50,23 @@ class SimWork(Work):
         if self.key is not None:
             engine.unwaited.pop(self.key, None)
         engine.wait(me, [self.item], self.what, None if timeout is None else me.clock + timeout)
+        if self.check is not None:
+            self._settle("wait()")
         return True
 
     def is_completed(self) -> bool:
+        if self.check is not None and self.item.done and self.group.engine.current is self.group.me:
+            self._settle("is_completed()")
         return self.item.done
+
+    @library_call
+    def _settle(self, when: str) -> None:
+        """Settle the buffer check (a receive's data lands); a race fails the run on this rank."""
+        check, self.check = self.check, None
+        self.group.me.world.open_checks.pop(self.key, None)
+        race = check.settle(when)
+        if race is not None:
+            self.group.engine.fail(race)
 
     def source_rank(self) -> int:
         if not isinstance(self.item, Post) or not self.item.done:
@@ -84,6 +108,10 @@ class SimGroup(AlgorithmicGroup):
         else:
             buf, back = A.stage_out(tensor)
             src, dst = (None if peer is None else self.ranks[peer]), me.rank
+        check = None
+        if opts.async_op and me.world.check_buffers:
+            check = BufferCheck(kind, tensor, buf, back, me.rank, opts.call_site)
+            buf, back = check.posted, None
         p = Post(
             kind,
             src,
@@ -100,7 +128,7 @@ class SimGroup(AlgorithmicGroup):
         )
         p.on_done = back
         engine.post(p)
-        work = SimWork(self, p, kind, [tensor], track=bool(opts.async_op))
+        work = SimWork(self, p, kind, [tensor], track=bool(opts.async_op), check=check)
         if opts.async_op:
             engine.point(me)
         return work
@@ -130,15 +158,21 @@ _KNOWN = set(TORCH_NAMES) | {"socket", "torch-nccl", "torch-gloo"}
 
 
 class SimWorld(World):
-    """The world one simulated rank lives in (one per rank thread)."""
+    """The world one simulated rank lives in (one per rank thread).
 
-    def __init__(self, engine: Any, me: Any):
+    ``check_buffers``: whether this rank's asynchronous sends and receives are checked for
+    buffer races; ``open_checks`` holds the checks of those not settled yet, by work key.
+    """
+
+    def __init__(self, engine: Any, me: Any, check_buffers: bool = False):
         self.engine = engine
         self.me = me
         self.rank = me.rank
         self.size = engine.size
         self.groups: list[SimGroup] = []
         self.group_count = 0
+        self.check_buffers = check_buffers
+        self.open_checks: dict[int, BufferCheck] = {}
 
     def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
         if backend is not None and backend not in _KNOWN and backend not in backend_names():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 import torch
@@ -13,6 +14,7 @@ from simdist._errors import DistError, LeakWarning
 from simdist._topology import Topology, as_topology
 from simdist._trace import Trace
 
+from ._buffers import unsettled_race
 from ._engine import Engine
 from ._group import SimWorld
 from ._report import leaks as find_leaks
@@ -105,6 +107,7 @@ def simulate(
     algorithms: dict[str, str] | None = None,
     pin_cpu: bool = True,
     test: str | None = None,
+    check_buffers: bool = False,
 ) -> SimResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` simulated ranks; return values, trace and replay token.
 
@@ -151,15 +154,21 @@ def simulate(
         test: the pytest node id of the test this run belongs to (``simdist.testing`` passes
             it): the replay token records it (``@test=...``), and ``pytest --simdist-replay``
             refuses the token in any other test.
+        check_buffers: raise ``BufferRaceError`` when a rank writes to the buffer of its own
+            ``isend``/``irecv`` (also in ``batch_isend_irecv`` and through torch) before the
+            operation completed, under every schedule. It copies each such buffer when the
+            operation is posted (see BENCHMARKS.md for the cost); ``simdist.testing`` turns it on.
 
     Raises:
-        DeadlockError, CollectiveMismatchError, RankError, DistTimeoutError: each with
-        ``.schedule``, the replay token of the failing run.
+        DeadlockError, CollectiveMismatchError, RankError, DistTimeoutError, BufferRaceError:
+        each with ``.schedule``, the replay token of the failing run.
     """
     _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout, gpus_per_node)
     if test is not None and (not isinstance(test, str) or not test):
         raise ValueError(f"test={test!r} must be a pytest node id (a non-empty str) or None")
     check_world(schedule, nprocs)
+    if not isinstance(check_buffers, bool):
+        raise TypeError(f"check_buffers={check_buffers!r} must be a bool")
     if algorithms is not None:
         from simdist import algorithms as registry
 
@@ -183,7 +192,7 @@ def simulate(
         cuda_as_cpu=_default_cuda_as_cpu() if cuda_as_cpu is None else bool(cuda_as_cpu),
         gpus_per_node=nprocs if gpus_per_node is None else gpus_per_node,
         timeout=timeout,
-        make_world=SimWorld,
+        make_world=partial(SimWorld, check_buffers=check_buffers),
         algorithms=algorithms,
         pin_cpu=pin_cpu,
         test=test,
@@ -191,6 +200,10 @@ def simulate(
     values = engine.run()
     token = engine.token()
     engine.trace.meta["schedule"] = token
+    race = unsettled_race(rs.world for rs in engine.ranks)
+    if race is not None:
+        race.choices = list(engine.choices)
+        raise race._with_schedule(token)
     found = find_leaks(engine)
     if found and leaks != "ignore":
         text = f"the simulation left {len(found)} leak(s) (replay token {token}):\n  " + "\n  ".join(found)

@@ -103,6 +103,7 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
     runs_wanted = _max_runs(max_runs)
     check_argument(check)
     options.setdefault("test", current_test())
+    options.setdefault("check_buffers", True)
     if OPTIONS["replay"] is not None:  # pytest --simdist-replay: exactly that interleaving
         from ._run import run
 

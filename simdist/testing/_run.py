@@ -194,6 +194,7 @@ def run(fn: Callable, nprocs: int, *, args: tuple = (), seed: int | None = None,
     kwargs = dict(detail=detail, topology=topology, eager_limit=eager_limit, timeout=timeout, **options)
     kwargs.setdefault("leaks", "warn")
     kwargs.setdefault("test", current_test())
+    kwargs.setdefault("check_buffers", True)
     check_argument(check)
     chosen = _options_from(nprocs, seed, strategy, schedule)
     outer_trace = trace_user_code(sys._getframe())
