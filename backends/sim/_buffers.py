@@ -28,6 +28,7 @@ from simdist._callsite import user_call_site
 from simdist._errors import BufferRaceError
 
 __all__ = ["BufferCheck", "unsettled_race"]
+__tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 
 class BufferCheck:

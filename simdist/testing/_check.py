@@ -8,6 +8,7 @@ from typing import Any
 from simdist._errors import DistError
 
 __all__ = ["CheckError", "check_argument", "run_checked"]
+__tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 
 class CheckError(DistError):

@@ -40,6 +40,7 @@ from typing import Any
 from simdist.backends.sim._strategies import Strategy
 
 __all__ = ["RunRecord", "Search", "SearchRun", "SearchStrategy", "preemptions", "signature"]
+__tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 EVERYTHING = ("*",)  # a footprint member that makes a step depend on every other step
 

@@ -38,6 +38,7 @@ from ._check import run_checked
 from ._run import check_replays, same_failure
 
 __all__ = ["MINIMIZE_RUNS", "Shrinker", "minimize", "shrunk_failure", "simplicity"]
+__tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 MINIMIZE_RUNS = 1000  # replays spent at most on shrinking one failure
 DELETE_BLOCKS = (8, 4, 2, 1)
