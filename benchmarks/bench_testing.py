@@ -15,7 +15,7 @@ For each of 100 seeds ``s`` we count the runs that ``explore(strategy="pct", dep
 max_runs=100, seed=s * 1000)`` needs to meet the failure. ``explore`` does not report how
 many runs it made before failing (and calling it with growing ``max_runs`` would cost
 quadratic time), so its loop is replicated: run ``i`` simulates under
-``PCTStrategy(seed + i, depth, steps)`` with ``steps = 1000`` for the first run and
+``PCTStrategy(run_seed(seed, i), depth, steps)`` with ``steps = 1000`` for the first run and
 ``max(len(first_run.choices), depth)`` after it, exactly as ``explore`` does; the count is
 the index of the first run that raises, plus one. A few seeds are cross-checked against
 ``explore`` itself (``max_runs = count`` raises, ``max_runs = count - 1`` does not).
@@ -51,6 +51,7 @@ from _common import (
 import simdist
 import simdist.testing as sdt
 from simdist.backends.sim._strategies import PCTStrategy
+from simdist.testing._explore import run_seed
 
 RATE_TARGET = 200  # schedules/s
 FOUND_TARGET = 0.95  # share of seeds
@@ -100,7 +101,7 @@ def runs_to_find(seed: int, depth: int = DEPTH, max_runs: int = MAX_RUNS) -> int
     steps = 1000
     for i in range(max_runs):
         try:
-            res = run_sim(first_message_race, RACE_WORLD, strategy=PCTStrategy(seed + i, depth, steps))
+            res = run_sim(first_message_race, RACE_WORLD, strategy=PCTStrategy(run_seed(seed, i), depth, steps))
         except simdist.DistError:
             return i + 1
         if i == 0:
@@ -178,7 +179,7 @@ def report(raw: dict, reps: int) -> tuple[str, list[dict]]:
         f"{table}\n\n"
         f"Detection: for seeds s = 0, 1000, ..., the runs of `explore(race, {find['world']}, strategy='pct', "
         f"depth={find['depth']}, max_runs={find['max_runs']}, seed=s)` up to the first failure, counted by "
-        "replicating explore's loop (PCTStrategy(seed + i, depth, steps)); cross-checked against `explore` on "
+        "replicating explore's loop (PCTStrategy(run_seed(seed, i), depth, steps)); cross-checked against `explore` on "
         f"{len(checks)} seeds: {'all agree' if all(checks.values()) else 'MISMATCH ' + str(checks)}.\n\n"
         f"{find_table}\n"
     )
