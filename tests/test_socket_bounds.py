@@ -21,6 +21,7 @@ import pytest
 from simdist.backends.socket import _accept, _auth
 from simdist.backends.socket import _frames as F
 from simdist.backends.socket import _peers as P
+from simdist.backends.socket._auth import ServerBusy
 from simdist.backends.socket._peers import PeerNetwork
 from simdist.backends.socket._store import (
     DEFAULT_MAX_VALUE_BYTES,
@@ -35,7 +36,7 @@ from test_socket_peers import DictStore
 from test_socket_store import SignallingServer
 from test_socket_store import _read_to_eof as read_to_eof
 
-from simdist import AuthenticationError, DistTimeoutError, ProtocolError
+from simdist import AuthenticationError, DistTimeoutError
 
 SECRET = b"bounds secret"
 HOST = "127.0.0.1"
@@ -109,14 +110,41 @@ def test_store_closes_connections_over_the_cap_at_once_and_threads_stay_bounded(
         over = idle(srv.port, 40)
         assert [got for _, got in over] == [b""] * 40  # closed before a hello: no thread started for them
         assert threads(f"simdist-store:{srv.port}") == 8 and threads() <= base + 8
-        with pytest.raises(ProtocolError, match="closed the connection during authentication"):
-            StoreClient(HOST, srv.port, SECRET, timeout=10)  # a real client is refused too while the cap is full
-        for sock, _ in held + over:
-            sock.close()
-        assert settle(base) <= base
-        with StoreClient(HOST, srv.port, SECRET, timeout=10) as client:
+        with pytest.raises(ServerBusy, match="before its hello"):  # a real client retries, then gives up
+            StoreClient(HOST, srv.port, SECRET, timeout=10, connect_timeout=1)
+        leave = threading.Timer(0.5, lambda: [sock.close() for sock, _ in held + over])
+        leave.start()
+        with StoreClient(HOST, srv.port, SECRET, timeout=10, connect_timeout=60) as client:  # in once they leave
             client.set("k", b"v")
             assert client.get("k") == b"v"
+        leave.join()
+        assert settle(base) <= base
+
+
+@pytest.mark.timeout(120)
+def test_more_clients_at_once_than_the_cap_all_get_in(caplog):
+    """40 clients connecting at once to a store whose cap is 4: those closed before the hello try
+    again, and every one of them sets its key."""
+    caplog.set_level(logging.INFO)
+    with StoreServer(HOST, 0, SECRET, max_handshakes=4) as srv:
+        errors: list[BaseException] = []
+
+        def join(i: int) -> None:
+            try:
+                with StoreClient(HOST, srv.port, SECRET, timeout=30, connect_timeout=60) as client:
+                    client.set(f"k{i}", b"v")
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        clients = [threading.Thread(target=join, args=(i,)) for i in range(40)]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join()
+        assert errors == []
+        with StoreClient(HOST, srv.port, SECRET, timeout=10) as client:
+            assert client.num_keys() == 40
+    assert any("over the cap of 4" in r.getMessage() for r in caplog.records)  # some were refused, then got in
 
 
 @pytest.mark.timeout(120)

@@ -26,11 +26,13 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Callable
 
 from simdist._errors import AuthenticationError, DistTimeoutError, ProtocolError
 
 __all__ = [
-    "MAGIC", "SECRET_ENV", "client_handshake", "new_secret", "resolve_secret", "secret_from_env", "server_handshake",
+    "MAGIC", "SECRET_ENV", "ServerBusy", "authenticated", "client_handshake", "new_secret", "resolve_secret",
+    "secret_from_env", "server_handshake",
 ]  # fmt: skip
 
 SECRET_ENV = "SIMDIST_SECRET"
@@ -88,6 +90,11 @@ def _peer(sock: socket.socket, role: str) -> str:
     return f"{role} {name}" if name else f"the {role}"
 
 
+class ServerBusy(ProtocolError):
+    """The server closed a new connection before its hello: it was at its cap of connections in the
+    handshake (or stopping). Connecting again later may succeed."""
+
+
 class _Channel:
     """Fixed-size handshake messages over ``sock`` under one overall deadline."""
 
@@ -96,6 +103,7 @@ class _Channel:
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
         self.who = who
+        self.heard = False  # whether any byte came from the other side
 
     def _recv_some(self, n: int, step: str) -> bytes:
         left = self.deadline - time.monotonic()
@@ -111,7 +119,11 @@ class _Channel:
         except OSError as exc:
             raise ProtocolError(f"connection to {self.who} failed during authentication ({step}): {exc}") from exc
         if not chunk:
+            if not self.heard:
+                raise ServerBusy(f"{self.who} closed the connection before its hello (it may be at its cap of "
+                                 "connections in the handshake, or stopping)")
             raise ProtocolError(f"{self.who} closed the connection during authentication ({step})")
+        self.heard = True
         return chunk
 
     def receive(self, kind: bytes, step: str) -> bytes:
@@ -213,3 +225,30 @@ def client_handshake(sock: socket.socket, secret: bytes | str | None, timeout: f
             sock.settimeout(previous)
         except OSError:
             pass
+
+
+def authenticated(connect: Callable[[], socket.socket], secret: bytes | str | None, timeout: float,
+                  patience: float) -> socket.socket:
+    """A socket from ``connect()`` that passed :func:`client_handshake`; a server that closes before its
+    hello (:class:`ServerBusy`, at its cap of handshakes) is tried again, with backoff, for ``patience`` s.
+
+    Raises:
+        ServerBusy: the server was still busy after ``patience`` seconds.
+        Whatever ``connect`` or :func:`client_handshake` raise otherwise.
+    """
+    deadline = time.monotonic() + patience
+    delay = 0.01
+    while True:
+        sock = connect()
+        try:
+            client_handshake(sock, secret, timeout)
+            return sock
+        except ServerBusy:
+            sock.close()
+            if time.monotonic() + delay > deadline:
+                raise
+        except BaseException:
+            sock.close()
+            raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)

@@ -628,20 +628,26 @@ class PeerNetwork:
             self._cond.notify_all()
 
     def _connect(self, peer: int) -> socket.socket:
-        from ._auth import client_handshake
+        from ._auth import authenticated
 
         raw = self._store.get(f"peer/{peer}")
         address = bytes(raw).decode("ascii", "replace")
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise ProtocolError(f"the store holds a malformed address {address!r} for rank {peer}")
-        try:
-            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=self.timeout)
-        except OSError as exc:
-            raise PeerLostError(f"cannot connect to rank {peer} at {address}: {exc}", rank=peer) from exc
-        try:
+        def connect() -> socket.socket:
+            try:
+                sock = socket.create_connection((host.strip("[]"), int(port)), timeout=self.timeout)
+            except OSError as exc:
+                raise PeerLostError(f"cannot connect to rank {peer} at {address}: {exc}", rank=peer) from exc
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            client_handshake(sock, self._secret, self.timeout)
+            return sock
+
+        try:
+            sock = authenticated(connect, self._secret, self.timeout, self.timeout)
+        except OSError as exc:
+            raise PeerLostError(f"connection to rank {peer} at {address} broke: {exc}", rank=peer) from exc
+        try:
             sock.settimeout(self.timeout)
             sock.sendall(_HELLO.pack(_HELLO_MAGIC, self.rank, self.world_size))
         except OSError as exc:

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from simdist._errors import DistError, DistTimeoutError, ProtocolError
 
 from ._accept import FRAME_DEADLINE_S, HANDSHAKE_DEADLINE_S, Acceptor, frame_deadline
-from ._auth import SECRET_ENV, client_handshake, resolve_secret, secret_from_env, server_handshake
+from ._auth import SECRET_ENV, authenticated, resolve_secret, secret_from_env, server_handshake
 
 __all__ = [
     "DEFAULT_MAX_VALUE_BYTES", "HEADER_SLACK", "REPLY_MARGIN_S", "REQUEST_LAYOUT", "RESPONSE_LAYOUT", "Kind", "Op",
@@ -669,15 +669,12 @@ class StoreClient:
         self._lock = threading.Lock()
         self._closed = False
         self._broken: str | None = None
-        self._sock = self._connect(connect_timeout)
-        try:
-            client_handshake(self._sock, secret, max(self.timeout, 0.001))
-        except BaseException:
-            self._sock.close()
-            raise
-
-    def _connect(self, connect_timeout: float) -> socket.socket:
         deadline = time.monotonic() + connect_timeout
+        self._sock = authenticated(lambda: self._connect(deadline, connect_timeout), secret,
+                                   max(self.timeout, 0.001), connect_timeout)
+
+    def _connect(self, deadline: float, connect_timeout: float) -> socket.socket:
+        """A TCP connection to the server, tried again until ``deadline`` (``connect_timeout`` s from the start)."""
         delay = 0.01
         while True:
             left = deadline - time.monotonic()
