@@ -51,6 +51,9 @@ def main(scenario: str) -> None:
     if scenario == "script":
         raise_before_first_collective(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), 0)
         return
+    if scenario == "no-destroy":
+        leave_without_destroy()
+        return
     dist.init_process_group("socket")
     rank = dist.get_rank()
     emit(event="ready")
@@ -91,6 +94,28 @@ def main(scenario: str) -> None:
     emit(event="done")
 
 
+
+
+def leave_without_destroy() -> None:
+    """Rank 1 sends rank 0 a tensor and its script ends without destroy_process_group (torch allows
+    that); rank 0 receives it a second later, then destroys the group: nobody fails."""
+    dist.init_process_group("socket")
+    rank = dist.get_rank()
+    emit(event="ready")
+    t = torch.full((1 << 20,), float(rank))
+    if rank == 1:
+        dist.send(t, dst=0)
+    elif rank == 0:
+        time.sleep(1.0)
+        dist.recv(t, src=1)
+        emit(event="received", value=t.sum().item())
+    if rank != 1:
+        try:
+            dist.destroy_process_group()
+        except dist.DistError as exc:
+            emit(event="destroy-error", type=type(exc).__name__, text=str(exc), failed=getattr(exc, "rank", None))
+            raise
+    emit(event="done")
 
 
 def raise_before_first_collective(rank: int, world_size: int, failing: int) -> None:

@@ -127,6 +127,14 @@ def test_the_goodbye_of_destroy_process_group_sees_a_rank_die():
     assert codes[2] == 0
 
 
+def test_a_rank_whose_script_ends_without_destroy_process_group_is_not_a_failure():
+    events, codes, stderr = run_job("no-destroy")
+    assert codes == {0: 0, 1: 0, 2: 0}, (codes, stderr)
+    assert event(events, 0, "received")["value"] == float(1 << 20)  # rank 1's tensor, after rank 1 had left
+    assert all(e["event"] != "destroy-error" for r in events for e in events[r]), events
+    assert all(event(events, r, "done") for r in range(3))
+
+
 @pytest.mark.parametrize("failing", [1, 0])  # rank 0 also serves the store
 def test_spawn_reports_the_original_error_not_a_timeout(failing):
     from failing_ranks import raise_before_first_collective
