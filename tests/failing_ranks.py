@@ -86,14 +86,19 @@ def main(scenario: str) -> None:
         emit(event="error", type=type(exc).__name__, text=str(exc), failed=getattr(exc, "rank", None))
         raise
     finally:
-        try:
-            dist.destroy_process_group()
-        except dist.DistError as exc:
-            emit(event="destroy-error", type=type(exc).__name__, text=str(exc), failed=getattr(exc, "rank", None))
-            raise
+        destroy()
     emit(event="done")
 
 
+
+
+def destroy() -> None:
+    """``destroy_process_group``, its error (if any) printed as an event first."""
+    try:
+        dist.destroy_process_group()
+    except dist.DistError as exc:
+        emit(event="destroy-error", type=type(exc).__name__, text=str(exc), failed=getattr(exc, "rank", None))
+        raise
 
 
 def leave_without_destroy() -> None:
@@ -110,11 +115,7 @@ def leave_without_destroy() -> None:
         dist.recv(t, src=1)
         emit(event="received", value=t.sum().item())
     if rank != 1:
-        try:
-            dist.destroy_process_group()
-        except dist.DistError as exc:
-            emit(event="destroy-error", type=type(exc).__name__, text=str(exc), failed=getattr(exc, "rank", None))
-            raise
+        destroy()
     emit(event="done")
 
 
