@@ -67,7 +67,8 @@ SLICE = 0.002
 """Seconds of real time a run keeps the turn while its ranks pass the baton among themselves (then it lets
 other runs in): fewer hand-offs between runs, which wake threads of other runs."""
 
-_local = threading.local()  # on a rank thread: .rank, .environ (its own copy), .prefix and .at_start (stdout)
+_local = threading.local()  # on a rank thread: .rank, .environ (its own copy), .prefix and .at_start (stdout),
+# .core (the core it is pinned to, None: not pinned; set up once per thread)
 
 
 class _Shared:
@@ -320,9 +321,12 @@ def enter_thread(engine: Any, rs: Any) -> None:
     _local.prefix = f"[rank {rs.rank}] " if engine.prefix_output else None
     _local.at_start = True
     _torch_bridge.enter_rank(engine.torch_store)
-    _threads.one_thread()
-    if engine.pin_core is not None:
-        os.sched_setaffinity(0, {engine.pin_core})
+    if getattr(_local, "core", False) is False:  # a new thread (a pooled one is set up by its first run)
+        _threads.one_thread()
+        _local.core = None
+    if engine.pin_core != _local.core:
+        os.sched_setaffinity(0, {engine.pin_core} if engine.pin_core is not None else os.sched_getaffinity(os.getpid()))
+        _local.core = engine.pin_core
     if engine.cuda_as_cpu:
         _torch_cuda.enter_thread(engine.gpus_per_node, functools.partial(engine.now, rs))
     if engine.user_trace is not None:
@@ -334,6 +338,7 @@ def leave_thread(engine: Any, rs: Any) -> None:
 
     _torch_bridge.leave_rank()
     _local.rank = _local.environ = _local.prefix = None
+    torch.set_grad_enabled(True)  # as on a new thread: a pooled thread's next run starts the same
     if engine.cuda_as_cpu:
         _torch_cuda.leave_thread()
     if engine.user_trace is not None:

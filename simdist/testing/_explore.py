@@ -111,6 +111,20 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
         return ExploreSummary(1, 1, "replay", False)
     leaks = options.get("leaks", "warn")
     options["leaks"] = "ignore" if leaks == "warn" else leaks  # warned once below, not once per run
+    from simdist.backends.sim import RankPool
+
+    if options.get("pool") is not None:
+        return _explore(fn, nprocs, args, strategy, runs_wanted, depth, seed, progress, preemption_bound, reduction,
+                        check, leaks, options)
+    with RankPool() as pool:  # the runs reuse their rank threads
+        return _explore(fn, nprocs, args, strategy, runs_wanted, depth, seed, progress, preemption_bound, reduction,
+                        check, leaks, {**options, "pool": pool})
+
+
+def _explore(fn: Callable, nprocs: int, args: tuple, strategy: str, runs_wanted: int, depth: int, seed: int | None,
+             progress: bool | None, preemption_bound: int | None, reduction: bool, check: Callable | None, leaks: str,
+             options: dict) -> ExploreSummary:
+    """:func:`explore`'s search, its arguments checked and ``options`` complete."""
     from simdist.backends.sim._strategies import PCTStrategy, RandomStrategy
 
     show = sys.stderr.isatty() if progress is None else bool(progress)
