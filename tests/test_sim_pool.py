@@ -38,6 +38,13 @@ def exchange(rank: int) -> tuple:
     return buf.tolist(), draws, seen_env, grad, threading.get_ident()
 
 
+def _seeded_draws(rank: int) -> tuple:
+    """What ``exchange`` draws on ``rank``, from generators of its own seeded with ``rank``."""
+    legacy = np.random.RandomState(rank)
+    return (random.Random(rank).random(), float(legacy.rand()), float(legacy.randn()),
+            torch.rand(2, generator=torch.Generator().manual_seed(rank)).tolist())
+
+
 def _same_run(a, b) -> None:
     assert [v[:4] for v in a.values] == [v[:4] for v in b.values]
     assert a.choices == b.choices and a.schedule == b.schedule and a.points == b.points
@@ -58,6 +65,7 @@ def test_pooled_runs_equal_fresh_runs_and_reuse_one_thread_per_rank():
     assert len({tuple(r.choices) for r in fresh}) > 1  # the schedules differ from run to run
     for res in pooled:
         assert all(v[2] is None and v[3] is True for v in res.values)  # no environment or grad mode carried over
+        assert [v[1] for v in res.values] == [_seeded_draws(r) for r in range(WORLD)]  # each run starts seeded
     # one thread per rank for all 12 pooled runs; fresh runs use new threads
     assert [len({res.values[r][4] for res in pooled}) for r in range(WORLD)] == [1] * WORLD
     ended = [t for t in threading.enumerate() if t.ident in {v[4] for res in pooled for v in res.values}]

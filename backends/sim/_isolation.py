@@ -231,11 +231,22 @@ class _RngState:
         _TORCH.set_state(self.torch)
 
 
-def _seeded(rank: int) -> _RngState:
+@functools.lru_cache(maxsize=1024)
+def _seed_states(rank: int) -> _RngState:
+    """The generator states right after seeding each generator with ``rank`` (shared: never changed)."""
     random.seed(rank)
     np.random.seed(rank)
     torch.default_generator.manual_seed(rank)
     return _RngState().capture()
+
+
+def _seeded(rank: int, gauss_pending: bool) -> _RngState:
+    """Install the states of each generator seeded with ``rank`` (as a rank starts); a copy of them, for the rank."""
+    seeded, state = _seed_states(rank), _RngState()
+    for name in _RngState.__slots__:
+        setattr(state, name, getattr(seeded, name))
+    state.install(gauss_pending)
+    return state
 
 
 def take_turn(engine: Any, rs: Any) -> None:
@@ -250,7 +261,7 @@ def take_turn(engine: Any, rs: Any) -> None:
     if engine.aborting:
         return
     if rs.rng is None:
-        rs.rng = _seeded(rs.rank)
+        rs.rng = _seeded(rs.rank, _shared.gauss_pending)
     else:
         rs.rng.install(_shared.gauss_pending)
     _shared.gauss_pending = rs.rng.np_gauss
