@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import threading
 
 import numpy as np
@@ -145,3 +146,18 @@ def test_pool_argument_is_checked():
     pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         simulate(exchange, WORLD, pool=pool)
+
+
+def test_explore_puts_back_the_process_generators_environment_and_stdout():
+    def draws() -> tuple:
+        return random.random(), float(np.random.rand()), float(np.random.randn()), torch.rand(1).item()
+
+    random.seed(11), np.random.seed(11), torch.manual_seed(11)
+    float(np.random.randn())  # a cached normal pending in numpy's state
+    expected = draws()
+    random.seed(11), np.random.seed(11), torch.manual_seed(11)
+    float(np.random.randn())
+    environ, stdout = os.environ, sys.stdout
+    sdt.explore(exchange, WORLD, strategy="pct", max_runs=6, seed=0, progress=False)
+    assert os.environ is environ and sys.stdout is stdout and "SIMDIST_POOL_TEST" not in os.environ
+    assert draws() == expected

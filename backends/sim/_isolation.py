@@ -42,6 +42,7 @@ gives alone: the same values, schedule and trace. What they share is process-wid
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -61,7 +62,8 @@ from simdist._callsite import user_tracer
 
 from . import _threads
 
-__all__ = ["abandon", "end_turn", "enter", "enter_thread", "leave", "leave_thread", "pin_target", "take_turn"]
+__all__ = ["abandon", "end_turn", "enter", "enter_thread", "held", "leave", "leave_thread", "pin_target",
+           "take_turn"]
 
 SLICE = 0.002
 """Seconds of real time a run keeps the turn while its ranks pass the baton among themselves (then it lets
@@ -98,14 +100,7 @@ def enter(engine: Any) -> None:
     from simdist import _torch_bridge
 
     with _shared.setup:
-        if _shared.runs == 0:
-            _shared.saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(), sys.stdout, os.environ)
-            _shared.gauss_pending = True
-            _torch_bridge.install()
-            if sys.stdout is not None:
-                sys.stdout = _Stdout(sys.stdout)
-            os.environ = _Environ(os.environ)  # type: ignore[assignment]  # noqa: B003 - put back by leave()
-        _shared.runs += 1
+        _share()
         _torch_spawn.install()
         if engine.cuda_as_cpu:
             _torch_cuda.install()
@@ -116,25 +111,61 @@ def enter(engine: Any) -> None:
 
 def leave(engine: Any) -> None:
     """Undo :func:`enter` (the last run puts back what the process had before the first)."""
-    from simdist import _torch_bridge
-
     with _shared.setup:
         _torch_spawn.uninstall()
         if engine.cuda_as_cpu:
             _torch_cuda.uninstall()
-        _shared.runs -= 1
-        if _shared.runs > 0:
-            return
-        _torch_bridge.uninstall()
-        py, npy, th, stdout, environ = _shared.saved
-        _shared.saved = None
-        os.environ = environ  # noqa: B003 - the real mapping again
-        random.setstate(py)
-        np.random.set_state(npy)
-        torch.set_rng_state(th)
-        if isinstance(sys.stdout, _Stdout):
-            sys.stdout.flush()
-        sys.stdout = stdout
+        _unshare()
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Keep the stand-ins installed from the first run to the last of a series (an exploration's runs).
+
+    Saving and putting back the process's generators took a tenth of a short run. Meanwhile, code
+    between the runs sees the stand-ins (which answer it as the real objects do) and draws from the
+    generators as the last rank left them; the process's own states are back once the block ends.
+    """
+    with _shared.setup:
+        _share()
+    try:
+        yield
+    finally:
+        with _shared.setup:
+            _unshare()
+
+
+def _share() -> None:
+    """Count one more user of the stand-ins; the first installs them (``_shared.setup`` held)."""
+    from simdist import _torch_bridge
+
+    if _shared.runs == 0:
+        _shared.saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(), sys.stdout, os.environ)
+        _shared.gauss_pending = True
+        _torch_bridge.install()
+        if sys.stdout is not None:
+            sys.stdout = _Stdout(sys.stdout)
+        os.environ = _Environ(os.environ)  # type: ignore[assignment]  # noqa: B003 - put back by _unshare()
+    _shared.runs += 1
+
+
+def _unshare() -> None:
+    """Count one user fewer; the last puts back what the process had before the first (``_shared.setup`` held)."""
+    from simdist import _torch_bridge
+
+    _shared.runs -= 1
+    if _shared.runs > 0:
+        return
+    _torch_bridge.uninstall()
+    py, npy, th, stdout, environ = _shared.saved
+    _shared.saved = None
+    os.environ = environ  # noqa: B003 - the real mapping again
+    random.setstate(py)
+    np.random.set_state(npy)
+    torch.set_rng_state(th)
+    if isinstance(sys.stdout, _Stdout):
+        sys.stdout.flush()
+    sys.stdout = stdout
 
 
 class _RawState:

@@ -112,11 +112,12 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
     leaks = options.get("leaks", "warn")
     options["leaks"] = "ignore" if leaks == "warn" else leaks  # warned once below, not once per run
     from simdist.backends.sim import RankPool
+    from simdist.backends.sim._isolation import held
 
     if options.get("pool") is not None:
         return _explore(fn, nprocs, args, strategy, runs_wanted, depth, seed, progress, preemption_bound, reduction,
                         check, leaks, options)
-    with RankPool() as pool:  # the runs reuse their rank threads
+    with RankPool() as pool, held():  # the runs reuse their rank threads and the process-wide stand-ins
         return _explore(fn, nprocs, args, strategy, runs_wanted, depth, seed, progress, preemption_bound, reduction,
                         check, leaks, {**options, "pool": pool})
 
