@@ -161,3 +161,18 @@ def test_explore_puts_back_the_process_generators_environment_and_stdout():
     sdt.explore(exchange, WORLD, strategy="pct", max_runs=6, seed=0, progress=False)
     assert os.environ is environ and sys.stdout is stdout and "SIMDIST_POOL_TEST" not in os.environ
     assert draws() == expected
+
+
+def test_each_run_starts_from_the_environment_as_it_is_when_the_run_starts(monkeypatch):
+    def read(rank: int) -> str | None:
+        return os.environ.get("SIMDIST_POOL_X")
+
+    seen = []
+    with RankPool() as pool:
+        for value in ("1", "2", None, "3"):
+            if value is None:
+                monkeypatch.delenv("SIMDIST_POOL_X")
+            else:
+                monkeypatch.setenv("SIMDIST_POOL_X", value)
+            seen.append(simulate(read, 2, seed=0, pool=pool).values)
+    assert seen == [["1", "1"], ["2", "2"], [None, None], ["3", "3"]]

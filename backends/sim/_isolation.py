@@ -84,6 +84,7 @@ class _Shared:
         self.setup = threading.Lock()  # held while a simulation starts or ends
         self.runs = 0
         self.saved: tuple | None = None  # the process's generators, sys.stdout and os.environ
+        self.environ: tuple[dict, dict] = ({}, {})  # os.environ's raw bytes and its decoded copy, when last read
 
 
 _shared = _Shared()
@@ -104,7 +105,7 @@ def enter(engine: Any) -> None:
         _torch_spawn.install()
         if engine.cuda_as_cpu:
             _torch_cuda.install()
-        engine.environ = dict(_shared.saved[4])  # what each rank's copy starts as
+        engine.environ = _environ_copy(_shared.saved[4])  # what each rank's copy starts as
     engine.torch_store = _torch_bridge.new_store()
     engine.user_trace = user_tracer(sys.gettrace())  # Hypothesis's explain phase also sees the ranks' lines
 
@@ -116,6 +117,16 @@ def leave(engine: Any) -> None:
         if engine.cuda_as_cpu:
             _torch_cuda.uninstall()
         _unshare()
+
+
+def _environ_copy(real: MutableMapping) -> dict[str, str]:
+    """A copy of the process environment ``real``; decoded again only when its raw bytes changed (``_shared.setup`` held)."""
+    data = getattr(real, "_data", None)  # os.environ's bytes, compared in C: cheaper than decoding every entry
+    if not isinstance(data, dict):
+        return dict(real)
+    if data != _shared.environ[0]:
+        _shared.environ = (dict(data), dict(real))
+    return dict(_shared.environ[1])
 
 
 @contextlib.contextmanager
