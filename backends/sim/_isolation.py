@@ -120,7 +120,7 @@ def leave(engine: Any) -> None:
 
 
 def _environ_copy(real: MutableMapping) -> dict[str, str]:
-    """A copy of the process environment ``real``, decoded again only when its bytes changed (``_shared.setup`` held)."""
+    """A copy of the process environment ``real``, decoded again only when its bytes changed (``setup`` held)."""
     data = getattr(real, "_data", None)  # os.environ's bytes, compared in C: cheaper than decoding every entry
     if not isinstance(data, dict):
         return dict(real)
