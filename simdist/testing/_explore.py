@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -114,12 +115,11 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
     from simdist.backends.sim import RankPool
     from simdist.backends.sim._isolation import held
 
-    if options.get("pool") is not None:
+    given = options.get("pool")
+    with RankPool() if given is None else contextlib.nullcontext(given) as pool, held():
+        options["pool"] = pool  # the runs reuse their rank threads and the process-wide stand-ins
         return _explore(fn, nprocs, args, strategy, runs_wanted, depth, seed, progress, preemption_bound, reduction,
                         check, leaks, options)
-    with RankPool() as pool, held():  # the runs reuse their rank threads and the process-wide stand-ins
-        return _explore(fn, nprocs, args, strategy, runs_wanted, depth, seed, progress, preemption_bound, reduction,
-                        check, leaks, {**options, "pool": pool})
 
 
 def _explore(fn: Callable, nprocs: int, args: tuple, strategy: str, runs_wanted: int, depth: int, seed: int | None,
