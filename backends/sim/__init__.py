@@ -14,6 +14,7 @@ from ._strategies import RandomStrategy as RandomStrategy  # noqa: E402
 from ._strategies import ReplayStrategy as ReplayStrategy  # noqa: E402
 from ._strategies import RoundRobinStrategy as RoundRobinStrategy  # noqa: E402
 from ._strategies import Strategy as Strategy  # noqa: E402
+from ._threads import RankPool as RankPool  # noqa: E402
 
 __all__ = [
     "SimGroup",
@@ -26,4 +27,5 @@ __all__ = [
     "RoundRobinStrategy",
     "PCTStrategy",
     "ReplayStrategy",
+    "RankPool",
 ]

@@ -14,6 +14,7 @@ import bisect
 import threading
 import time
 from collections import deque
+from functools import partial
 from typing import Any, Callable
 
 from simdist import _arrays as A
@@ -46,7 +47,7 @@ class RankState:
     __slots__ = (
         "rank",
         "lock",
-        "thread",
+        "thread",  # its threading.Thread, or its RankPool thread
         "started",
         "done",
         "pending",
@@ -66,7 +67,7 @@ class RankState:
         self.rank = rank
         self.lock = threading.Lock()
         self.lock.acquire()
-        self.thread: threading.Thread | None = None
+        self.thread: Any = None
         self.started = False
         self.done = False
         self.pending = 0
@@ -127,6 +128,7 @@ class Engine:
         algorithms: dict[str, str] | None = None,
         pin_cpu: bool = True,
         test: str | None = None,
+        pool: _threads.RankPool | None = None,
     ):
         self.fn, self.args, self.size = fn, args, size
         self.test = test  # the pytest node id that the run's replay token records
@@ -145,6 +147,7 @@ class Engine:
         self.algorithms = dict(algorithms or {})
         self.pin_core = _isolation.pin_target() if pin_cpu else None
         self.timeout = timeout
+        self.pool = pool  # threads to run the ranks on (None: a new thread per rank)
         self.ranks = [RankState(r) for r in range(size)]
         for rs in self.ranks:
             rs.world = make_world(self, rs)
@@ -203,7 +206,8 @@ class Engine:
         for rs in self.ranks:
             if rs.thread is not None:
                 rs.thread.join(limit)
-        _threads.wait_ended(rs.thread for rs in self.ranks if rs.thread is not None)
+        if self.pool is None:  # (a pool's threads live on, parked, until it is closed)
+            _threads.wait_ended(rs.thread for rs in self.ranks if rs.thread is not None)
 
     def _time_out(self) -> None:
         """Stop a run that has not finished within ``timeout`` and raise ``DistTimeoutError``."""
@@ -362,6 +366,9 @@ class Engine:
         self.current = nxt
         if nxt.started:
             nxt.lock.release()
+        elif self.pool is not None:
+            nxt.started = True
+            nxt.thread = self.pool.start(nxt.rank, partial(self._thread_main, nxt))
         else:
             nxt.started = True
             nxt.thread = threading.Thread(

@@ -20,6 +20,7 @@ from ._group import SimWorld
 from ._report import leaks as find_leaks
 from ._report import undestroyed
 from ._strategies import check_world, make_strategy
+from ._threads import RankPool
 
 __all__ = ["SimResult", "simulate", "DETAILS"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
@@ -108,6 +109,7 @@ def simulate(
     pin_cpu: bool = True,
     test: str | None = None,
     check_buffers: bool = False,
+    pool: RankPool | None = None,
 ) -> SimResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` simulated ranks; return values, trace and replay token.
 
@@ -158,6 +160,10 @@ def simulate(
             ``isend``/``irecv`` (also in ``batch_isend_irecv`` and through torch) before the
             operation completed, under every schedule. It copies each such buffer when the
             operation is posted (see BENCHMARKS.md for the cost); ``simdist.testing`` turns it on.
+        pool: a ``RankPool`` whose threads run the ranks, parked between runs (``simdist.testing``
+            passes one per exploration: no thread is started per run); default: a new thread per
+            rank, ended before this returns. A run on a pooled thread starts as on a new thread
+            (generators, environment, world, grad mode), except for the user's own thread-local data.
 
     Raises:
         DeadlockError, CollectiveMismatchError, RankError, DistTimeoutError, BufferRaceError:
@@ -169,6 +175,8 @@ def simulate(
     check_world(schedule, nprocs)
     if not isinstance(check_buffers, bool):
         raise TypeError(f"check_buffers={check_buffers!r} must be a bool")
+    if pool is not None and not isinstance(pool, RankPool):
+        raise TypeError(f"pool={pool!r} must be a simdist.backends.sim.RankPool or None")
     if algorithms is not None:
         from simdist import algorithms as registry
 
@@ -196,6 +204,7 @@ def simulate(
         algorithms=algorithms,
         pin_cpu=pin_cpu,
         test=test,
+        pool=pool,
     )
     values = engine.run()
     token = engine.token()

@@ -21,6 +21,11 @@ the whole interpreter that only its delivery clears; one left pending, or cleare
 ``NULL``, keeps every thread's evaluation loop checking it forever, and under a trace function
 (Hypothesis, coverage, debuggers) 3.11 then re-runs the check at the entry of the next function
 called, without end. So no such exception is ever cleared or left behind: each one is delivered.
+
+A :class:`RankPool` keeps rank threads between the runs of one exploration (``simdist.testing``):
+starting and joining a thread per rank and run was most of a short run's fixed cost. A pooled
+thread runs one rank of one run at a time, and parks between runs; the pool's threads end, and
+have left the process, once it is closed.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["Interruptible", "one_thread", "wait_ended"]
+__all__ = ["Interruptible", "RankPool", "one_thread", "wait_ended"]
 
 ENDED_WAIT = 5.0
 """Seconds ``wait_ended`` waits at most for joined threads to leave the process."""
@@ -129,3 +134,108 @@ def wait_ended(threads: Iterable[threading.Thread]) -> None:
     deadline = time.monotonic() + ENDED_WAIT
     while any(os.path.exists(f"{tasks}/{tid}") for tid in ids) and time.monotonic() < deadline:
         time.sleep(0.0005)
+
+
+class _Worker:
+    """One pooled thread: runs the jobs handed to it, one at a time, until its pool is closed."""
+
+    __slots__ = ("finished", "go", "job", "native_id", "stop", "thread")
+
+    def __init__(self, name: str):
+        self.go = threading.Lock()  # released to hand the thread a job (or to end it)
+        self.go.acquire()
+        self.finished = threading.Lock()  # held while a job runs
+        self.job: Callable[[], None] | None = None
+        self.stop = False
+        self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.native_id: int | None = None
+
+    def _main(self) -> None:
+        while True:
+            self.go.acquire()
+            job, self.job = self.job, None
+            if job is None or self.stop:
+                return
+            try:
+                job()
+            except BaseException:
+                self.stop = True  # the thread ends with the exception: never handed another job
+                raise
+            finally:
+                self.finished.release()
+
+    def run(self, job: Callable[[], None]) -> None:
+        """Hand ``job`` to the thread (starting it the first time); the thread must be idle."""
+        self.finished.acquire()
+        self.job = job
+        self.go.release()
+        if self.native_id is None:
+            self.thread.start()
+            self.native_id = self.thread.native_id
+
+    def busy(self) -> bool:
+        """Whether a job handed to the thread has not returned yet."""
+        return self.finished.locked()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Return once the thread's current job has returned, or after ``timeout`` seconds (as ``Thread.join``)."""
+        if self.finished.acquire(timeout=-1 if timeout is None else timeout):
+            self.finished.release()
+
+    def is_alive(self) -> bool:
+        """Whether the job runs (what a run asks of its rank's thread)."""
+        return self.busy()
+
+    def end(self) -> None:
+        """Let the thread end once its job (if any) returns."""
+        self.stop = True
+        try:
+            self.go.release()
+        except RuntimeError:  # a job was handed over and not yet taken: the thread ends after it
+            pass
+
+
+class RankPool:
+    """Threads for the ranks of successive runs, the thread of rank ``r`` reused by each run for rank ``r``.
+
+    Use it as a context manager (or call :meth:`close`): once closed, its threads have ended and
+    left the process. A run that stopped with a rank stuck outside Python leaves that thread
+    busy; the next run gets a new thread for that rank, and the stuck one ends when it returns.
+    """
+
+    def __init__(self) -> None:
+        self.workers: dict[int, _Worker] = {}
+        self.retired: list[_Worker] = []
+        self.closed = False
+
+    def start(self, rank: int, job: Callable[[], None]) -> _Worker:
+        """Run ``job`` on the thread of ``rank``: what the run joins (``join(timeout)``, ``is_alive()``)."""
+        if self.closed:
+            raise RuntimeError("this RankPool is closed")
+        worker = self.workers.get(rank)
+        if worker is None or worker.busy() or worker.stop:
+            if worker is not None:
+                worker.end()
+                self.retired.append(worker)
+            worker = self.workers[rank] = _Worker(f"simdist-rank-{rank}")
+        worker.run(job)
+        return worker
+
+    def close(self) -> None:
+        """End the pool's threads; return once the idle ones have left the process (busy ones end later)."""
+        if self.closed:
+            return
+        self.closed = True
+        workers = [*self.workers.values(), *self.retired]
+        idle = [w for w in workers if not w.busy()]
+        for w in workers:
+            w.end()
+        for w in idle:
+            w.thread.join(ENDED_WAIT)
+        wait_ended(w.thread for w in idle if w.native_id is not None)
+
+    def __enter__(self) -> RankPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

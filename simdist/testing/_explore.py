@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -111,6 +112,20 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
         return ExploreSummary(1, 1, "replay", False)
     leaks = options.get("leaks", "warn")
     options["leaks"] = "ignore" if leaks == "warn" else leaks  # warned once below, not once per run
+    from simdist.backends.sim import RankPool
+    from simdist.backends.sim._isolation import held
+
+    given = options.get("pool")
+    with RankPool() if given is None else contextlib.nullcontext(given) as pool, held():
+        options["pool"] = pool  # the runs reuse their rank threads and the process-wide stand-ins
+        return _explore(fn, nprocs, args, strategy, runs_wanted, depth, seed, progress, preemption_bound, reduction,
+                        check, leaks, options)
+
+
+def _explore(fn: Callable, nprocs: int, args: tuple, strategy: str, runs_wanted: int, depth: int, seed: int | None,
+             progress: bool | None, preemption_bound: int | None, reduction: bool, check: Callable | None, leaks: str,
+             options: dict) -> ExploreSummary:
+    """:func:`explore`'s search, its arguments checked and ``options`` complete."""
     from simdist.backends.sim._strategies import PCTStrategy, RandomStrategy
 
     show = sys.stderr.isatty() if progress is None else bool(progress)
