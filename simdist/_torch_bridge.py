@@ -263,6 +263,11 @@ def enter_rank(store: Any) -> None:
 
 
 def leave_rank() -> None:
+    """The calling rank thread leaves its run: its torch world goes, and so do the process groups it
+    registered (thread-local in torch's isolation mode), so a thread reused by the next run starts clean."""
+    c10d = torch._C._distributed_c10d
+    if getattr(_local, "world", None) is not None and hasattr(c10d, "_unregister_all_process_groups"):
+        c10d._unregister_all_process_groups()
     _local.world = _local.group = _local.rank = _local.store = None
 
 

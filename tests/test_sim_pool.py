@@ -176,3 +176,26 @@ def test_each_run_starts_from_the_environment_as_it_is_when_the_run_starts(monke
                 monkeypatch.setenv("SIMDIST_POOL_X", value)
             seen.append(simulate(read, 2, seed=0, pool=pool).values)
     assert seen == [["1", "1"], ["2", "2"], [None, None], ["3", "3"]]
+
+
+def torch_program(rank: int, fail: bool) -> list:
+    """torch.distributed's own API on a simulated rank; with ``fail``, rank 1 raises before destroying the group."""
+    import torch.distributed as tdist
+
+    tdist.init_process_group("gloo")
+    t = torch.ones(2) * (rank + 1)
+    tdist.all_reduce(t)
+    if fail and rank == 1:
+        raise ValueError("left without destroy_process_group")
+    tdist.destroy_process_group()
+    return t.tolist()
+
+
+def test_a_failed_torch_run_leaves_no_process_group_on_the_reused_threads():
+    """torch registers process groups per thread (its isolation mode): a run that failed before
+    destroying its group must not leave the name registered for the next run on the same thread."""
+    fresh = simulate(torch_program, 2, (False,)).values
+    with RankPool() as pool:
+        with pytest.raises(simdist.RankError, match="left without destroy_process_group"):
+            simulate(torch_program, 2, (True,), pool=pool)
+        assert simulate(torch_program, 2, (False,), pool=pool).values == fresh == [[3.0, 3.0]] * 2
