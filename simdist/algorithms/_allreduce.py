@@ -18,6 +18,7 @@ from ._chunks import (
     WINDOW,
     ceil_log2,
     chunk_bounds,
+    combine,
     floor_log2,
     fold,
     real_of,
@@ -53,7 +54,7 @@ def ring(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
         incoming = A.narrow(tmp, 0, bounds[inc][1])
         yield recv(t, incoming, left, step, inc) + send(t, blocks[out], right, step, out)
         if bounds[inc][1]:
-            A.reduce_(blocks[inc], incoming, op)
+            combine(t, blocks[inc], incoming, op)
     for step in range(p - 1):
         out, inc = (r + 1 - step) % p, (r - step) % p
         tag = p - 1 + step
@@ -112,7 +113,7 @@ def ring_pipelined(
             i = g * parts + k
             if g < p - 1:
                 yield pending.pop(i)
-                A.reduce_(seg(g, k), slot(i), op)
+                combine(t, seg(g, k), slot(i), op)
                 if i + ahead < reducing:
                     pending[i + ahead] = post_slot(i + ahead)
             else:
@@ -128,7 +129,7 @@ def _fold_in(t: Transport, buf: Any, tmp: Any, op: ReduceOp, rem: int, newrank: 
             yield send(t, buf, t.rank + 1, 0)
         else:
             yield recv(t, tmp, t.rank - 1, 0)
-            _reduce_left(buf, tmp, op)
+            _reduce_left(t, buf, tmp, op)
 
 
 def _fold_out(t: Transport, buf: Any, rem: int, newrank: int, tag: int) -> Algorithm:
@@ -140,9 +141,9 @@ def _fold_out(t: Transport, buf: Any, rem: int, newrank: int, tag: int) -> Algor
             yield send(t, buf, t.rank - 1, tag)
 
 
-def _reduce_left(buf: Any, lower: Any, op: ReduceOp) -> None:
+def _reduce_left(t: Transport, buf: Any, lower: Any, op: ReduceOp) -> None:
     """``buf = lower (op) buf``: the lower rank's data as the left operand."""
-    A.reduce_(lower, buf, op)
+    combine(t, lower, buf, op)
     A.copy_(buf, lower)
 
 
@@ -168,9 +169,9 @@ def recursive_doubling(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
             peer = real_of(peer_new, rem)
             yield recv(t, tmp, peer, step) + send(t, buf, peer, step)
             if peer_new < newrank:
-                _reduce_left(buf, tmp, op)
+                _reduce_left(t, buf, tmp, op)
             else:
-                A.reduce_(buf, tmp, op)
+                combine(t, buf, tmp, op)
             mask, step = mask << 1, step + 1
     yield from _fold_out(t, buf, rem, newrank, tag=floor_log2(p) + 1)
 
@@ -211,7 +212,7 @@ def rabenseifner(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
             incoming = A.narrow(tmp, 0, A.numel(keep))
             yield recv(t, incoming, peer, step) + send(t, give, peer, step)
             if A.numel(keep):
-                A.reduce_(keep, incoming, op)
+                combine(t, keep, incoming, op)
             mask, step = mask >> 1, step + 1
         mask = 1
         while mask < pof2:

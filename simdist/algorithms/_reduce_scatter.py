@@ -21,6 +21,7 @@ from ._chunks import (
     SEGMENT_BYTES,
     WINDOW,
     check_counts,
+    combine,
     first_of,
     fold,
     offsets,
@@ -66,7 +67,7 @@ def ring(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) 
         s, g = (r - step - 1) % p, (r - step - 2) % p
         incoming = A.narrow(bufs[step % 2], 0, counts[g])
         yield recv(t, incoming, left, step, g) + send(t, outgoing, right, step, s)
-        A.reduce_(incoming, blocks[g], op)
+        combine(t, incoming, blocks[g], op)
         observe(t, incoming, offs[g])
         outgoing = incoming
     A.copy_(out, outgoing)  # block r, finished (``out`` may be a view of ``inp``)
@@ -120,7 +121,7 @@ def ring_pipelined(
         if old >= 0 and old + nslots < total:
             pending[old + nslots] = post(old + nslots)  # into old's slot, whose send is done
         incoming = landing(i)
-        A.reduce_(incoming, segment(blocks[g], k, width), op)
+        combine(t, incoming, segment(blocks[g], k, width), op)
         observe(t, incoming, offs[g] + k * width)
         if s + 1 < p - 1:
             forwarded[i] = send(t, incoming, right, s + 1, g)
@@ -142,7 +143,7 @@ def pairwise(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: Reduce
         dst, src = (r + step) % p, (r - step) % p
         yield recv(t, tmp, src, step, r) + send(t, blocks[dst], dst, step, dst)
         if counts[r]:
-            A.reduce_(out, tmp, op)
+            combine(t, out, tmp, op)
 
 
 def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) -> Algorithm:
@@ -178,7 +179,7 @@ def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], o
             yield send(t, inp, r + 1, 0)
         else:
             yield recv(t, tmp, r - 1, 0)
-            A.reduce_(acc, tmp, op)
+            combine(t, acc, tmp, op)
             observe(t, acc)
     if newrank != -1:
         lo, hi, step = 0, pof2, 1
@@ -193,7 +194,7 @@ def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], o
             kept = span(acc, *keep)
             incoming = A.narrow(tmp, 0, A.numel(kept))
             yield recv(t, incoming, peer, step) + send(t, span(acc, *give), peer, step)
-            A.reduce_(kept, incoming, op)
+            combine(t, kept, incoming, op)
             observe(t, acc)
             mask, step = mask >> 1, step + 1
         # new rank ``lo`` now holds the results for original ranks first_of(lo) .. r

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import _arrays as A
 from .._reduce_op import ReduceOp
-from ._chunks import ceil_log2, check_numel, recv, send
+from ._chunks import ceil_log2, check_numel, combine, recv, send
 from ._transport import Algorithm, Transport
 
 __all__ = [
@@ -60,7 +60,7 @@ def binomial_tree_reduce(
         tmp = A.empty(buf, n)
         for j in children:
             yield recv(t, tmp, (v + (1 << j) + root) % p, tag + j)
-            A.reduce_(acc, tmp, op)
+            combine(t, acc, tmp, op)
     if v:
         yield send(t, acc, (v - (1 << top) + root) % p, tag + top)
 
@@ -91,7 +91,7 @@ def reduce_linear(t: Transport, buf: Any, op: ReduceOp, root: int) -> Algorithm:
     yield [h for j, s in slots.items() for h in recv(t, s, j, 0, j)]
     acc = buf if root == 0 else slots[0]
     for j in range(1, p):
-        A.reduce_(acc, buf if j == root else slots[j], op)
+        combine(t, acc, buf if j == root else slots[j], op)
     if root != 0:
         A.copy_(buf, acc)
 
