@@ -17,8 +17,11 @@ machine (loopback) and measures, in the ranks themselves, the terms of the topol
   file takes the ``host_bandwidth`` that makes the second term the measured time, the
   largest value the measurement allows (on a machine where 4 ranks share bandwidth no
   worse than 2 it binds only at larger worlds; null where the overhead alone explains it).
-- **gamma**: ``a.add_(b)`` on float32 tensors of 1 to 16 MiB in a rank process (one torch
-  thread), seconds per byte of ``a``.
+- **gamma**: ``a.add_(b)`` on float32 tensors of 4 to 64 MiB in a rank process (one torch
+  thread), seconds per byte of ``a``; **host_cores**: the CPUs this process may run on, so
+  that ranks beyond them wait for a core to reduce.
+- **fresh_memory**: copying into a new buffer of 4 to 64 MiB minus copying into a used one, per byte:
+  the page faults that a new scratch buffer costs the first time it is written.
 
 Each figure is the median of several repetitions. It writes a topology file
 (:mod:`simdist._topology_file`, layout ``fully_connected``, every rank on one host) that
@@ -28,6 +31,7 @@ Each figure is the median of several repetitions. It writes a topology file
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -45,7 +49,7 @@ PING_SIZES = (1 * MIB, 4 * MIB, 16 * MIB)
 QUICK_PING_SIZES = (1 * MIB, 4 * MIB)
 SHIFT_SIZES = (8, 4 * MIB, 16 * MIB)
 QUICK_SHIFT_SIZES = (8, 4 * MIB)
-GAMMA_SIZES = (1 * MIB, 4 * MIB, 16 * MIB)
+GAMMA_SIZES = (4 * MIB, 16 * MIB, 64 * MIB)
 SMALL = 4 * KIB  # shifts up to this size measure alpha, larger ones the bandwidth sharing
 
 
@@ -65,6 +69,19 @@ def _timed(fn: Any, reps: int, before: Any = None) -> list[float]:
 def _slowest_median(per_rank: list[list[float]]) -> float:
     """The median over repetitions of the slowest rank's time (how a collective's time is measured)."""
     return statistics.median(max(times) for times in zip(*per_rank))
+
+
+def _fresh_memory(reps: int) -> float:
+    """Seconds per byte that copying into a new buffer costs more than copying into a used one (page faults)."""
+    import torch
+
+    per_byte = []
+    for n in GAMMA_SIZES:
+        src, used = torch.ones(n // 4), torch.empty(n // 4)
+        fresh = statistics.median(_timed(lambda: torch.empty(n // 4).copy_(src), reps))
+        again = statistics.median(_timed(lambda: used.copy_(src), reps))
+        per_byte.append(max(fresh - again, 0.0) / n)
+    return statistics.median(per_byte)
 
 
 def _gamma(reps: int) -> float:
@@ -104,6 +121,7 @@ def _rank(rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], rep
                 out["one_way"][n] = statistics.median(_timed(pingpong, reps, d.barrier)) / 2
             if rank == 0:
                 out["gamma"] = _gamma(reps)
+                out["fresh_memory"] = _fresh_memory(reps)
         for n in shifts:
             a, b = torch.zeros(max(1, n // 4)), torch.zeros(max(1, n // 4))
 
@@ -167,6 +185,8 @@ def calibrate(path: str | Path | None = None, *, quick: bool = False, name: str 
         "layout": "fully_connected",
         **terms,
         "gamma": two["gamma"],
+        "fresh_memory": two["fresh_memory"],
+        "host_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
         "ranks_per_host": None,
         "comment": (
             f"Measured by 'simdist calibrate{' --quick' if quick else ''}' on {platform.node()} "
@@ -217,5 +237,7 @@ def describe(spec: dict[str, Any]) -> str:
     return (
         f"alpha {spec['alpha'] * 1e6:.1f} us, bandwidth {rate('bandwidth')}, rank bandwidth {rate('rank_bandwidth')}, "
         f"host bandwidth {rate('host_bandwidth')}, host overhead {(spec.get('host_overhead') or 0) * 1e6:.1f} us, "
-        f"gamma {(spec.get('gamma') or 0) * 1e12:.1f} ps/byte"
+        f"gamma {(spec.get('gamma') or 0) * 1e12:.1f} ps/byte, "
+        f"fresh memory {(spec.get('fresh_memory') or 0) * 1e12:.1f} ps/byte, "
+        f"host cores {spec.get('host_cores') or 'unlimited'}"
     )

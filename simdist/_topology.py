@@ -13,7 +13,14 @@ seconds after it starts (cut-through, as on a switched network).
 Two optional terms make a calibrated model (:mod:`simdist.calibrate`):
 
 - ``gamma``, seconds per byte a reduction combines; the simulator charges a rank
-  ``nbytes * gamma`` each time an algorithm reduces ``nbytes`` into its buffer.
+  ``nbytes * gamma`` each time an algorithm reduces ``nbytes`` into its buffer. With
+  ``host_cores`` set, a host runs at most that many reductions at once: a reduction
+  starts when its rank is ready and one of its host's cores is free (the one free
+  first), so ``k`` ranks of one host that reduce ``n`` bytes together finish after
+  ``ceil(k / host_cores) * n * gamma``.
+- ``fresh_memory``, seconds per byte of a new scratch buffer of at least
+  :data:`FRESH_BYTES` that an algorithm allocates: such buffers come from the kernel
+  untouched, and their first writes fault each page in.
 - ``rank_bandwidth``, bytes per second that one rank moves, its sends and its receives
   together (a process copies both); ``host_bandwidth``, bytes per second that one host
   moves for all its ranks together (memory, the kernel's loopback). Ranks ``r`` and ``s``
@@ -42,6 +49,7 @@ __all__ = [
     "Topology",
     "DEFAULT_ALPHA",
     "DEFAULT_BANDWIDTH",
+    "FRESH_BYTES",
     "TOPOLOGIES",
     "as_topology",
     "fully_connected",
@@ -49,6 +57,10 @@ __all__ = [
     "switch",
     "two_level",
 ]
+
+FRESH_BYTES = 128 << 10
+"""Scratch buffers from this size are charged ``fresh_memory`` (glibc's ``malloc`` maps them
+fresh from the kernel; smaller ones reuse memory the process has touched)."""
 
 DEFAULT_ALPHA = 1e-6
 """Latency of one link, in seconds (1 µs; two links through a switch make 2 µs)."""
@@ -70,9 +82,11 @@ class Topology:
             worlds never build a graph with n² edges; by default the graph's shortest path.
         link_params: optional ``(u, v) -> (alpha, bandwidth)`` for the same purpose.
         gamma: seconds per byte reduced (0: reductions are free).
+        fresh_memory: seconds per byte of a new scratch buffer of ``FRESH_BYTES`` or more (0: free).
         rank_bandwidth: bytes per second one rank sends and receives together (``None``: unlimited).
         host_bandwidth: bytes per second one host moves for all its ranks (``None``: unlimited).
         host_overhead: seconds of a host's time per message (0: none).
+        host_cores: reductions one host runs at once (``None``: every rank reduces in parallel).
         ranks_per_host: ranks per host for ``host_bandwidth`` (``None``: every rank on one host).
     """
 
@@ -85,18 +99,24 @@ class Topology:
         link_params: Callable[[Any, Any], tuple[float, float]] | None = None,
         *,
         gamma: float = 0.0,
+        fresh_memory: float = 0.0,
         rank_bandwidth: float | None = None,
         host_bandwidth: float | None = None,
         host_overhead: float = 0.0,
+        host_cores: int | None = None,
         ranks_per_host: int | None = None,
     ):
         self.name = name
+        self.layout = name  # how the network is built ('switch', ..., 'custom'); a file may rename it
         self.gamma = gamma
+        self.fresh_memory = fresh_memory
         self.rank_bandwidth = rank_bandwidth
         self.host_bandwidth = host_bandwidth
         self.host_overhead = host_overhead
+        self.host_cores = host_cores
         self.ranks_per_host = ranks_per_host
         self._shared_free: dict[tuple[str, int], float] = {}  # ("rank" | "host", index) -> busy until
+        self._cores_free: dict[int, list[float]] = {}  # host -> when each of its cores is next free
         self.size = size
         self._build = build
         self._graph: nx.Graph | None = None
@@ -126,12 +146,15 @@ class Topology:
             self._route_fn,
             self._link_fn,
             gamma=self.gamma,
+            fresh_memory=self.fresh_memory,
             rank_bandwidth=self.rank_bandwidth,
             host_bandwidth=self.host_bandwidth,
             host_overhead=self.host_overhead,
+            host_cores=self.host_cores,
             ranks_per_host=self.ranks_per_host,
         )
         twin._graph = self._graph
+        twin.layout = self.layout
         return twin
 
     def path(self, a: int, b: int) -> tuple[tuple[Link, ...], float, float]:
@@ -164,6 +187,7 @@ class Topology:
         """Forget the links' busy times (a new run starts on an idle network)."""
         self._free = [0.0] * len(self._free)
         self._shared_free = {}
+        self._cores_free = {}
 
     def _route(self, a: int, b: int) -> tuple[tuple[int, ...], float, float]:
         """The route from ``a`` to ``b`` with each directed link as an index into the busy times."""
@@ -198,6 +222,20 @@ class Topology:
         if self.rank_bandwidth is not None or self.host_bandwidth is not None or self.host_overhead:
             busy = self._through_shared(a, b, nbytes, start, busy)
         return start, busy + alpha
+
+    def reduce(self, rank: int, nbytes: int, ready: float) -> float:
+        """When ``rank``, ready at ``ready``, has reduced ``nbytes`` (``gamma`` a byte, on a free core of its host)."""
+        seconds = nbytes * self.gamma
+        if self.host_cores is None:
+            return ready + seconds
+        cores = self._cores_free.setdefault(self.host(rank), [0.0] * self.host_cores)
+        i = min(range(len(cores)), key=cores.__getitem__)
+        cores[i] = max(ready, cores[i]) + seconds
+        return cores[i]
+
+    def fresh(self, nbytes: int) -> float:
+        """Seconds to first touch a new buffer of ``nbytes`` (``fresh_memory`` a byte from ``FRESH_BYTES``)."""
+        return nbytes * self.fresh_memory if nbytes >= FRESH_BYTES else 0.0
 
     def host(self, rank: int) -> int:
         """The host that ``rank`` runs on (0 for every rank unless ``ranks_per_host`` is set)."""

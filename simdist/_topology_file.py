@@ -10,11 +10,13 @@ runs on, and simdist ships reference files for common clusters (:data:`REFERENCE
       "alpha": 4.1e-05,                required: seconds of latency per link
       "bandwidth": 2.3e9,              required: bytes per second per link
       "gamma": 2.5e-10,                seconds per byte reduced (default 0)
+      "fresh_memory": 3.5e-10,         seconds per byte of a new scratch buffer (default 0)
       "rank_bandwidth": 3.4e9,         bytes per second one rank sends and receives together
                                        (default null: unlimited)
       "host_bandwidth": 6.1e9,         bytes per second one host moves for all its ranks
                                        (default null: unlimited)
       "host_overhead": 8e-05,          seconds of a host's time per message (default 0)
+      "host_cores": 2,                 reductions one host runs at once (default null: all)
       "ranks_per_host": null,          ranks per host (default null: every rank on one host)
       "per_node": 8,                   two_level only: ranks per node; "alpha" and
       "inter_alpha": 1e-06,            "bandwidth" are then the links inside a node,
@@ -62,9 +64,11 @@ REFERENCES = ("dgx-a100-nvlink", "ib-hdr-4node")
 _REQUIRED = {"format": int, "name": str, "layout": str, "alpha": float, "bandwidth": float}
 _OPTIONAL = {
     "gamma": float,
+    "fresh_memory": float,
     "rank_bandwidth": float,
     "host_bandwidth": float,
     "host_overhead": float,
+    "host_cores": int,
     "ranks_per_host": int,
     "per_node": int,
     "inter_alpha": float,
@@ -87,10 +91,11 @@ def _check_field(key: str, value: Any, kind: type, where: str) -> None:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok:
         raise ValueError(f"{where}: {key}={value!r} is not a valid {kind.__name__}")
-    positive = key not in ("format", "gamma", "host_overhead", "comment", "sources", "measured", "name", "layout")
+    free = ("format", "gamma", "fresh_memory", "host_overhead", "comment", "sources", "measured", "name", "layout")
+    positive = key not in free
     if positive and value <= 0:
         raise ValueError(f"{where}: {key}={value!r}; expected a positive number")
-    if key in ("gamma", "host_overhead") and value < 0:
+    if key in ("gamma", "fresh_memory", "host_overhead") and value < 0:
         raise ValueError(f"{where}: {key}={value!r}; expected a number of seconds >= 0")
 
 
@@ -159,6 +164,8 @@ def topology_from_spec(spec: dict[str, Any], size: int) -> Topology:
     topo.name = spec["name"]
     topo.gamma = float(spec.get("gamma") or 0.0)
     topo.host_overhead = float(spec.get("host_overhead") or 0.0)
+    topo.fresh_memory = float(spec.get("fresh_memory") or 0.0)
+    topo.host_cores = spec.get("host_cores")
     for key in ("rank_bandwidth", "host_bandwidth"):
         value = spec.get(key)
         setattr(topo, key, None if value is None else float(value))

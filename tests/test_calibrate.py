@@ -13,6 +13,7 @@ import torch
 import simdist
 import simdist as dist
 from simdist import _topology_file as F
+from simdist._topology import FRESH_BYTES as F_BYTES
 from simdist._topology import TOPOLOGIES, as_topology, fully_connected
 from simdist.algorithms import Timed
 from simdist.algorithms._chunks import combine
@@ -35,6 +36,8 @@ def test_topology_file_round_trips(tmp_path):
         rank_bandwidth=3e9,
         host_bandwidth=6e9,
         host_overhead=4e-5,
+        host_cores=2,
+        fresh_memory=3e-10,
         ranks_per_host=2,
         comment="c",
         sources=["s"],
@@ -45,6 +48,7 @@ def test_topology_file_round_trips(tmp_path):
     topo = F.load_topology(path, 4)
     assert (topo.name, topo.size, topo.gamma) == ("t", 4, 2.5e-10)
     assert (topo.rank_bandwidth, topo.host_bandwidth, topo.host_overhead, topo.ranks_per_host) == (3e9, 6e9, 4e-5, 2)
+    assert (topo.host_cores, topo.fresh_memory, topo.layout) == (2, 3e-10, "fully_connected")
     assert topo.path(0, 3)[1:] == (ALPHA, BANDWIDTH)  # fully connected: one link per pair
     assert [topo.host(r) for r in range(4)] == [0, 0, 1, 1]
 
@@ -279,3 +283,84 @@ def test_simdist_calibrate_refuses_a_path_it_could_not_load(capsys):
         main(["--out", "topology.toml"])
     assert stop.value.code == 2
     assert "--out='topology.toml' must end in .json" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_ranks_beyond_the_host_cores_wait_to_reduce():
+    """2 ranks, 1 core: the ring's one reduction step takes two reductions' time, ceil(2 / 1) n/2 gamma."""
+    numel, world, gamma = 12 * 1024, 2, 3e-9
+    block = numel * 4 / world
+    serial = _collective_time("all_reduce", "ring", world, numel, gamma)
+
+    def program(rank):
+        dist.init_process_group("gloo")
+        dist.all_reduce(torch.ones(numel), algorithm="ring")
+
+    topo = fully_connected(world, ALPHA, BANDWIDTH)
+    topo.gamma, topo.host_cores = gamma, 1
+    res = simdist.simulate(program, world, topology=topo)
+    shared = max(e.t_end for e in res.trace.events if e.kind == "collective")
+    assert shared - serial == pytest.approx(block * gamma, rel=1e-9)
+
+
+def test_reduce_uses_the_core_free_first():
+    topo = fully_connected(4, ALPHA, BANDWIDTH)
+    topo.gamma, topo.host_cores = 1e-9, 2
+    ends = [topo.reduce(r, 1000, 0.0) for r in range(4)]
+    assert ends == pytest.approx([1e-6, 1e-6, 2e-6, 2e-6])
+    assert topo.reduce(0, 1000, 5e-6) == pytest.approx(6e-6)  # a free core: no waiting
+
+
+# --- the app ---------------------------------------------------------------------------------------------
+
+
+def test_topology_choices_offer_the_topology_files_of_the_directory(tmp_path):
+    from simdist.visualize import topology_choices
+
+    F.write_topology_file(tmp_path / "simdist-topology.json", spec())
+    (tmp_path / "other.json").write_text('{"not": "a topology"}')
+    choices = topology_choices(tmp_path)
+    assert choices[0] == "switch" and set(F.REFERENCES) <= set(choices)
+    assert choices[-1] == str(tmp_path / "simdist-topology.json") and not any("other" in c for c in choices)
+
+
+@pytest.mark.timeout(300)
+def test_the_app_simulates_on_a_calibrated_file(tmp_path, monkeypatch):
+    """The collectives page offers ./simdist-topology.json and simulates on it (times from the file's alpha, bw)."""
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    from tests.test_app import APP
+
+    F.write_topology_file(tmp_path / "simdist-topology.json", spec(name="calibrated"))
+    monkeypatch.chdir(tmp_path)
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    box = at.sidebar.selectbox(key="topology")
+    assert "simdist-topology.json" in box.options
+    box.select("simdist-topology.json")
+    at.sidebar.slider(key="world").set_value(2)
+    at.sidebar.select_slider(key="size").set_value("1 MiB")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    ring = 2 * (ALPHA + MIB / 2 / BANDWIDTH)  # ring all_reduce on 2 ranks: two steps of half the buffer each
+    assert next(m.value for m in at.metric if m.label == "virtual time") == f"{ring * 1e6:.2f} µs"
+
+
+def test_new_scratch_buffers_cost_fresh_memory_per_byte():
+    """Recursive doubling on 2 ranks allocates one scratch buffer of the whole input: n * fresh_memory more."""
+    numel, fresh = 1 << 16, 4e-10  # 256 KiB: above FRESH_BYTES
+
+    def program(rank):
+        dist.init_process_group("gloo")
+        dist.all_reduce(torch.ones(numel), algorithm="recursive_doubling")
+
+    times = []
+    for f in (0.0, fresh):
+        topo = fully_connected(2, ALPHA, BANDWIDTH)
+        topo.fresh_memory = f
+        res = simdist.simulate(program, 2, topology=topo)
+        times.append(max(e.t_end for e in res.trace.events if e.kind == "collective"))
+    assert times[1] - times[0] == pytest.approx(numel * 4 * fresh, rel=1e-9)
+    small = fully_connected(2, ALPHA, BANDWIDTH)
+    small.fresh_memory = fresh
+    assert small.fresh(F_BYTES - 1) == 0.0 and small.fresh(F_BYTES) == F_BYTES * fresh

@@ -786,8 +786,12 @@ class _Transport(Timed):
         return self._post("recv", buf, peer, tag, chunk)
 
     def reduced(self, nbytes: int) -> None:
-        """Advance the rank's collective clock by the topology's ``gamma`` per byte reduced."""
-        self.run.t += nbytes * self.engine.gamma
+        """Advance the rank's collective clock past a reduction of ``nbytes`` (``Topology.reduce``)."""
+        self.run.t = self.engine.topology.reduce(self.me, nbytes, self.run.t)
+
+    def allocated(self, nbytes: int) -> None:
+        """Advance the rank's collective clock past first touching a new buffer (``Topology.fresh``)."""
+        self.run.t += self.engine.topology.fresh(nbytes)
 
     def wait(self, handles: Any) -> None:
         raise RuntimeError("inside the simulator, algorithms wait by yielding their handles")

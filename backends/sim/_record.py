@@ -92,6 +92,9 @@ class Recorder(Observer, Timed):
     def reduced(self, nbytes: int) -> None:
         self.t.reduced(nbytes)
 
+    def allocated(self, nbytes: int) -> None:
+        self.t.allocated(nbytes)
+
     def observe(self, buf: Any, offset: int) -> None:
         if self.view is None:
             self.view = []

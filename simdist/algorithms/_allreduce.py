@@ -23,6 +23,7 @@ from ._chunks import (
     fold,
     real_of,
     recv,
+    scratch,
     segment,
     segment_grid,
     send,
@@ -47,7 +48,7 @@ def ring(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
         return
     bounds = chunk_bounds(n, p)
     blocks = [A.narrow(buf, s, k) for s, k in bounds]
-    tmp = A.empty(buf, bounds[0][1])
+    tmp = scratch(t, buf, bounds[0][1])
     right, left = (r + 1) % p, (r - 1) % p
     for step in range(p - 1):
         out, inc = (r - step) % p, (r - step - 1) % p
@@ -87,7 +88,7 @@ def ring_pipelined(
     width, parts = segment_grid(bounds[0][1], A.itemsize(buf), segment_bytes)
     reducing = (p - 1) * parts  # reduce-scatter segments, numbered i = g * parts + k
     ahead = max(1, min(window, reducing))
-    slots = A.empty(buf, ahead * width)
+    slots = scratch(t, buf, ahead * width)
     right, left, last = (r + 1) % p, (r - 1) % p, 2 * (p - 1) - 1
 
     def seg(g: int, k: int) -> Any:
@@ -160,7 +161,7 @@ def recursive_doubling(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
     if p == 1 or n == 0:
         return
     pof2, rem, newrank = fold(r, p)
-    tmp = A.empty(buf, n)
+    tmp = scratch(t, buf, n)
     yield from _fold_in(t, buf, tmp, op, rem, newrank)
     if newrank != -1:
         mask, step = 1, 1
@@ -191,7 +192,7 @@ def rabenseifner(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
     if p == 1 or n == 0:
         return
     pof2, rem, newrank = fold(r, p)
-    tmp = A.empty(buf, n)
+    tmp = scratch(t, buf, n)
     yield from _fold_in(t, buf, tmp, op, rem, newrank)
     if newrank != -1:
         bounds = chunk_bounds(n, pof2)

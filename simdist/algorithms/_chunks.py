@@ -21,6 +21,7 @@ __all__ = [
     "send",
     "recv",
     "combine",
+    "scratch",
     "check_counts",
     "check_numel",
     "SEGMENT_BYTES",
@@ -171,3 +172,11 @@ def combine(t: Transport, acc: Any, other: Any, op: ReduceOp) -> None:
     A.reduce_(acc, other, op)
     if isinstance(t, Timed):
         t.reduced(A.numel(acc) * A.itemsize(acc))
+
+
+def scratch(t: Transport, like: Any, numel: int) -> Any:
+    """A new flat buffer of ``numel`` elements of ``like``'s kind; a :class:`Timed` transport charges its bytes."""
+    buf = A.empty(like, numel)
+    if isinstance(t, Timed):
+        t.allocated(numel * A.itemsize(like))
+    return buf

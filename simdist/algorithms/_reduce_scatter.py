@@ -27,6 +27,7 @@ from ._chunks import (
     offsets,
     real_of,
     recv,
+    scratch,
     segment,
     segment_grid,
     send,
@@ -59,7 +60,7 @@ def ring(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) 
     if offs[-1] == 0:
         return
     width = max(counts)
-    bufs = [A.empty(inp, width), A.empty(inp, width)]  # partial sums, alternately
+    bufs = [scratch(t, inp, width), scratch(t, inp, width)]  # partial sums, alternately
     right, left = (r + 1) % p, (r - 1) % p
     outgoing = blocks[(r - 1) % p]
     observe(t, inp)
@@ -97,7 +98,7 @@ def ring_pipelined(
     width, parts = segment_grid(max(counts), A.itemsize(inp), segment_bytes)
     total, lag = (p - 1) * parts, parts
     nslots = min(window + lag, total)
-    slots = A.empty(inp, nslots * width)
+    slots = scratch(t, inp, nslots * width)
     right, left = (r + 1) % p, (r - 1) % p
 
     def landing(i: int) -> Any:
@@ -138,7 +139,7 @@ def pairwise(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: Reduce
     A.copy_(out, blocks[r])
     if p == 1 or offs[-1] == 0:
         return
-    tmp = A.empty(inp, counts[r])
+    tmp = scratch(t, inp, counts[r])
     for step in range(1, p):
         dst, src = (r + step) % p, (r - step) % p
         yield recv(t, tmp, src, step, r) + send(t, blocks[dst], dst, step, dst)
@@ -163,8 +164,8 @@ def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], o
     if total == 0:
         return
     pof2, rem, newrank = fold(r, p)
-    acc = A.empty(inp, total if newrank != -1 else 0)
-    tmp = A.empty(inp, total if newrank != -1 else 0)
+    acc = scratch(t, inp, total if newrank != -1 else 0)
+    tmp = scratch(t, inp, total if newrank != -1 else 0)
 
     def span(buf: Any, lo: int, hi: int) -> Any:
         """The blocks of the original ranks that new ranks ``lo .. hi - 1`` stand for."""

@@ -64,10 +64,15 @@ class Observer:
 
 
 class Timed:
-    """A transport with a clock that charges local reductions (declared by subclassing): the simulator's."""
+    """A transport with a clock that charges local work, reductions and new scratch memory (declared by
+    subclassing): the simulator's."""
 
     def reduced(self, nbytes: int) -> None:
         """Charge this rank for combining ``nbytes`` into its buffer (see :func:`~._chunks.combine`)."""
+        raise NotImplementedError
+
+    def allocated(self, nbytes: int) -> None:
+        """Charge this rank for a new scratch buffer of ``nbytes`` (see :func:`~._chunks.scratch`)."""
         raise NotImplementedError
 
 
