@@ -364,3 +364,15 @@ def test_new_scratch_buffers_cost_fresh_memory_per_byte():
     small = fully_connected(2, ALPHA, BANDWIDTH)
     small.fresh_memory = fresh
     assert small.fresh(F_BYTES - 1) == 0.0 and small.fresh(F_BYTES) == F_BYTES * fresh
+
+
+def test_compare_models_charge_the_topologys_gamma():
+    """Compare algorithms on dgx-a100-nvlink: ring's model is 2(p-1) a + 2(p-1)/p n b + (p-1)/p n g."""
+    from simdist.visualize import compare_algorithms
+
+    p, n = 4, 1 << 20
+    cmp = compare_algorithms("all_reduce", p, [n], topology="dgx-a100-nvlink")
+    a, b = cmp.alpha, cmp.beta
+    g = as_topology("dgx-a100-nvlink", p).gamma
+    ring = next(c for c in cmp.curves if c.algorithm == "ring")
+    assert ring.model[0] == pytest.approx(2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g, rel=1e-12)
