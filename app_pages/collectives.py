@@ -4,7 +4,6 @@ import time
 
 import streamlit as st
 
-import simdist
 from simdist import visualize as V
 from simdist.algorithms import ALGORITHMS
 
@@ -26,7 +25,7 @@ with st.sidebar:
     algorithm = st.selectbox("algorithm", algorithms, index=default, key="algorithm")
     world = st.slider("world size", 2, 16, 8, key="world")
     size = st.select_slider("message size", list(SIZES), value="512 B", key="size")
-    names = sorted(simdist.TOPOLOGIES, key=lambda n: (n != "switch", n))
+    names = V.topology_choices()
     topology = st.selectbox("topology", names, key="topology")
 
 trace, token = run(op, algorithm, world, SIZES[size], topology)

@@ -2,7 +2,6 @@
 
 import streamlit as st
 
-import simdist
 from simdist import visualize as V
 from simdist.algorithms import ALGORITHMS
 
@@ -27,7 +26,7 @@ st.title("Compare algorithms")
 with st.sidebar:
     op = st.selectbox("collective", sorted(ALGORITHMS), index=sorted(ALGORITHMS).index("all_reduce"), key="cmp_op")
     world = st.slider("world size", 2, 16, 8, key="cmp_world")
-    names = sorted(simdist.TOPOLOGIES, key=lambda n: (n != "switch", n))
+    names = V.topology_choices()
     topology = st.selectbox("topology", names, key="cmp_topology")
 
 cmp = compare(op, world, topology)

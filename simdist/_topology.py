@@ -9,10 +9,38 @@ A message of ``n`` bytes from ``a`` to ``b`` follows the shortest path (in hops)
 starts when it is ready and every link of the path is free, occupies those links for
 ``n / min(bandwidth)`` seconds, and arrives ``sum(alpha) + n / min(bandwidth)``
 seconds after it starts (cut-through, as on a switched network).
+
+Two optional terms make a calibrated model (:mod:`simdist.calibrate`):
+
+- ``gamma``, seconds per byte a reduction combines; the simulator charges a rank
+  ``nbytes * gamma`` each time an algorithm reduces ``nbytes`` into its buffer. With
+  ``host_cores`` set, a host runs at most that many reductions at once: a reduction
+  starts when its rank is ready and one of its host's cores is free (the one free
+  first), so ``k`` ranks of one host that reduce ``n`` bytes together finish after
+  ``ceil(k / host_cores) * n * gamma``.
+- ``fresh_memory``, seconds per byte of a new scratch buffer of at least
+  :data:`FRESH_BYTES` that an algorithm allocates: such buffers come from the kernel
+  untouched, and their first writes fault each page in.
+- ``rank_bandwidth``, bytes per second that one rank moves, its sends and its receives
+  together (a process copies both); ``host_bandwidth``, bytes per second that one host
+  moves for all its ranks together (memory, the kernel's loopback). Ranks ``r`` and ``s``
+  share a host when ``r // ranks_per_host == s // ranks_per_host``. Each message also
+  passes through its sender and its receiver (at ``rank_bandwidth``) and through their
+  hosts (at ``host_bandwidth``, once if it is one host), each of them moving one message
+  at a time in the order the messages start, and it arrives only once all have moved its
+  bytes: ``k`` messages of ``n`` bytes between distinct ranks of one host that start
+  together arrive at ``start + alpha + max(n / bandwidth, n / rank_bandwidth,
+  j * n / host_bandwidth)`` for ``j = 1 .. k``; a rank that sends and receives ``n``
+  bytes at once finishes both after ``2 * n / rank_bandwidth``.
+- ``host_overhead``, seconds of a host's time per message (system calls, waking the
+  receiver), spent one message at a time like its bandwidth: with it a host's work for
+  a message is ``host_overhead + n / host_bandwidth``, so ``k`` small messages that start
+  together on one host arrive ``host_overhead`` apart.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import networkx as nx
@@ -21,6 +49,7 @@ __all__ = [
     "Topology",
     "DEFAULT_ALPHA",
     "DEFAULT_BANDWIDTH",
+    "FRESH_BYTES",
     "TOPOLOGIES",
     "as_topology",
     "fully_connected",
@@ -28,6 +57,10 @@ __all__ = [
     "switch",
     "two_level",
 ]
+
+FRESH_BYTES = 128 << 10
+"""Scratch buffers from this size are charged ``fresh_memory`` (glibc's ``malloc`` maps them
+fresh from the kernel; smaller ones reuse memory the process has touched)."""
 
 DEFAULT_ALPHA = 1e-6
 """Latency of one link, in seconds (1 µs; two links through a switch make 2 µs)."""
@@ -48,6 +81,13 @@ class Topology:
         route: optional ``route(a, b) -> [nodes]`` for regular topologies, so that large
             worlds never build a graph with n² edges; by default the graph's shortest path.
         link_params: optional ``(u, v) -> (alpha, bandwidth)`` for the same purpose.
+        gamma: seconds per byte reduced (0: reductions are free).
+        fresh_memory: seconds per byte of a new scratch buffer of ``FRESH_BYTES`` or more (0: free).
+        rank_bandwidth: bytes per second one rank sends and receives together (``None``: unlimited).
+        host_bandwidth: bytes per second one host moves for all its ranks (``None``: unlimited).
+        host_overhead: seconds of a host's time per message (0: none).
+        host_cores: reductions one host runs at once (``None``: every rank reduces in parallel).
+        ranks_per_host: ranks per host for ``host_bandwidth`` (``None``: every rank on one host).
     """
 
     def __init__(
@@ -57,8 +97,26 @@ class Topology:
         build: Callable[[], nx.Graph],
         route: Callable[[int, int], list] | None = None,
         link_params: Callable[[Any, Any], tuple[float, float]] | None = None,
+        *,
+        gamma: float = 0.0,
+        fresh_memory: float = 0.0,
+        rank_bandwidth: float | None = None,
+        host_bandwidth: float | None = None,
+        host_overhead: float = 0.0,
+        host_cores: int | None = None,
+        ranks_per_host: int | None = None,
     ):
         self.name = name
+        self.layout = name  # how the network is built ('switch', ..., 'custom'); a file may rename it
+        self.gamma = gamma
+        self.fresh_memory = fresh_memory
+        self.rank_bandwidth = rank_bandwidth
+        self.host_bandwidth = host_bandwidth
+        self.host_overhead = host_overhead
+        self.host_cores = host_cores
+        self.ranks_per_host = ranks_per_host
+        self._shared_free: dict[tuple[str, int], float] = {}  # ("rank" | "host", index) -> busy until
+        self._cores_free: dict[int, list[float]] = {}  # host -> when each of its cores is next free
         self.size = size
         self._build = build
         self._graph: nx.Graph | None = None
@@ -81,8 +139,22 @@ class Topology:
 
     def copy(self) -> Topology:
         """The same network with busy times of its own (a run on it leaves this one's alone); the graph is shared."""
-        twin = Topology(self.name, self.size, self._build, self._route_fn, self._link_fn)
+        twin = Topology(
+            self.name,
+            self.size,
+            self._build,
+            self._route_fn,
+            self._link_fn,
+            gamma=self.gamma,
+            fresh_memory=self.fresh_memory,
+            rank_bandwidth=self.rank_bandwidth,
+            host_bandwidth=self.host_bandwidth,
+            host_overhead=self.host_overhead,
+            host_cores=self.host_cores,
+            ranks_per_host=self.ranks_per_host,
+        )
         twin._graph = self._graph
+        twin.layout = self.layout
         return twin
 
     def path(self, a: int, b: int) -> tuple[tuple[Link, ...], float, float]:
@@ -114,6 +186,8 @@ class Topology:
     def reset(self) -> None:
         """Forget the links' busy times (a new run starts on an idle network)."""
         self._free = [0.0] * len(self._free)
+        self._shared_free = {}
+        self._cores_free = {}
 
     def _route(self, a: int, b: int) -> tuple[tuple[int, ...], float, float]:
         """The route from ``a`` to ``b`` with each directed link as an index into the busy times."""
@@ -145,7 +219,43 @@ class Topology:
         busy = start + nbytes / bandwidth
         for i in links:
             free[i] = busy
+        if self.rank_bandwidth is not None or self.host_bandwidth is not None or self.host_overhead:
+            busy = self._through_shared(a, b, nbytes, start, busy)
         return start, busy + alpha
+
+    def reduce(self, rank: int, nbytes: int, ready: float) -> float:
+        """When ``rank``, ready at ``ready``, has reduced ``nbytes`` (``gamma`` a byte, on a free core of its host)."""
+        seconds = nbytes * self.gamma
+        if self.host_cores is None:
+            return ready + seconds
+        cores = self._cores_free.setdefault(self.host(rank), [0.0] * self.host_cores)
+        i = min(range(len(cores)), key=cores.__getitem__)
+        cores[i] = max(ready, cores[i]) + seconds
+        return cores[i]
+
+    def fresh(self, nbytes: int) -> float:
+        """Seconds to first touch a new buffer of ``nbytes`` (``fresh_memory`` a byte from ``FRESH_BYTES``)."""
+        return nbytes * self.fresh_memory if nbytes >= FRESH_BYTES else 0.0
+
+    def host(self, rank: int) -> int:
+        """The host that ``rank`` runs on (0 for every rank unless ``ranks_per_host`` is set)."""
+        return rank // self.ranks_per_host if self.ranks_per_host else 0
+
+    def _through_shared(self, a: int, b: int, nbytes: int, start: float, done: float) -> float:
+        """When ranks ``a``, ``b`` and their hosts have moved ``nbytes`` starting at ``start`` (at least ``done``)."""
+        shared = []  # (resource, its time for this message)
+        if self.rank_bandwidth is not None:
+            work = nbytes / self.rank_bandwidth
+            shared += [(("rank", a), work), (("rank", b), work)]
+        if self.host_bandwidth is not None or self.host_overhead:
+            work = self.host_overhead + (0.0 if self.host_bandwidth is None else nbytes / self.host_bandwidth)
+            shared += [(("host", h), work) for h in sorted({self.host(a), self.host(b)})]
+        free = self._shared_free
+        for key, work in shared:
+            end = max(start, free.get(key, 0.0)) + work
+            free[key] = end
+            done = max(done, end)
+        return done
 
 
 def fully_connected(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH) -> Topology:
@@ -227,29 +337,53 @@ def two_level(
     return Topology("two_level", n, build, route=route, link_params=params)
 
 
+def _reference(name: str) -> Callable[[int], Topology]:
+    """A factory for the shipped reference topology ``name`` (its file is read when it is used)."""
+
+    def make(n: int) -> Topology:
+        from ._topology_file import load_topology, reference_path
+
+        return load_topology(reference_path(name), n)
+
+    make.__name__ = name.replace("-", "_")
+    return make
+
+
 TOPOLOGIES: dict[str, Callable[[int], Topology]] = {
     "switch": switch,
     "fully_connected": fully_connected,
     "ring": ring,
     "two_level": two_level,
+    "dgx-a100-nvlink": _reference("dgx-a100-nvlink"),
+    "ib-hdr-4node": _reference("ib-hdr-4node"),
 }
 
 
 def as_topology(spec: Any, size: int) -> Topology:
-    """A :class:`Topology` for ``size`` ranks from ``None`` (``'switch'``), a name, a graph or a Topology."""
+    """A :class:`Topology` for ``size`` ranks from ``None`` (``'switch'``), a name, a topology file
+    (a path ending in ``.json``, see :mod:`simdist._topology_file`), a graph or a Topology."""
     if spec is None:
         spec = "switch"
+    if isinstance(spec, os.PathLike) or (isinstance(spec, str) and spec.endswith(".json")):
+        from ._topology_file import load_topology
+
+        return load_topology(spec, size)
     if isinstance(spec, Topology):
         topo = spec
     elif isinstance(spec, str):
         if spec not in TOPOLOGIES:
-            raise ValueError(f"topology={spec!r} is not a named topology; expected one of {sorted(TOPOLOGIES)}")
+            raise ValueError(
+                f"topology={spec!r} is not a named topology or a topology file (a path ending in .json); "
+                f"expected one of {sorted(TOPOLOGIES)}"
+            )
         return TOPOLOGIES[spec](size)
     elif isinstance(spec, nx.Graph):
         graph = spec
         topo = Topology(graph.graph.get("name") or "custom", size, lambda: graph)
     else:
-        raise TypeError(f"topology must be None, a name, a networkx.Graph or a Topology, got {type(spec).__name__}")
+        raise TypeError(
+            f"topology must be None, a name, a path, a networkx.Graph or a Topology, got {type(spec).__name__}"
+        )
     missing = [r for r in range(size) if r not in topo.graph]
     if missing:
         raise ValueError(

@@ -144,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 COMMANDS = {
     "run": "run a script on several ranks, like torchrun: real processes, or simulated ranks (--backend sim)",
+    "calibrate": "measure this machine's latency, bandwidth and reduction speed; write a topology file",
 }
 """The subcommands of the ``simdist`` console script, each with its one-line summary."""
 
@@ -162,10 +163,14 @@ def _usage() -> str:
 
 
 def cli() -> int:
-    """The ``simdist`` console script: ``simdist run ...``, ``simdist --version``, ``simdist --help``."""
+    """The ``simdist`` console script: ``simdist run ...``, ``simdist calibrate ...``, ``--version``, ``--help``."""
     args = sys.argv[1:]
     if args and args[0] == "run":
         return main(args[1:])
+    if args and args[0] == "calibrate":
+        from simdist._calibrate import main as calibrate_main
+
+        return calibrate_main(args[1:])
     if args in (["-h"], ["--help"]):
         sys.stdout.write(_usage())
         return 0

@@ -89,7 +89,7 @@ def test_every_collective_and_algorithm_renders(op):
         assert int(metric(at, "messages")) > 0
 
 
-@pytest.mark.parametrize("topology", ["switch", "ring", "fully_connected", "two_level"])
+@pytest.mark.parametrize("topology", ["switch", "ring", "fully_connected", "two_level", "dgx-a100-nvlink", "ib-hdr-4node"])
 def test_world_16_at_1_mib_on_every_topology(topology):
     at = page()
     at.sidebar.slider(key="world").set_value(16)

@@ -76,6 +76,7 @@ from ._timeline import Timeline as Timeline
 from ._timeline import lanes as lanes
 from ._timeline import messages_by_step as messages_by_step
 from ._timeline import timeline as timeline
+from ._topologies import topology_choices as topology_choices
 from ._traces import LoadedTraces as LoadedTraces
 from ._traces import TraceSummary as TraceSummary
 from ._traces import load_traces as load_traces
@@ -143,6 +144,7 @@ __all__ = [
     "summarize",
     "symbol_table",
     "timeline",
+    "topology_choices",
     "timeline_figure",
     "trace_clock",
     "trace_figure",

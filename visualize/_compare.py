@@ -127,7 +127,7 @@ def compare_algorithms(
 
     Each point is one :func:`collective_run` (``record_steps=False``) and its time the
     run's makespan; the model evaluates ``simdist.algorithms.cost`` with the topology's
-    ``alpha``/``beta`` (``Topology.alpha_beta``). Sizes are sorted and deduplicated.
+    ``alpha``/``beta`` (``Topology.alpha_beta``) and ``gamma``. Sizes are sorted and deduplicated.
 
     Raises:
         ValueError: for an unknown op, no sizes or a negative size.
@@ -143,8 +143,8 @@ def compare_algorithms(
     curves = []
     for name in ALGORITHMS[op]:
         sim = tuple(collective_run(op, name, world, n, topology, seed, record_steps=False).time for n in sizes)
-        model = tuple(cost(op, name, n, world, alpha, beta) for n in sizes)
-        slow = tuple(cost(op, name, n, world, slow_alpha, slow_beta) for n in sizes)
+        model = tuple(cost(op, name, n, world, alpha, beta, topo.gamma) for n in sizes)
+        slow = tuple(cost(op, name, n, world, slow_alpha, slow_beta, topo.gamma) for n in sizes)
         curves.append(Curve(name, FORMULAS[op][name], sim, model, slow))
     return Comparison(
         op,

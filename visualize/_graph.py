@@ -73,12 +73,12 @@ def positions(topology: Any, world: int) -> dict[Any, tuple[float, float]]:
     """
     topo = as_topology(topology, world)
     ranks = _circle(max(world, 1))
-    if topo.name in ("switch", "ring", "fully_connected"):
+    if topo.layout in ("switch", "ring", "fully_connected"):
         pos: dict[Any, tuple[float, float]] = {r: ranks[r] for r in range(world)}
-        if topo.name == "switch":
+        if topo.layout == "switch":
             pos["switch"] = (0.0, 0.0)
         return pos
-    if topo.name == "two_level":
+    if topo.layout == "two_level":
         groups: dict[Any, list[int]] = {}
         for r in range(world):
             hub = next(v for v in topo.graph.neighbors(r) if isinstance(v, str))
@@ -133,7 +133,7 @@ def step_graph(trace: Trace, step: int, topology: Any = None, collective_id: int
         )
         g.nodes[e.rank]["sent"] += 1
         g.nodes[e.peer]["received"] += 1
-    links = [] if topo.name == "fully_connected" else [tuple(x) for x in topo.graph.edges()]
+    links = [] if topo.layout == "fully_connected" else [tuple(x) for x in topo.graph.edges()]
     g.graph.update(
         step=step,
         rounds=rounds.count,

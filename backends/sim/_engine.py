@@ -23,6 +23,7 @@ from simdist._errors import CollectiveMismatchError, DistError, DistTimeoutError
 from simdist._signatures import mismatch_error
 from simdist._trace import Event, Trace
 from simdist._world import set_thread_world
+from simdist.algorithms import Timed
 
 from . import _isolation, _threads
 from ._messages import CollectiveRun, Post, Waitable
@@ -171,6 +172,7 @@ class Engine:
         self.ended = threading.Event()  # set once no rank thread of the run runs engine or user code
         self.stopped = False  # the run was aborted from outside and its rank threads have ended (or are stuck)
         self.alpha, self.beta = topology.alpha_beta()
+        self.gamma = topology.gamma
 
     # --- running -------------------------------------------------------------------
 
@@ -670,7 +672,9 @@ class Engine:
             self.fail(CollectiveMismatchError(f"{call.op} #{inst.coll_id}: {exc}"))
         start = max(r.t0 for r in runs)
         cost = (
-            0.0 if instant else algorithms.cost(call.op, call.algorithm, call.nbytes, len(runs), self.alpha, self.beta)
+            0.0 if instant else algorithms.cost(
+                call.op, call.algorithm, call.nbytes, len(runs), self.alpha, self.beta, self.gamma
+            )
         )
         for r in runs:
             self._end_run(r, start + cost)
@@ -740,7 +744,7 @@ class Engine:
         self.complete(run, t)
 
 
-class _Transport:
+class _Transport(Timed):
     """The Transport a collective algorithm sees inside the simulator."""
 
     __slots__ = ("engine", "run", "rank", "size", "ranks", "me", "gid", "site", "dtype", "itemsize")
@@ -787,6 +791,14 @@ class _Transport:
 
     def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Post:
         return self._post("recv", buf, peer, tag, chunk)
+
+    def reduced(self, nbytes: int) -> None:
+        """Advance the rank's collective clock past a reduction of ``nbytes`` (``Topology.reduce``)."""
+        self.run.t = self.engine.topology.reduce(self.me, nbytes, self.run.t)
+
+    def allocated(self, nbytes: int) -> None:
+        """Advance the rank's collective clock past first touching a new buffer (``Topology.fresh``)."""
+        self.run.t += self.engine.topology.fresh(nbytes)
 
     def wait(self, handles: Any) -> None:
         raise RuntimeError("inside the simulator, algorithms wait by yielding their handles")

@@ -27,7 +27,7 @@ from typing import Any
 from simdist import _arrays as A
 from simdist._algorithmic import CollectiveCall
 from simdist._trace import Event
-from simdist.algorithms import Observer
+from simdist.algorithms import Observer, Timed
 
 __all__ = ["LIMIT", "recorded"]
 
@@ -55,7 +55,7 @@ class _Start:
         return rec.run(self.make(rec))
 
 
-class Recorder(Observer):
+class Recorder(Observer, Timed):
     """The transport an algorithm sees while its steps are recorded (see the module doc)."""
 
     __slots__ = ("head", "hidden", "pending", "rank", "size", "steps", "t", "view")
@@ -88,6 +88,12 @@ class Recorder(Observer):
 
     def wait(self, handles: Any) -> None:
         self.t.wait(handles)
+
+    def reduced(self, nbytes: int) -> None:
+        self.t.reduced(nbytes)
+
+    def allocated(self, nbytes: int) -> None:
+        self.t.allocated(nbytes)
 
     def observe(self, buf: Any, offset: int) -> None:
         if self.view is None:

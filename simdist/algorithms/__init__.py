@@ -46,6 +46,7 @@ from ._select import get as get
 from ._transport import Algorithm as Algorithm
 from ._transport import Handle as Handle
 from ._transport import Observer as Observer
+from ._transport import Timed as Timed
 from ._transport import Transport as Transport
 from ._transport import run_blocking as run_blocking
 
@@ -55,6 +56,7 @@ __all__ = [
     "Algorithm",
     "Handle",
     "Observer",
+    "Timed",
     "Transport",
     "choose",
     "chunk_bounds",

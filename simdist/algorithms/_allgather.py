@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _arrays as A
-from ._chunks import check_numel, first_of, fold, real_of, recv, send
+from ._chunks import check_numel, first_of, fold, real_of, recv, scratch, send
 from ._transport import Algorithm, Transport, observe
 
 __all__ = ["ring", "recursive_doubling", "bruck"]
@@ -94,7 +94,7 @@ def bruck(t: Transport, inp: Any, out: Any) -> Algorithm:
     if p == 1 or n == 0:
         A.copy_(A.narrow(out, r * n, n), inp)
         return
-    work = out if r == 0 else A.empty(out, p * n)
+    work = out if r == 0 else scratch(t, out, p * n)
     A.copy_(A.narrow(work, 0, n), inp)
     observe(t, A.narrow(work, 0, n))
     dist, step = 1, 0

@@ -18,10 +18,12 @@ from ._chunks import (
     WINDOW,
     ceil_log2,
     chunk_bounds,
+    combine,
     floor_log2,
     fold,
     real_of,
     recv,
+    scratch,
     segment,
     segment_grid,
     send,
@@ -46,14 +48,14 @@ def ring(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
         return
     bounds = chunk_bounds(n, p)
     blocks = [A.narrow(buf, s, k) for s, k in bounds]
-    tmp = A.empty(buf, bounds[0][1])
+    tmp = scratch(t, buf, bounds[0][1])
     right, left = (r + 1) % p, (r - 1) % p
     for step in range(p - 1):
         out, inc = (r - step) % p, (r - step - 1) % p
         incoming = A.narrow(tmp, 0, bounds[inc][1])
         yield recv(t, incoming, left, step, inc) + send(t, blocks[out], right, step, out)
         if bounds[inc][1]:
-            A.reduce_(blocks[inc], incoming, op)
+            combine(t, blocks[inc], incoming, op)
     for step in range(p - 1):
         out, inc = (r + 1 - step) % p, (r - step) % p
         tag = p - 1 + step
@@ -86,7 +88,7 @@ def ring_pipelined(
     width, parts = segment_grid(bounds[0][1], A.itemsize(buf), segment_bytes)
     reducing = (p - 1) * parts  # reduce-scatter segments, numbered i = g * parts + k
     ahead = max(1, min(window, reducing))
-    slots = A.empty(buf, ahead * width)
+    slots = scratch(t, buf, ahead * width)
     right, left, last = (r + 1) % p, (r - 1) % p, 2 * (p - 1) - 1
 
     def seg(g: int, k: int) -> Any:
@@ -112,7 +114,7 @@ def ring_pipelined(
             i = g * parts + k
             if g < p - 1:
                 yield pending.pop(i)
-                A.reduce_(seg(g, k), slot(i), op)
+                combine(t, seg(g, k), slot(i), op)
                 if i + ahead < reducing:
                     pending[i + ahead] = post_slot(i + ahead)
             else:
@@ -128,7 +130,7 @@ def _fold_in(t: Transport, buf: Any, tmp: Any, op: ReduceOp, rem: int, newrank: 
             yield send(t, buf, t.rank + 1, 0)
         else:
             yield recv(t, tmp, t.rank - 1, 0)
-            _reduce_left(buf, tmp, op)
+            _reduce_left(t, buf, tmp, op)
 
 
 def _fold_out(t: Transport, buf: Any, rem: int, newrank: int, tag: int) -> Algorithm:
@@ -140,9 +142,9 @@ def _fold_out(t: Transport, buf: Any, rem: int, newrank: int, tag: int) -> Algor
             yield send(t, buf, t.rank - 1, tag)
 
 
-def _reduce_left(buf: Any, lower: Any, op: ReduceOp) -> None:
+def _reduce_left(t: Transport, buf: Any, lower: Any, op: ReduceOp) -> None:
     """``buf = lower (op) buf``: the lower rank's data as the left operand."""
-    A.reduce_(lower, buf, op)
+    combine(t, lower, buf, op)
     A.copy_(buf, lower)
 
 
@@ -159,7 +161,7 @@ def recursive_doubling(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
     if p == 1 or n == 0:
         return
     pof2, rem, newrank = fold(r, p)
-    tmp = A.empty(buf, n)
+    tmp = scratch(t, buf, n)
     yield from _fold_in(t, buf, tmp, op, rem, newrank)
     if newrank != -1:
         mask, step = 1, 1
@@ -168,9 +170,9 @@ def recursive_doubling(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
             peer = real_of(peer_new, rem)
             yield recv(t, tmp, peer, step) + send(t, buf, peer, step)
             if peer_new < newrank:
-                _reduce_left(buf, tmp, op)
+                _reduce_left(t, buf, tmp, op)
             else:
-                A.reduce_(buf, tmp, op)
+                combine(t, buf, tmp, op)
             mask, step = mask << 1, step + 1
     yield from _fold_out(t, buf, rem, newrank, tag=floor_log2(p) + 1)
 
@@ -190,7 +192,7 @@ def rabenseifner(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
     if p == 1 or n == 0:
         return
     pof2, rem, newrank = fold(r, p)
-    tmp = A.empty(buf, n)
+    tmp = scratch(t, buf, n)
     yield from _fold_in(t, buf, tmp, op, rem, newrank)
     if newrank != -1:
         bounds = chunk_bounds(n, pof2)
@@ -211,7 +213,7 @@ def rabenseifner(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
             incoming = A.narrow(tmp, 0, A.numel(keep))
             yield recv(t, incoming, peer, step) + send(t, give, peer, step)
             if A.numel(keep):
-                A.reduce_(keep, incoming, op)
+                combine(t, keep, incoming, op)
             mask, step = mask >> 1, step + 1
         mask = 1
         while mask < pof2:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .. import _arrays as A
-from ._chunks import check_counts, offsets, recv, send
+from ._chunks import check_counts, offsets, recv, scratch, send
 from ._transport import Algorithm, Transport, observe
 
 __all__ = ["pairwise", "bruck", "direct"]
@@ -88,13 +88,13 @@ def bruck(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_cou
     if p == 1 or m == 0:
         A.copy_(recvs[r], sends[r])
         return
-    work = A.empty(inp, p * m)
+    work = scratch(t, inp, p * m)
     slot = [A.narrow(work, i * m, m) for i in range(p)]
     for i in range(p):
         A.copy_(slot[i], sends[(r + i) % p])
     observe(t, work)
     half = (p + 1) // 2 * m
-    packed, unpacked = A.empty(inp, half), A.empty(inp, half)
+    packed, unpacked = scratch(t, inp, half), scratch(t, inp, half)
     dist, step = 1, 0
     while dist < p:
         moving = [i for i in range(p) if i & dist]

@@ -7,7 +7,8 @@ from itertools import accumulate
 from typing import Any, Sequence
 
 from .. import _arrays as A
-from ._transport import Handle, Transport
+from .._reduce_op import ReduceOp
+from ._transport import Handle, Timed, Transport
 
 __all__ = [
     "chunk_bounds",
@@ -19,6 +20,8 @@ __all__ = [
     "real_of",
     "send",
     "recv",
+    "combine",
+    "scratch",
     "check_counts",
     "check_numel",
     "SEGMENT_BYTES",
@@ -162,3 +165,18 @@ def check_numel(buf: Any, expected: int, argname: str) -> None:
     """``ValueError`` naming ``argname`` unless ``buf`` has ``expected`` elements."""
     if A.numel(buf) != expected:
         raise ValueError(f"{argname} has {A.numel(buf)} elements; expected {expected}")
+
+
+def combine(t: Transport, acc: Any, other: Any, op: ReduceOp) -> None:
+    """``acc = acc (op) other`` in place; a :class:`Timed` transport charges the bytes of ``acc``."""
+    A.reduce_(acc, other, op)
+    if isinstance(t, Timed):
+        t.reduced(A.numel(acc) * A.itemsize(acc))
+
+
+def scratch(t: Transport, like: Any, numel: int) -> Any:
+    """A new flat buffer of ``numel`` elements of ``like``'s kind; a :class:`Timed` transport charges its bytes."""
+    buf = A.empty(like, numel)
+    if isinstance(t, Timed):
+        t.allocated(numel * A.itemsize(like))
+    return buf

@@ -21,11 +21,13 @@ from ._chunks import (
     SEGMENT_BYTES,
     WINDOW,
     check_counts,
+    combine,
     first_of,
     fold,
     offsets,
     real_of,
     recv,
+    scratch,
     segment,
     segment_grid,
     send,
@@ -58,7 +60,7 @@ def ring(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) 
     if offs[-1] == 0:
         return
     width = max(counts)
-    bufs = [A.empty(inp, width), A.empty(inp, width)]  # partial sums, alternately
+    bufs = [scratch(t, inp, width), scratch(t, inp, width)]  # partial sums, alternately
     right, left = (r + 1) % p, (r - 1) % p
     outgoing = blocks[(r - 1) % p]
     observe(t, inp)
@@ -66,7 +68,7 @@ def ring(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) 
         s, g = (r - step - 1) % p, (r - step - 2) % p
         incoming = A.narrow(bufs[step % 2], 0, counts[g])
         yield recv(t, incoming, left, step, g) + send(t, outgoing, right, step, s)
-        A.reduce_(incoming, blocks[g], op)
+        combine(t, incoming, blocks[g], op)
         observe(t, incoming, offs[g])
         outgoing = incoming
     A.copy_(out, outgoing)  # block r, finished (``out`` may be a view of ``inp``)
@@ -96,7 +98,7 @@ def ring_pipelined(
     width, parts = segment_grid(max(counts), A.itemsize(inp), segment_bytes)
     total, lag = (p - 1) * parts, parts
     nslots = min(window + lag, total)
-    slots = A.empty(inp, nslots * width)
+    slots = scratch(t, inp, nslots * width)
     right, left = (r + 1) % p, (r - 1) % p
 
     def landing(i: int) -> Any:
@@ -120,7 +122,7 @@ def ring_pipelined(
         if old >= 0 and old + nslots < total:
             pending[old + nslots] = post(old + nslots)  # into old's slot, whose send is done
         incoming = landing(i)
-        A.reduce_(incoming, segment(blocks[g], k, width), op)
+        combine(t, incoming, segment(blocks[g], k, width), op)
         observe(t, incoming, offs[g] + k * width)
         if s + 1 < p - 1:
             forwarded[i] = send(t, incoming, right, s + 1, g)
@@ -137,12 +139,12 @@ def pairwise(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: Reduce
     A.copy_(out, blocks[r])
     if p == 1 or offs[-1] == 0:
         return
-    tmp = A.empty(inp, counts[r])
+    tmp = scratch(t, inp, counts[r])
     for step in range(1, p):
         dst, src = (r + step) % p, (r - step) % p
         yield recv(t, tmp, src, step, r) + send(t, blocks[dst], dst, step, dst)
         if counts[r]:
-            A.reduce_(out, tmp, op)
+            combine(t, out, tmp, op)
 
 
 def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) -> Algorithm:
@@ -162,8 +164,8 @@ def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], o
     if total == 0:
         return
     pof2, rem, newrank = fold(r, p)
-    acc = A.empty(inp, total if newrank != -1 else 0)
-    tmp = A.empty(inp, total if newrank != -1 else 0)
+    acc = scratch(t, inp, total if newrank != -1 else 0)
+    tmp = scratch(t, inp, total if newrank != -1 else 0)
 
     def span(buf: Any, lo: int, hi: int) -> Any:
         """The blocks of the original ranks that new ranks ``lo .. hi - 1`` stand for."""
@@ -178,7 +180,7 @@ def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], o
             yield send(t, inp, r + 1, 0)
         else:
             yield recv(t, tmp, r - 1, 0)
-            A.reduce_(acc, tmp, op)
+            combine(t, acc, tmp, op)
             observe(t, acc)
     if newrank != -1:
         lo, hi, step = 0, pof2, 1
@@ -193,7 +195,7 @@ def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], o
             kept = span(acc, *keep)
             incoming = A.narrow(tmp, 0, A.numel(kept))
             yield recv(t, incoming, peer, step) + send(t, span(acc, *give), peer, step)
-            A.reduce_(kept, incoming, op)
+            combine(t, kept, incoming, op)
             observe(t, acc)
             mask, step = mask >> 1, step + 1
         # new rank ``lo`` now holds the results for original ranks first_of(lo) .. r

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import _arrays as A
 from .._reduce_op import ReduceOp
-from ._chunks import ceil_log2, check_numel, recv, send
+from ._chunks import ceil_log2, check_numel, combine, recv, scratch, send
 from ._transport import Algorithm, Transport
 
 __all__ = [
@@ -55,12 +55,12 @@ def binomial_tree_reduce(
     acc = buf
     if children:
         if not (in_place or v == 0):
-            acc = A.empty(buf, n)
+            acc = scratch(t, buf, n)
             A.copy_(acc, buf)
-        tmp = A.empty(buf, n)
+        tmp = scratch(t, buf, n)
         for j in children:
             yield recv(t, tmp, (v + (1 << j) + root) % p, tag + j)
-            A.reduce_(acc, tmp, op)
+            combine(t, acc, tmp, op)
     if v:
         yield send(t, acc, (v - (1 << top) + root) % p, tag + top)
 
@@ -86,12 +86,12 @@ def reduce_linear(t: Transport, buf: Any, op: ReduceOp, root: int) -> Algorithm:
     if r != root:
         yield send(t, buf, root, 0, r)
         return
-    tmp = A.empty(buf, (p - 1) * n)
+    tmp = scratch(t, buf, (p - 1) * n)
     slots = {j: A.narrow(tmp, (j - (j > root)) * n, n) for j in range(p) if j != root}
     yield [h for j, s in slots.items() for h in recv(t, s, j, 0, j)]
     acc = buf if root == 0 else slots[0]
     for j in range(1, p):
-        A.reduce_(acc, buf if j == root else slots[j], op)
+        combine(t, acc, buf if j == root else slots[j], op)
     if root != 0:
         A.copy_(buf, acc)
 
@@ -130,7 +130,7 @@ def gather_binomial(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
     if size == 1:
         yield send(t, inp, (v - (1 << top) + root) % p, top, r)
         return
-    work = out if (v == 0 and root == 0) else A.empty(inp, size * n)
+    work = out if (v == 0 and root == 0) else scratch(t, inp, size * n)
     A.copy_(A.narrow(work, 0, n), inp)
     for j in range(top):
         child = v + (1 << j)
@@ -184,11 +184,11 @@ def scatter_binomial(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
         if root == 0:
             work = inp
         else:
-            work = A.empty(inp, p * n)
+            work = scratch(t, inp, p * n)
             A.copy_(A.narrow(work, 0, (p - root) * n), A.narrow(inp, root * n, (p - root) * n))
             A.copy_(A.narrow(work, (p - root) * n, root * n), A.narrow(inp, 0, root * n))
     else:
-        work = A.empty(out, size * n)
+        work = scratch(t, out, size * n)
         yield recv(t, work, (v - (1 << top) + root) % p, top)
     for j in range(top - 1, -1, -1):
         child = v + (1 << j)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Generator, Iterable, Protocol
 
-__all__ = ["Handle", "Transport", "Algorithm", "Observer", "observe", "run_blocking"]
+__all__ = ["Handle", "Transport", "Algorithm", "Observer", "Timed", "observe", "run_blocking"]
 
 Handle = Any
 """An opaque token for one posted send or receive."""
@@ -60,6 +60,19 @@ class Observer:
 
     def observe(self, buf: Any, offset: int) -> None:
         """Record that ``buf`` now holds elements ``offset ..`` of this rank's working data."""
+        raise NotImplementedError
+
+
+class Timed:
+    """A transport with a clock that charges local work, reductions and new scratch memory (declared by
+    subclassing): the simulator's."""
+
+    def reduced(self, nbytes: int) -> None:
+        """Charge this rank for combining ``nbytes`` into its buffer (see :func:`~._chunks.combine`)."""
+        raise NotImplementedError
+
+    def allocated(self, nbytes: int) -> None:
+        """Charge this rank for a new scratch buffer of ``nbytes`` (see :func:`~._chunks.scratch`)."""
         raise NotImplementedError
 
 

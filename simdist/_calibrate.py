@@ -1,0 +1,243 @@
+"""Calibration: measure this machine's latency, bandwidth, bandwidth sharing and reduction speed.
+
+``simdist calibrate`` (or :func:`calibrate`) starts real ranks of the socket backend on this
+machine (loopback) and measures, in the ranks themselves, the terms of the topology model
+(:mod:`simdist._topology`):
+
+- **bandwidth**: ping-pong between 2 ranks; the slope of the one-way time (half a round
+  trip) over the sizes from 1 MiB.
+- **alpha, host_overhead**: every rank sends 8 bytes to its right neighbour and receives
+  from its left at once (a *shift*, one step of a ring algorithm). ``k`` such messages
+  pass through the one host one after the other, so a shift takes
+  ``alpha + k * host_overhead``: the shifts at worlds 2 and 4 give both terms.
+- **rank_bandwidth**: a shift of ``n`` bytes at world 2 has each rank send and receive ``n``
+  bytes at once; the model makes that ``alpha + 2 n / rank_bandwidth``.
+- **host_bandwidth**: the same shift at world 4 moves ``4 n`` bytes through one host at
+  once: ``alpha + max(2 n / rank_bandwidth, 4 (host_overhead + n / host_bandwidth))``; the
+  file takes the ``host_bandwidth`` that makes the second term the measured time, the
+  largest value the measurement allows (on a machine where 4 ranks share bandwidth no
+  worse than 2 it binds only at larger worlds; null where the overhead alone explains it).
+- **gamma**: ``a.add_(b)`` on float32 tensors of 4 to 64 MiB in a rank process (one torch
+  thread), seconds per byte of ``a``; **host_cores**: the CPUs this process may run on, so
+  that ranks beyond them wait for a core to reduce.
+- **fresh_memory**: copying into a new buffer of 4 to 64 MiB minus copying into a used one, per byte:
+  the page faults that a new scratch buffer costs the first time it is written.
+
+Each figure is the median of several repetitions. It writes a topology file
+(:mod:`simdist._topology_file`, layout ``fully_connected``, every rank on one host) that
+``simulate(topology=path)`` and the app load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ._topology_file import FORMAT, write_topology_file
+
+__all__ = ["calibrate", "describe", "fit", "main"]
+
+KIB, MIB = 1 << 10, 1 << 20
+PING_SIZES = (1 * MIB, 4 * MIB, 16 * MIB)
+QUICK_PING_SIZES = (1 * MIB, 4 * MIB)
+SHIFT_SIZES = (8, 4 * MIB, 16 * MIB)
+QUICK_SHIFT_SIZES = (8, 4 * MIB)
+GAMMA_SIZES = (4 * MIB, 16 * MIB, 64 * MIB)
+SMALL = 4 * KIB  # shifts up to this size measure alpha, larger ones the bandwidth sharing
+
+
+def _timed(fn: Any, reps: int, before: Any = None) -> list[float]:
+    """Seconds of each of ``reps`` calls of ``fn()`` (after one warm-up call); ``before()`` runs untimed."""
+    times = []
+    for i in range(reps + 1):
+        if before is not None:
+            before()
+        t0 = time.perf_counter()
+        fn()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def _slowest_median(per_rank: list[list[float]]) -> float:
+    """The median over repetitions of the slowest rank's time (how a collective's time is measured)."""
+    return statistics.median(max(times) for times in zip(*per_rank))
+
+
+def _fresh_memory(reps: int) -> float:
+    """Seconds per byte that copying into a new buffer costs more than copying into a used one (page faults)."""
+    import torch
+
+    per_byte = []
+    for n in GAMMA_SIZES:
+        src, used = torch.ones(n // 4), torch.empty(n // 4)
+        fresh = statistics.median(_timed(lambda: torch.empty(n // 4).copy_(src), reps))
+        again = statistics.median(_timed(lambda: used.copy_(src), reps))
+        per_byte.append(max(fresh - again, 0.0) / n)
+    return statistics.median(per_byte)
+
+
+def _gamma(reps: int) -> float:
+    """Seconds per byte of ``a.add_(b)`` on float32 (median over :data:`GAMMA_SIZES`)."""
+    import torch
+
+    per_byte = []
+    for n in GAMMA_SIZES:
+        a, b = torch.ones(n // 4), torch.ones(n // 4)
+        per_byte.append(statistics.median(_timed(lambda: a.add_(b), reps)) / n)
+    return statistics.median(per_byte)
+
+
+def _rank(rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], reps: int) -> dict[str, Any]:
+    """One rank's part: ping-pong and gamma (world 2), then its times of a shift around the ring of each size."""
+    import torch
+
+    import simdist as d
+
+    torch.set_num_threads(1)  # one intra-op thread per rank, as torchrun gives several ranks of one node
+    d.init_process_group("socket")
+    out: dict[str, Any] = {"one_way": {}, "shift": {}}
+    try:
+        right, left = (rank + 1) % world, (rank - 1) % world
+        if world == 2:
+            for n in ping:
+                buf = torch.zeros(max(1, n // 4))
+
+                def pingpong() -> None:
+                    if rank == 0:
+                        d.send(buf, 1)
+                        d.recv(buf, 1)
+                    else:
+                        d.recv(buf, 0)
+                        d.send(buf, 0)
+
+                out["one_way"][n] = statistics.median(_timed(pingpong, reps, d.barrier)) / 2
+            if rank == 0:
+                out["gamma"] = _gamma(reps)
+                out["fresh_memory"] = _fresh_memory(reps)
+        for n in shifts:
+            a, b = torch.zeros(max(1, n // 4)), torch.zeros(max(1, n // 4))
+
+            def shift() -> None:
+                works = [d.irecv(b, left), d.isend(a, right)]
+                for w in works:
+                    w.wait()
+
+            out["shift"][n] = _timed(shift, reps * 3 if n <= SMALL else reps, d.barrier)
+        d.barrier()
+    finally:
+        d.destroy_process_group()
+    return out
+
+
+def _bandwidth(one_way: dict[int, float]) -> float:
+    """Bytes per second: the least-squares slope of the one-way times over their sizes."""
+    xs = sorted(one_way)
+    ys = [one_way[n] for n in xs]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    if slope <= 0:  # a noisy machine: fall back to the largest size's average rate
+        slope = ys[-1] / xs[-1]
+    return 1.0 / slope
+
+
+def fit(one_way: dict[int, float], shift2: dict[int, float], shift4: dict[int, float]) -> dict[str, Any]:
+    """The model's terms from the measured times (seconds by size in bytes); see the module doc."""
+    t2 = statistics.median(t for n, t in shift2.items() if n <= SMALL)
+    t4 = statistics.median(t for n, t in shift4.items() if n <= SMALL)
+    overhead = max((t4 - t2) / 2, 0.0)
+    alpha = max(t2 - 2 * overhead, 1e-7)
+    big = [n for n in shift2 if n > SMALL]
+    host = [4 * n / (shift4[n] - alpha - 4 * overhead) for n in big if shift4[n] - alpha - 4 * overhead > 0]
+    return {
+        "alpha": alpha,
+        "bandwidth": _bandwidth(one_way),
+        "rank_bandwidth": statistics.median(2 * n / max(shift2[n] - alpha, 1e-9) for n in big),
+        "host_bandwidth": statistics.median(host) if host else None,
+        "host_overhead": overhead,
+    }
+
+
+def calibrate(path: str | Path | None = None, *, quick: bool = False, name: str = "calibrated") -> dict[str, Any]:
+    """The topology file's object for this machine (loopback, socket backend), written to ``path`` if given.
+
+    ``quick`` measures fewer sizes with fewer repetitions.
+    """
+    from ._launch import spawn
+
+    reps = 3 if quick else 9
+    ping, shifts = (QUICK_PING_SIZES, QUICK_SHIFT_SIZES) if quick else (PING_SIZES, SHIFT_SIZES)
+    ranks2 = spawn(_rank, args=(2, ping, shifts, reps), nprocs=2, backend="socket")
+    ranks4 = spawn(_rank, args=(4, (), shifts, reps), nprocs=4, backend="socket")
+    two, four = ranks2[0], {"shift": {n: _slowest_median([r["shift"][n] for r in ranks4]) for n in shifts}}
+    two["shift"] = {n: _slowest_median([r["shift"][n] for r in ranks2]) for n in shifts}
+    terms = fit(two["one_way"], two["shift"], four["shift"])
+    spec = {
+        "format": FORMAT,
+        "name": name,
+        "layout": "fully_connected",
+        **terms,
+        "gamma": two["gamma"],
+        "fresh_memory": two["fresh_memory"],
+        "host_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+        "ranks_per_host": None,
+        "comment": (
+            f"Measured by 'simdist calibrate{' --quick' if quick else ''}' on {platform.node()} "
+            f"({platform.machine()}, Python {platform.python_version()}) at "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}: socket backend over loopback."
+        ),
+        "measured": {
+            "one_way_seconds": {str(n): t for n, t in two["one_way"].items()},
+            "shift_seconds_world2": {str(n): t for n, t in two["shift"].items()},
+            "shift_seconds_world4": {str(n): t for n, t in four["shift"].items()},
+        },
+    }
+    if path is not None:
+        write_topology_file(path, spec)
+    return spec
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="simdist calibrate",
+        description="Measure this machine's latency, bandwidth, host bandwidth sharing and reduction speed with "
+        "the socket backend over loopback, and write a topology file for simulate(topology=PATH) and the app.",
+        allow_abbrev=False,
+    )
+    p.add_argument("--out", "-o", default="simdist-topology.json", metavar="PATH",
+                   help="where to write the topology file, a .json path (default simdist-topology.json)")
+    p.add_argument("--name", default="calibrated", help="the topology's name in reports (default 'calibrated')")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (about 15 s)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``simdist calibrate``'s arguments; print what was measured; return the exit status."""
+    parser = _parser()
+    opts = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if not opts.out.endswith(".json"):
+        parser.error(f"--out={opts.out!r} must end in .json (simulate(topology=...) loads .json paths as files)")
+    spec = calibrate(opts.out, quick=opts.quick, name=opts.name)
+    sys.stdout.write(f"{describe(spec)}\nwrote {opts.out}\n")
+    return 0
+
+
+def describe(spec: dict[str, Any]) -> str:
+    """One line of a topology file's terms, in the units people read (us, GB/s, ps per byte)."""
+    def rate(key: str) -> str:
+        return "unlimited" if spec.get(key) is None else f"{spec[key] / 1e9:.2f} GB/s"
+
+    return (
+        f"alpha {spec['alpha'] * 1e6:.1f} us, bandwidth {rate('bandwidth')}, rank bandwidth {rate('rank_bandwidth')}, "
+        f"host bandwidth {rate('host_bandwidth')}, host overhead {(spec.get('host_overhead') or 0) * 1e6:.1f} us, "
+        f"gamma {(spec.get('gamma') or 0) * 1e12:.1f} ps/byte, "
+        f"fresh memory {(spec.get('fresh_memory') or 0) * 1e12:.1f} ps/byte, "
+        f"host cores {spec.get('host_cores') or 'unlimited'}"
+    )

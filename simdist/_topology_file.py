@@ -1,0 +1,178 @@
+"""Topology files: a network's parameters in JSON, read by ``simulate(topology="file.json")``.
+
+A topology file is one JSON object; ``simdist calibrate`` writes one for the machine it
+runs on, and simdist ships reference files for common clusters (:data:`REFERENCES`)::
+
+    {
+      "format": 1,                     required: this version of the format
+      "name": "loopback",              required: a short name for reports
+      "layout": "switch",              required: switch | fully_connected | ring | two_level
+      "alpha": 4.1e-05,                required: seconds of latency per link
+      "bandwidth": 2.3e9,              required: bytes per second per link
+      "gamma": 2.5e-10,                seconds per byte reduced (default 0)
+      "fresh_memory": 3.5e-10,         seconds per byte of a new scratch buffer (default 0)
+      "rank_bandwidth": 3.4e9,         bytes per second one rank sends and receives together
+                                       (default null: unlimited)
+      "host_bandwidth": 6.1e9,         bytes per second one host moves for all its ranks
+                                       (default null: unlimited)
+      "host_overhead": 8e-05,          seconds of a host's time per message (default 0)
+      "host_cores": 2,                 reductions one host runs at once (default null: all)
+      "ranks_per_host": null,          ranks per host (default null: every rank on one host)
+      "per_node": 8,                   two_level only: ranks per node; "alpha" and
+      "inter_alpha": 1e-06,            "bandwidth" are then the links inside a node,
+      "inter_bandwidth": 2.5e10,       "inter_*" the node's uplink to the spine
+      "comment": "...",                free text: where the figures come from
+      "sources": ["..."],              free text: references for the figures
+      "measured": {...}                free: what calibration measured, kept as written
+    }
+
+``alpha`` and ``bandwidth`` are per link: on ``switch`` a message crosses two links (its
+latency is ``2 * alpha``), on ``fully_connected`` and ``ring`` neighbours one. The terms
+are those of :mod:`simdist._topology`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ._topology import Topology, fully_connected, ring, switch, two_level
+
+__all__ = [
+    "FORMAT",
+    "LAYOUTS",
+    "REFERENCES",
+    "check_spec",
+    "load_topology",
+    "read_topology_file",
+    "reference_path",
+    "topology_from_spec",
+    "write_topology_file",
+]
+
+FORMAT = 1
+"""The version of the file format that this module reads and writes."""
+
+LAYOUTS = ("switch", "fully_connected", "ring", "two_level")
+"""The values of a file's ``layout``."""
+
+REFERENCES = ("dgx-a100-nvlink", "ib-hdr-4node")
+"""The shipped reference topologies (``simdist/topologies/NAME.json``), usable by name."""
+
+_REQUIRED = {"format": int, "name": str, "layout": str, "alpha": float, "bandwidth": float}
+_OPTIONAL = {
+    "gamma": float,
+    "fresh_memory": float,
+    "rank_bandwidth": float,
+    "host_bandwidth": float,
+    "host_overhead": float,
+    "host_cores": int,
+    "ranks_per_host": int,
+    "per_node": int,
+    "inter_alpha": float,
+    "inter_bandwidth": float,
+    "comment": str,
+    "sources": list,
+    "measured": dict,
+}
+_TWO_LEVEL = ("per_node", "inter_alpha", "inter_bandwidth")
+
+
+def reference_path(name: str) -> Path:
+    """The shipped file of reference topology ``name`` (one of :data:`REFERENCES`)."""
+    return Path(__file__).resolve().parent / "topologies" / f"{name}.json"
+
+
+def _check_field(key: str, value: Any, kind: type, where: str) -> None:
+    ok = isinstance(value, kind) and not isinstance(value, bool)
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok:
+        raise ValueError(f"{where}: {key}={value!r} is not a valid {kind.__name__}")
+    free = ("format", "gamma", "fresh_memory", "host_overhead", "comment", "sources", "measured", "name", "layout")
+    positive = key not in free
+    if positive and value <= 0:
+        raise ValueError(f"{where}: {key}={value!r}; expected a positive number")
+    if key in ("gamma", "fresh_memory", "host_overhead") and value < 0:
+        raise ValueError(f"{where}: {key}={value!r}; expected a number of seconds >= 0")
+
+
+def check_spec(spec: Any, where: str = "topology file") -> dict[str, Any]:
+    """``spec`` itself once it is a valid topology file's object; raises ``ValueError`` naming what is wrong."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(spec).__name__}")
+    for key, kind in _REQUIRED.items():
+        if key not in spec:
+            raise ValueError(f"{where}: the field {key!r} is missing; required fields: {', '.join(_REQUIRED)}")
+        _check_field(key, spec[key], kind, where)
+    if spec["format"] != FORMAT:
+        raise ValueError(f"{where}: format={spec['format']!r}; this simdist reads format {FORMAT}")
+    if spec["layout"] not in LAYOUTS:
+        raise ValueError(f"{where}: layout={spec['layout']!r}; expected one of {', '.join(LAYOUTS)}")
+    for key, value in spec.items():
+        if key in _REQUIRED:
+            continue
+        if key not in _OPTIONAL:
+            raise ValueError(f"{where}: unknown field {key!r}; expected {', '.join([*_REQUIRED, *_OPTIONAL])}")
+        if value is not None:
+            _check_field(key, value, _OPTIONAL[key], where)
+    if spec["layout"] == "two_level":
+        missing = [k for k in _TWO_LEVEL if spec.get(k) is None]
+        if missing:
+            raise ValueError(f"{where}: layout 'two_level' needs {', '.join(missing)}")
+    return spec
+
+
+def read_topology_file(path: str | Path) -> dict[str, Any]:
+    """The checked object of the topology file at ``path`` (see the module doc for its fields)."""
+    where = f"topology file {str(path)!r}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"{where} cannot be read: {exc.strerror or exc}") from exc
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where} is not valid JSON: {exc}") from exc
+    return check_spec(spec, where)
+
+
+def write_topology_file(path: str | Path, spec: dict[str, Any]) -> Path:
+    """Write ``spec`` (checked first) to ``path`` as indented JSON; returns the path."""
+    check_spec(spec, f"topology for {str(path)!r}")
+    path = Path(path)
+    path.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def topology_from_spec(spec: dict[str, Any], size: int) -> Topology:
+    """The :class:`Topology` of ``size`` ranks that a checked file object describes."""
+    layout, alpha, bandwidth = spec["layout"], float(spec["alpha"]), float(spec["bandwidth"])
+    if layout == "two_level":
+        topo = two_level(
+            size,
+            per_node=spec["per_node"],
+            intra_alpha=alpha,
+            intra_bandwidth=bandwidth,
+            inter_alpha=float(spec["inter_alpha"]),
+            inter_bandwidth=float(spec["inter_bandwidth"]),
+        )
+    else:
+        topo = {"switch": switch, "fully_connected": fully_connected, "ring": ring}[layout](size, alpha, bandwidth)
+    topo.name = spec["name"]
+    topo.gamma = float(spec.get("gamma") or 0.0)
+    topo.host_overhead = float(spec.get("host_overhead") or 0.0)
+    topo.fresh_memory = float(spec.get("fresh_memory") or 0.0)
+    topo.host_cores = spec.get("host_cores")
+    for key in ("rank_bandwidth", "host_bandwidth"):
+        value = spec.get(key)
+        setattr(topo, key, None if value is None else float(value))
+    topo.ranks_per_host = spec.get("ranks_per_host")
+    return topo
+
+
+def load_topology(path: str | Path, size: int) -> Topology:
+    """The :class:`Topology` of ``size`` ranks described by the topology file at ``path``."""
+    return topology_from_spec(read_topology_file(path), size)
