@@ -1,0 +1,168 @@
+"""Shared memory between same-host ranks of the socket backend (``backends/socket/_shm.py``).
+
+What is checked against independent truth: the bytes received equal the bytes sent
+(also for messages that wrap the ring several times, and messages that arrive before
+their receive); the ring really is shared memory (this process's ``/proc/self/maps``
+shows the ``memfd:simdist-shm`` mappings while networks are open, and none once they are
+closed, on an orderly close, a failing close, and after a peer was killed with SIGKILL in
+the middle of a transfer); and nothing is ever left in ``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+
+import numpy as np
+import pytest
+from simdist.backends.socket import _shm
+from test_socket_peers import Job, _pair, _signal
+
+from simdist._errors import DistError, ProtocolError
+
+SIZES = [_shm.MIN_BYTES - 1, _shm.MIN_BYTES, (1 << 20) + 3, _shm.SLOT_BYTES * _shm.SLOTS * 2 + 5]
+
+
+def shm_mappings() -> int:
+    """How many shared rings (ours or a peer's) this process maps now, read from /proc/self/maps."""
+    with open("/proc/self/maps") as f:
+        return sum("memfd:simdist-shm" in line for line in f)
+
+
+def dev_shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _payload(nbytes: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+@pytest.mark.timeout(120)
+def test_messages_of_every_size_arrive_intact_through_shared_memory() -> None:
+    """Rank 1 sends every size to rank 0, each once received into a posted buffer and once
+    arrived before its receive; every byte matches; the rings are mapped (one each way)."""
+    before = shm_mappings()
+    a, b = _pair()
+    try:
+        for i, n in enumerate(SIZES):
+            data = _payload(n, i)
+            got = np.zeros(n, np.uint8)
+            h = a.irecv(got, 1, 1, i)  # posted first
+            b.wait([b.isend(data, 0, 1, i)], timeout=60)
+            a.wait([h], timeout=60)
+            assert np.array_equal(got, data), n
+            late = np.zeros(n, np.uint8)
+            b.wait([b.isend(data[::-1].copy(), 0, 2, i)], timeout=60)  # unexpected: before its receive
+            a.wait([a.irecv(late, 1, 2, i)], timeout=60)
+            assert np.array_equal(late, data[::-1]), n
+        both = [np.zeros(1 << 20, np.uint8), np.zeros(1 << 20, np.uint8)]
+        hs = [a.irecv(both[0], 1, 3, 0), b.irecv(both[1], 0, 3, 0), a.isend(_payload(1 << 20, 7), 1, 3, 0),
+              b.isend(_payload(1 << 20, 8), 0, 3, 0)]
+        a.wait(hs[::2], timeout=60)
+        b.wait(hs[1::2], timeout=60)
+        assert np.array_equal(both[0], _payload(1 << 20, 8)) and np.array_equal(both[1], _payload(1 << 20, 7))
+        assert shm_mappings() - before == 4  # each network maps its own ring and the peer's
+    finally:
+        a.close()
+        b.close()
+    assert shm_mappings() == before
+
+
+@pytest.mark.timeout(120)
+def test_size_mismatch_through_shared_memory_is_a_protocol_error_and_the_stream_goes_on() -> None:
+    before = shm_mappings()
+    a, b = _pair()
+    try:
+        b.wait([b.isend(_payload(1 << 20, 1), 0, 1, 0)], timeout=60)
+        with pytest.raises(ProtocolError, match="size mismatch"):
+            a.wait([a.irecv(np.zeros(1 << 19, np.uint8), 1, 1, 0)], timeout=60)
+        got = np.zeros(3 << 20, np.uint8)
+        b.wait([b.isend(_payload(3 << 20, 2), 0, 1, 1)], timeout=60)
+        a.wait([a.irecv(got, 1, 1, 1)], timeout=60)
+        assert np.array_equal(got, _payload(3 << 20, 2))
+    finally:
+        a.close(failed=True)  # the exit path of a failing rank: its goodbye says so
+        b.close()
+    assert shm_mappings() == before
+
+
+@pytest.mark.timeout(120)
+def test_shm_off_keeps_every_payload_on_tcp(monkeypatch) -> None:
+    monkeypatch.setenv(_shm.ENV, "0")
+    before = shm_mappings()
+    a, b = _pair()
+    try:
+        data = _payload(5 << 20, 3)
+        got = np.zeros_like(data)
+        h = a.irecv(got, 1, 1, 0)
+        b.wait([b.isend(data, 0, 1, 0)], timeout=60)
+        a.wait([h], timeout=60)
+        assert np.array_equal(got, data)
+        assert shm_mappings() == before
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_bad_credit_is_a_protocol_error() -> None:
+    from simdist.backends.socket._frames import CREDIT, decode_header, encode_header
+
+    ring = _shm.Ring(slot_size=4096, slots=2)
+    try:
+        with pytest.raises(ProtocolError, match="owes"):  # nothing written yet
+            ring.credit(decode_header(encode_header(CREDIT, 0, 0, 0, 1)), 1)
+        ring.put(memoryview(b"x" * 10), 0)
+        with pytest.raises(ProtocolError, match="returned slot 1"):
+            ring.credit(decode_header(encode_header(CREDIT, 1, 0, 0, 1)), 1)
+        ring.credit(decode_header(encode_header(CREDIT, 0, 0, 0, 1)), 1)
+        assert not ring.full()
+    finally:
+        ring.close()
+
+
+# -- a rank killed in the middle of a transfer (real processes) -----------------------------
+
+
+def _stream(net, sender: int, port: int):
+    """``sender`` streams 4 MiB messages to the other rank of two, which receives them, until the
+    peer is lost; then: the error, the rings mapped before and after closing, and how many passed."""
+    buf = np.ones(4 << 20, dtype=np.uint8)
+    peer = 1 - net.rank
+    for i in itertools.count():
+        try:
+            if net.rank == sender:
+                net.wait([net.isend(buf, peer, 5, i)])
+            else:
+                net.wait([net.irecv(buf, peer, 5, i)])
+        except DistError as exc:
+            mapped = shm_mappings()
+            net.close(failed=True)
+            return type(exc).__name__, getattr(exc, "rank", None), mapped, shm_mappings(), i
+        if i == 2:
+            _signal(port, f"streaming/{net.rank}")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("doomed", ["sender", "receiver"])
+def test_a_rank_killed_mid_transfer_leaves_no_shared_memory(doomed: str) -> None:
+    """SIGKILL one of two ranks streaming 4 MiB messages through the ring: the other fails with
+    PeerLostError naming it, maps the rings until it closes and none after; /dev/shm never changes."""
+    shm_before = dev_shm()
+    job = Job(2)
+    try:
+        sender = 0
+        victim = sender if doomed == "sender" else 1 - sender
+        job.start(_stream, sender, job.server.port)
+        job.reached(["streaming/0", "streaming/1"])
+        os.kill(job.pids[victim], signal.SIGKILL)
+        [(status, value)] = job.results([1 - victim], timeout=job.timeout + 30)
+        assert status == "ok", value
+        kind, rank, mapped, after, passed = value
+        assert (kind, rank) == ("PeerLostError", victim), value
+        assert passed >= 3 and mapped >= 1 and after == 0, value
+    finally:
+        job.broken = True
+        job.close()  # joins the workers
+    assert dev_shm() == shm_before
