@@ -13,6 +13,9 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import socket
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -166,3 +169,40 @@ def test_a_rank_killed_mid_transfer_leaves_no_shared_memory(doomed: str) -> None
         job.broken = True
         job.close()  # joins the workers
     assert dev_shm() == shm_before
+
+
+def _offer_with(ring: _shm.Ring, *, host: bytes | None = None, nonce: bytes | None = None) -> bytes:
+    """``ring``'s SHM_OPEN frame, with its host digest or nonce replaced."""
+    from simdist.backends.socket._frames import HEADER_SIZE
+
+    frame = ring.offer(0)
+    pid, fd, slot, slots, n, h = _shm._OFFER.unpack(frame[HEADER_SIZE:])
+    return frame[:HEADER_SIZE] + _shm._OFFER.pack(pid, fd, slot, slots, nonce or n, host or h)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("change", ["none", "host", "nonce", "not allowed"])
+def test_an_offer_is_mapped_only_from_this_host_and_with_its_nonce(change: str) -> None:
+    """Another host (its digest differs), a file that is not the ring offered (nonce), or shared
+    memory turned off here: the answer is SHM_ACK with tag 0 and the payloads stay on TCP."""
+    from simdist.backends.socket._frames import HEADER_SIZE, SHM_ACK, decode_header
+
+    ring = _shm.Ring(slot_size=4096, slots=2)
+    left, right = socket.socketpair()
+    try:
+        frame = _offer_with(ring, host=b"h" * 16 if change == "host" else None,
+                            nonce=b"n" * 16 if change == "nonce" else None)
+        left.sendall(frame)
+        h = decode_header(right.recv(HEADER_SIZE, socket.MSG_WAITALL))
+        reader = _shm.RingReader.accept(right, h, 1, 0, threading.Lock(), time.monotonic() + 20, change != "not allowed")
+        answer = decode_header(left.recv(HEADER_SIZE, socket.MSG_WAITALL))
+        assert answer.kind == SHM_ACK and answer.tag == int(change == "none")
+        assert (reader is not None) == (change == "none")
+        if reader is not None:
+            ring.put(memoryview(b"abc"), 0)
+            assert bytes(reader.view[_shm._HEAD : _shm._HEAD + 3]) == b"abc"  # the same memory
+            reader.close()
+    finally:
+        ring.close()
+        left.close()
+        right.close()
