@@ -91,8 +91,12 @@ def test_size_mismatch_through_shared_memory_is_a_protocol_error_and_the_stream_
 
 
 @pytest.mark.timeout(120)
-def test_shm_off_keeps_every_payload_on_tcp(monkeypatch) -> None:
-    monkeypatch.setenv(_shm.ENV, "0")
+@pytest.mark.parametrize("how", ["SIMDIST_SHM=0", "no rings left"])
+def test_shm_off_keeps_every_payload_on_tcp(monkeypatch, how: str) -> None:
+    if how == "SIMDIST_SHM=0":
+        monkeypatch.setenv(_shm.ENV, "0")
+    else:
+        monkeypatch.setattr(_shm, "MAX_RINGS", 0)  # a rank offers rings to its first MAX_RINGS peers only
     before = shm_mappings()
     a, b = _pair()
     try:

@@ -236,6 +236,7 @@ class PeerNetwork:
         self._threads: list[threading.Thread] = []
         self._rejected: deque[str] = deque(maxlen=8)
         self._shm = _shm.enabled()  # large payloads to same-host peers go through shared memory (._shm)
+        self._rings = 0  # shared rings this rank decided on (it offers at most _shm.MAX_RINGS)
         try:
             self._listener = socket.create_server((host, 0), backlog=128)
         except OSError as exc:
@@ -619,7 +620,10 @@ class PeerNetwork:
             while p.poller.poll(0):
                 self._read_back(sock, p)
             if op.nbytes >= _shm.MIN_BYTES and self._shm and p.ring is None:
-                p.ring = self._offer_ring(sock, p)
+                with self._cond:
+                    self._rings += 1
+                    room = self._rings <= _shm.MAX_RINGS
+                p.ring = self._offer_ring(sock, p) if room else False
             if op.nbytes >= _shm.MIN_BYTES and p.ring:
                 self._write_ring(sock, p, op)
             else:

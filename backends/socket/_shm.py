@@ -55,13 +55,14 @@ from ._frames import (
     send_frame,
 )
 
-__all__ = ["ENV", "MIN_BYTES", "Ring", "RingReader", "enabled", "host_digest"]
+__all__ = ["ENV", "MAX_RINGS", "MIN_BYTES", "Ring", "RingReader", "enabled", "host_digest"]
 
 ENV = "SIMDIST_SHM"
 """``SIMDIST_SHM=0`` turns the shared-memory path off (every payload goes over TCP)."""
 MIN_BYTES = 64 << 10  # messages from this size on go through the ring; smaller ones stay on TCP
 SLOT_BYTES = 1 << 20
 SLOTS = 8  # 8 MiB of ring per direction of each same-host pair
+MAX_RINGS = 16  # rings one rank writes (128 MiB); its payloads to further peers stay on TCP
 _OFFER = struct.Struct("!IIQI16s16s")
 _NONCE = 16  # the ring starts with the nonce; slots follow at _HEAD
 _HEAD = 4096
