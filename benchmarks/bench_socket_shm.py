@@ -13,8 +13,8 @@ Targets: shm busbw >= 2x gloo at >= 16 MiB, and >= 1.0x in every case.
 Per-call overhead: two ranks, checks of collectives off, ``all_reduce`` of one float32 (one
 exchange with the peer at world 2) and a ``send``/``recv`` ping-pong of one float32, each
 against the same messages posted straight on the rank's ``PeerNetwork`` (``isend``,
-``irecv``, ``wait``) in the same processes; overhead = median API latency - median
-transport latency (per op).
+``irecv``, ``wait``) in the same processes, blocks of each interleaved; overhead = median API
+latency - median transport latency (per op).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ QUICK_ITERS = {1 * MIB: (2, 5), 16 * MIB: (1, 5), 64 * MIB: (1, 5)}
 SIDES = ("shm", "tcp", "gloo")
 TARGET_BIG, TARGET_ALL = 2.0, 1.0
 OVERHEAD_TARGET_US = 5.0
-LATENCY_ITERS = 2000
+LATENCY_ITERS = 4000
 
 
 def run_side(side: str, world: int, cases: list) -> dict:
@@ -52,16 +52,18 @@ def run_side(side: str, world: int, cases: list) -> dict:
 
 # --- per-call overhead ----------------------------------------------------------------------
 
-def _per_op(fn, iters: int) -> float:
-    """Median seconds per call of ``fn`` over 5 blocks of ``iters // 5`` calls each."""
-    block = iters // 5
-    out = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(block):
-            fn()
-        out.append((time.perf_counter() - t0) / block)
-    return median(out)
+def _per_op(fns: dict, iters: int, blocks: int = 10) -> dict:
+    """Median seconds per call of each of ``fns`` over ``blocks`` blocks of ``iters // blocks`` calls,
+    the functions' blocks interleaved (load that comes and goes hits them alike)."""
+    n = iters // blocks
+    times: dict = {name: [] for name in fns}
+    for _ in range(blocks):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times[name].append((time.perf_counter() - t0) / n)
+    return {name: median(ts) for name, ts in times.items()}
 
 
 def overhead_rank(rank: int, iters: int) -> dict | None:
@@ -97,14 +99,14 @@ def overhead_rank(rank: int, iters: int) -> dict | None:
                 simdist.recv(got, peer)
                 simdist.send(one, peer)
 
-        out = {}
-        for name, fn in (("raw_exchange", exchange), ("api_all_reduce", lambda: simdist.all_reduce(one)),
-                         ("raw_pingpong", raw_pingpong), ("api_pingpong", api_pingpong)):
+        fns = {"raw_exchange": exchange, "api_all_reduce": lambda: simdist.all_reduce(one),
+               "raw_pingpong": raw_pingpong, "api_pingpong": api_pingpong}
+        for fn in fns.values():
             for _ in range(100):
                 fn()
-            simdist.barrier()
-            out[name] = _per_op(fn, iters)
-            simdist.barrier()
+        simdist.barrier()
+        out = _per_op(fns, iters)
+        simdist.barrier()
         return out if rank == 0 else None
     finally:
         simdist.destroy_process_group()
@@ -171,7 +173,7 @@ def main(argv=None) -> dict:
             f"timed iterations (barrier before each op), after warm-up; {reps} run(s) per side, interleaved; "
             "GB/s = 1e9 bytes/s; every rank at 1 torch intra-op thread.")
     us = 1e6
-    lat = (f"Per-call overhead (world 2, checks off, median of 5 blocks of {LATENCY_ITERS // 5} calls): all_reduce "
+    lat = (f"Per-call overhead (world 2, checks off, median of 10 interleaved blocks of {LATENCY_ITERS // 10} calls): all_reduce "
            f"of one float32 {overhead['api_all_reduce'] * us:.1f} µs against {overhead['raw_exchange'] * us:.1f} µs "
            f"for the same exchange on the PeerNetwork: overhead {overhead['all_reduce_overhead_s'] * us:.1f} µs; "
            f"send/recv ping-pong {overhead['api_pingpong'] * us:.1f} µs per round trip against "
