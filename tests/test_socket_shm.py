@@ -210,3 +210,57 @@ def test_an_offer_is_mapped_only_from_this_host_and_with_its_nonce(change: str) 
         ring.close()
         left.close()
         right.close()
+
+
+# -- collectives through the rings, checked against formulas ---------------------------------
+
+N = (3 << 20) // 8 + 5  # float64 elements per rank: 3 MiB and a bit, an odd count (uneven segments)
+
+
+def _big_collectives(rank: int, world: int) -> dict:
+    """Each large collective once on exact integers in float64; what rank ``rank`` got, as checksums."""
+    import torch
+
+    import simdist as dist
+
+    dist.init_process_group("socket")
+    try:
+        base = torch.arange(N, dtype=torch.float64)
+        out = {"mapped": 0}
+        a = base + rank
+        dist.all_reduce(a)
+        out["all_reduce"] = bool(torch.equal(a, base * world + world * (world - 1) / 2))
+        b = base * (rank + 1)
+        dist.broadcast(b, src=world - 1)
+        out["broadcast"] = bool(torch.equal(b, base * world))
+        g = torch.empty(N * world, dtype=torch.float64)
+        dist.all_gather_into_tensor(g, base + 1000 * rank)
+        out["all_gather"] = bool(torch.equal(g, torch.cat([base + 1000 * r for r in range(world)])))
+        rs = torch.empty(N, dtype=torch.float64)
+        dist.reduce_scatter_tensor(rs, torch.arange(N * world, dtype=torch.float64) * (rank + 1))
+        whole = torch.arange(N * world, dtype=torch.float64) * (world * (world + 1) / 2)
+        out["reduce_scatter"] = bool(torch.equal(rs, whole[rank * N : (rank + 1) * N]))
+        a2a = torch.empty(N * world, dtype=torch.float64)
+        dist.all_to_all_single(a2a, torch.arange(N * world, dtype=torch.float64) + 1e7 * rank)
+        out["all_to_all"] = bool(torch.equal(a2a, torch.cat(
+            [torch.arange(rank * N, (rank + 1) * N, dtype=torch.float64) + 1e7 * r for r in range(world)])))
+        out["mapped"] = shm_mappings()
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_large_collectives_at_world_3_equal_their_formulas(monkeypatch, shm: str) -> None:
+    """all_reduce, broadcast, all_gather, reduce_scatter and all_to_all of 3 MiB per rank at world 3
+    (not a power of two), through the rings and over TCP: every result equals its formula."""
+    import simdist
+
+    monkeypatch.setenv(_shm.ENV, shm)
+    before = dev_shm()
+    results = simdist.spawn(_big_collectives, args=(3,), nprocs=3, backend="socket")
+    for rank, out in enumerate(results):
+        assert all(v for k, v in out.items() if k != "mapped"), (rank, out)
+        assert (out["mapped"] > 0) == (shm == "1"), (rank, out)  # the rings carried them, or TCP did
+    assert dev_shm() == before
