@@ -264,3 +264,42 @@ def test_large_collectives_at_world_3_equal_their_formulas(monkeypatch, shm: str
         assert all(v for k, v in out.items() if k != "mapped"), (rank, out)
         assert (out["mapped"] > 0) == (shm == "1"), (rank, out)  # the rings carried them, or TCP did
     assert dev_shm() == before
+
+
+def _send_once_then_wait(net, port: int):
+    """Rank 0 sends rank 1 one message through the ring (its credit comes back and stays unread), then
+    waits for a message rank 1 never sends; rank 1 receives it and signals. Rank 0: the error and when."""
+    buf = np.ones(1 << 20, dtype=np.uint8)
+    if net.rank == 1:
+        net.wait([net.irecv(buf, 0, 6, 0)])
+        _signal(port, "received")
+        return None
+    net.wait([net.isend(buf, 1, 6, 0)])
+    try:
+        net.wait([net.irecv(buf, 1, 6, 1)], timeout=50)
+    except DistError as exc:
+        return type(exc).__name__, getattr(exc, "rank", None), time.monotonic()
+    return None
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_receiver_is_found_although_credits_wait_unread() -> None:
+    """Rank 1 only ever received from rank 0 (no connection from it to rank 0), and its last
+    credit waits unread on rank 0's connection when it is killed: rank 0's wait still raises
+    PeerLostError naming it, through the connection's hang-up, long before its 50 s timeout."""
+    job = Job(2)
+    try:
+        job.start(_send_once_then_wait, job.server.port, ranks=[0, 1])
+        job.reached(["received"])
+        assert job.results([1])[0] == ("ok", None)
+        time.sleep(0.5)  # the credit reaches rank 0's socket
+        killed = time.monotonic()
+        os.kill(job.pids[1], signal.SIGKILL)
+        [(status, value)] = job.results([0], timeout=job.timeout + 30)
+        assert status == "ok" and value is not None, value
+        kind, rank, when = value
+        assert (kind, rank) == ("PeerLostError", 1), value
+        assert when - killed < 20, when - killed
+    finally:
+        job.broken = True
+        job.close()

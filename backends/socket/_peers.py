@@ -95,6 +95,8 @@ _BLOCKED_S = 0.05
 _EXPLAIN_TRIES, _EXPLAIN_GAP_S = 4, 0.1  # reads of the failure records that may explain a failed wait
 _INLINE_MAX = 1 << 20  # bytes: larger sends always go to the sender thread (see _write)
 _STOP = object()
+_PEEK_BYTES = 1 << 16  # what a probe peeks at: more than the credits a ring can owe (``SLOTS`` frames)
+_RDHUP = getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR
 
 
 class _Goodbye(Exception):
@@ -535,8 +537,9 @@ class PeerNetwork:
     def _probe(self, ranks: Iterable[int]) -> None:
         """Find peers that died while this rank was not sending to them (the lock is held).
 
-        A connection this rank sends on carries nothing back but a goodbye, so an end
-        of stream (or a reset) there with nothing before it means the peer is gone.
+        A connection this rank sends on carries nothing back but credits of the shared
+        ring and a goodbye, so an end of stream (or a reset) there with nothing but credits
+        before it means the peer is gone.
         """
         for q in ranks:
             p = self._peers[q]
@@ -546,8 +549,9 @@ class PeerNetwork:
             try:
                 with sock.dup() as probe:  # a non-blocking twin; the sender thread keeps its timeout
                     probe.settimeout(0)
-                    if probe.recv(1, socket.MSG_PEEK):
-                        continue  # a goodbye is waiting: the sender thread reads it
+                    waiting = probe.recv(_PEEK_BYTES, socket.MSG_PEEK)
+                    if waiting and not (_shm.credits_only(waiting) and _hung_up(probe)):
+                        continue  # a goodbye is waiting (the sender thread reads it), or credits from a live peer
                 reason = f"rank {q} closed its connection without a goodbye (it exited or died)"
             except (BlockingIOError, InterruptedError):
                 continue
@@ -977,6 +981,13 @@ class PeerNetwork:
                 p.ring.close()
             if p.reader is not None:
                 p.reader.close()
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the peer of ``sock`` has closed its end (data it wrote before may still wait unread)."""
+    poller = select.poll()
+    poller.register(sock, _RDHUP)
+    return bool(poller.poll(0))
 
 
 def _pop(table: dict[tuple[int, int], deque], key: tuple[int, int]) -> Any:

@@ -55,7 +55,7 @@ from ._frames import (
     send_frame,
 )
 
-__all__ = ["ENV", "MAX_RINGS", "MIN_BYTES", "Ring", "RingReader", "enabled", "host_digest"]
+__all__ = ["ENV", "MAX_RINGS", "MIN_BYTES", "Ring", "RingReader", "credits_only", "enabled", "host_digest"]
 
 ENV = "SIMDIST_SHM"
 """``SIMDIST_SHM=0`` turns the shared-memory path off (every payload goes over TCP)."""
@@ -239,6 +239,11 @@ class RingReader:
     def close(self) -> None:
         """Unmap the peer's ring; idempotent."""
         _unmap(self.view, self._map)
+
+
+def credits_only(data: bytes) -> bool:
+    """Whether ``data`` (bytes waiting on a sending connection) holds nothing but whole CREDIT frames."""
+    return len(data) % HEADER_SIZE == 0 and all(data[i + 3] == CREDIT for i in range(0, len(data), HEADER_SIZE))
 
 
 def _copy(dst: memoryview, src: memoryview) -> None:
