@@ -31,10 +31,10 @@ def _decode_bounded(data: bytes):
         tracemalloc.stop()
     assert peak < 64 * 1024, f"decode_header allocated {peak} bytes for {data!r}"
     if isinstance(out, F.Header):
-        assert out.kind in (F.DATA, F.CLOSE)
+        assert out.kind in F.KINDS
         assert 0 <= out.nbytes <= F.MAX_FRAME_BYTES and out.tag >= 0
         assert 0 <= out.ctx <= U64 and 0 <= out.src <= U32
-        assert out.kind == F.DATA or out.nbytes == 0
+        assert out.kind != F.CLOSE or out.nbytes == 0
     return out
 
 
@@ -88,7 +88,7 @@ def _raw(magic=F.MAGIC, version=F.VERSION, kind=F.DATA, ctx=0, tag=0, nbytes=0, 
         (_raw(magic=b"XX"), "magic"),
         (_raw(version=2), "version"),
         (_raw(kind=0), "kind"),
-        (_raw(kind=3), "kind"),
+        (_raw(kind=max(F.KINDS) + 1), "kind"),
         (_raw(tag=-5), "negative tag"),
         (_raw(nbytes=F.MAX_FRAME_BYTES + 1), "over the limit"),
         (_raw(nbytes=U64), "over the limit"),

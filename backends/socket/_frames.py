@@ -5,7 +5,8 @@ Every frame starts with this header (network byte order, no padding)::
     offset size  field
          0    2  magic    b"SD"
          2    1  version  1
-         3    1  kind     DATA (1) or CLOSE (2, a goodbye; nbytes 0; tag 1 if the sender failed)
+         3    1  kind     DATA (1) or CLOSE (2, a goodbye; nbytes 0; tag 1 if the sender failed),
+                          or one of the shared-memory kinds (3-7, :mod:`._shm`)
          4    8  ctx      u64: the communication context (one per collective call,
                           one per group for point-to-point traffic)
         12    8  tag      i64, never negative
@@ -29,11 +30,16 @@ from typing import NamedTuple
 from simdist._errors import DistTimeoutError, PeerLostError, ProtocolError
 
 __all__ = [
+    "CHUNK",
     "CLOSE",
+    "CREDIT",
     "DATA",
     "HEADER_SIZE",
     "MAGIC",
     "MAX_FRAME_BYTES",
+    "SHM",
+    "SHM_ACK",
+    "SHM_OPEN",
     "VERSION",
     "Header",
     "decode_header",
@@ -46,7 +52,9 @@ MAGIC = b"SD"
 VERSION = 1
 DATA = 1
 CLOSE = 2
-KINDS = {DATA: "DATA", CLOSE: "CLOSE"}
+SHM_OPEN, SHM_ACK, SHM, CHUNK, CREDIT = 3, 4, 5, 6, 7  # the shared-memory path between same-host peers (._shm)
+KINDS = {DATA: "DATA", CLOSE: "CLOSE", SHM_OPEN: "SHM_OPEN", SHM_ACK: "SHM_ACK", SHM: "SHM", CHUNK: "CHUNK",
+         CREDIT: "CREDIT"}
 MAX_FRAME_BYTES = 1 << 40
 """The largest payload a header may announce (1 TiB); anything above is a protocol error."""
 

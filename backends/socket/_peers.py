@@ -14,6 +14,12 @@ goes to the peer's sender thread, in posting order. Both write through
 :meth:`PeerNetwork._write` under the peer's send lock, so frames never interleave and a
 send never overtakes one posted before it.
 
+Shared memory: a send of at least ``_shm.MIN_BYTES`` to a peer on the same host (and in the
+same pid namespace) puts its payload in a shared ring the two ranks map (:mod:`._shm`); the
+connection still carries its header, in order, so matching, goodbyes and failures are those
+of TCP. The first such send offers the ring; a peer that cannot map it says so and the
+payloads stay on TCP (other hosts, ``SIMDIST_SHM=0``).
+
 Matching: messages from one peer with one ``(ctx, tag)`` match receives in the order
 both were posted. A receive posted before its frame arrives is filled straight from
 the socket (no copy); a frame that arrives first is kept as an *unexpected* message
@@ -50,12 +56,19 @@ from typing import Any
 from simdist import _arrays as A
 from simdist._errors import DistError, DistTimeoutError, PeerLostError, ProtocolError
 
+from . import _shm
 from ._accept import Acceptor, frame_deadline
 from ._failures import FAILING, POLL_S
 from ._frames import (
     CLOSE,
+    CREDIT,
     DATA,
     HEADER_SIZE,
+    KINDS,
+    SHM,
+    SHM_ACK,
+    SHM_OPEN,
+    Header,
     decode_header,
     encode_header,
     recv_exact_into,
@@ -82,6 +95,8 @@ _BLOCKED_S = 0.05
 _EXPLAIN_TRIES, _EXPLAIN_GAP_S = 4, 0.1  # reads of the failure records that may explain a failed wait
 _INLINE_MAX = 1 << 20  # bytes: larger sends always go to the sender thread (see _write)
 _STOP = object()
+_PEEK_BYTES = 1 << 16  # what a probe peeks at: more than the credits a ring can owe (``SLOTS`` frames)
+_RDHUP = getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR
 
 
 class _Goodbye(Exception):
@@ -173,6 +188,9 @@ class _Peer:
         self.outbound: socket.socket | None = None
         self.poller: select.poll | None = None  # tells when ``outbound`` has something to read
         self.inbound: socket.socket | None = None
+        self.ring: _shm.Ring | bool | None = None  # the shared ring this rank writes to the peer; False: TCP only
+        self.reader: _shm.RingReader | None = None  # the peer's shared ring, mapped, once it offered one
+        self.back_lock = threading.Lock()  # held by whoever writes on ``inbound`` (credits, the goodbye)
 
 
 class PeerNetwork:
@@ -219,6 +237,8 @@ class PeerNetwork:
         self._farewell = 0  # the tag of the goodbye (CLOSE) frames: FAILING when this rank failed
         self._threads: list[threading.Thread] = []
         self._rejected: deque[str] = deque(maxlen=8)
+        self._shm = _shm.enabled()  # large payloads to same-host peers go through shared memory (._shm)
+        self._rings = 0  # shared rings this rank decided on (it offers at most _shm.MAX_RINGS)
         try:
             self._listener = socket.create_server((host, 0), backlog=128)
         except OSError as exc:
@@ -517,8 +537,9 @@ class PeerNetwork:
     def _probe(self, ranks: Iterable[int]) -> None:
         """Find peers that died while this rank was not sending to them (the lock is held).
 
-        A connection this rank sends on carries nothing back but a goodbye, so an end
-        of stream (or a reset) there with nothing before it means the peer is gone.
+        A connection this rank sends on carries nothing back but credits of the shared
+        ring and a goodbye, so an end of stream (or a reset) there with nothing but credits
+        before it means the peer is gone.
         """
         for q in ranks:
             p = self._peers[q]
@@ -528,8 +549,9 @@ class PeerNetwork:
             try:
                 with sock.dup() as probe:  # a non-blocking twin; the sender thread keeps its timeout
                     probe.settimeout(0)
-                    if probe.recv(1, socket.MSG_PEEK):
-                        continue  # a goodbye is waiting: the sender thread reads it
+                    waiting = probe.recv(_PEEK_BYTES, socket.MSG_PEEK)
+                    if waiting and not (_shm.credits_only(waiting) and _hung_up(probe)):
+                        continue  # a goodbye is waiting (the sender thread reads it), or credits from a live peer
                 reason = f"rank {q} closed its connection without a goodbye (it exited or died)"
             except (BlockingIOError, InterruptedError):
                 continue
@@ -599,9 +621,17 @@ class PeerNetwork:
                 with self._cond:
                     p.outbound = sock
                     op.state = "sending"
-            if p.poller.poll(0):
-                self._check_goodbye(sock, p.rank)
-            send_frame(sock, encode_header(DATA, op.ctx, op.tag, op.nbytes, self.rank), op.view, peer=p.rank)
+            while p.poller.poll(0):
+                self._read_back(sock, p)
+            if op.nbytes >= _shm.MIN_BYTES and self._shm and p.ring is None:
+                with self._cond:
+                    self._rings += 1
+                    room = self._rings <= _shm.MAX_RINGS
+                p.ring = self._offer_ring(sock, p) if room else False
+            if op.nbytes >= _shm.MIN_BYTES and p.ring:
+                self._write_ring(sock, p, op)
+            else:
+                send_frame(sock, encode_header(DATA, op.ctx, op.tag, op.nbytes, self.rank), op.view, peer=p.rank)
         except Exception as exc:  # noqa: BLE001 - every failure becomes the peer's send failure
             if isinstance(exc, DistError):
                 failure = (type(exc), str(exc))
@@ -658,8 +688,10 @@ class PeerNetwork:
             raise
         return sock
 
-    def _check_goodbye(self, sock: socket.socket, peer: int) -> None:
-        """The peer wrote on our sending connection: that is its goodbye, or it is gone."""
+    def _read_back(self, sock: socket.socket, p: _Peer) -> Header:
+        """Read the frame peer ``p`` wrote on the connection this rank sends on: a credit of the shared
+        ring (taken) or the answer to its offer (returned); else its goodbye, or it is gone (raised)."""
+        peer = p.rank
         try:
             data = sock.recv(HEADER_SIZE, socket.MSG_PEEK)
         except OSError as exc:
@@ -670,11 +702,47 @@ class PeerNetwork:
         head = bytearray(HEADER_SIZE)
         recv_exact_into(sock, memoryview(head), peer=peer)
         h = decode_header(head)
+        if h.kind == CREDIT and isinstance(p.ring, _shm.Ring):
+            p.ring.credit(h, peer)
+            return h
+        if h.kind == SHM_ACK:
+            return h
         if h.kind == CLOSE and h.tag == FAILING:
             raise PeerLostError(f"rank {peer} failed (it said so in its goodbye)", rank=peer)
         if h.kind == CLOSE:
             raise _Goodbye(f"rank {peer} has closed its peer network")
-        raise ProtocolError(f"rank {peer} sent a DATA frame on the connection this rank sends on")
+        raise ProtocolError(f"rank {peer} sent a {KINDS[h.kind]} frame on the connection this rank sends on")
+
+    def _offer_ring(self, sock: socket.socket, p: _Peer) -> _shm.Ring | bool:
+        """Offer ``p`` a shared ring for this rank's large payloads: the ring once ``p`` mapped it, else
+        ``False`` (another host, or no shared memory here: TCP carries them)."""
+        try:
+            ring = _shm.Ring()
+        except OSError as exc:
+            log.info("rank %d: no shared memory for rank %d (%s); payloads go over TCP", self.rank, p.rank, exc)
+            return False
+        try:
+            send_frame(sock, ring.offer(self.rank), peer=p.rank)
+            answer = self._read_back(sock, p)
+        except BaseException:
+            ring.close()
+            raise
+        if answer.kind != SHM_ACK or answer.tag != 1:
+            ring.close()
+            return False
+        ring.accepted()
+        return ring
+
+    def _write_ring(self, sock: socket.socket, p: _Peer, op: Handle) -> None:
+        """Send ``op`` through ``p``'s shared ring: an SHM frame, then one CHUNK frame per slot filled."""
+        ring = p.ring
+        head = encode_header(SHM, op.ctx, op.tag, op.nbytes, self.rank)
+        for start in range(0, op.nbytes, ring.slot_size):
+            while ring.full():
+                self._read_back(sock, p)
+            head += ring.put(op.view[start : start + ring.slot_size], self.rank)
+            send_frame(sock, head, peer=p.rank)
+            head = b""
 
     def _goodbye(self, p: _Peer) -> None:
         """CLOSE on ``p.outbound``, end of stream, then wait (briefly) until the peer has read
@@ -731,6 +799,7 @@ class PeerNetwork:
     def _receive_loop(self, p: _Peer, conn: socket.socket) -> None:
         head = bytearray(HEADER_SIZE)
         view = memoryview(head)
+        stream = _Stream(conn, p.rank)
         current: Handle | _Message | None = None
         try:
             while True:
@@ -754,6 +823,11 @@ class PeerNetwork:
                     except OSError:
                         pass
                     return
+                if h.kind == SHM_OPEN:
+                    reader = _shm.RingReader.accept(conn, h, self.rank, p.rank, p.back_lock, deadline, self._shm)
+                    p.reader = reader or p.reader
+                    continue
+                source = self._source(h, stream, p)
                 with self._cond:
                     op = self._match_posted(p, (h.ctx, h.tag))
                     if op is None:
@@ -762,14 +836,14 @@ class PeerNetwork:
                     else:
                         current = op
                 if op is not None and op.nbytes != h.nbytes:
-                    _discard(conn, h.nbytes, p.rank, deadline)
+                    _discard(source, h.nbytes, deadline)
                     with self._cond:
                         self._fail(op, (ProtocolError, self._mismatch(h.nbytes, op, p.rank)), p.rank)
                 elif op is not None:
-                    recv_exact_into(conn, op.view, peer=p.rank, deadline=deadline)
+                    source.read_into(op.view, deadline)
                     self._complete(op)
                 else:
-                    self._receive_unexpected(conn, current, p.rank, deadline)
+                    self._receive_unexpected(source, current, deadline)
                 current = None
         except Exception as exc:  # noqa: BLE001 - every failure becomes the peer's receive failure
             if self._closed:
@@ -799,13 +873,23 @@ class PeerNetwork:
                 else:
                     self._lose(p, failure, receiving=True)
 
-    def _receive_unexpected(self, conn: socket.socket, msg: _Message, src: int, deadline: float) -> None:
+    def _source(self, h: Header, stream: _Stream, p: _Peer) -> _Stream | _shm.RingReader:
+        """Where the payload of frame ``h`` from ``p`` comes from: the connection (DATA) or ``p``'s ring (SHM)."""
+        if h.kind == DATA:
+            return stream
+        if h.kind == SHM and p.reader is not None:
+            p.reader.begin(h.nbytes)
+            return p.reader
+        raise ProtocolError(f"rank {p.rank} sent a {KINDS[h.kind]} frame where a message was due"
+                            + (" (it offered no shared ring)" if h.kind == SHM else ""))
+
+    def _receive_unexpected(self, source: _Stream | _shm.RingReader, msg: _Message, deadline: float) -> None:
         """Read an unexpected payload in chunks; once a receive matches it, read the rest straight in."""
         got = 0
         while got < msg.nbytes:
             op = msg.op  # set under the lock by irecv; seen here at the next chunk at the latest
             if op is not None and op.nbytes == msg.nbytes:
-                recv_exact_into(conn, op.view[got:], peer=src, deadline=deadline)
+                source.read_into(op.view[got:], deadline)
                 _copy_chunks(msg.chunks, op.view)
                 self._recycle(msg)
                 with self._cond:
@@ -813,7 +897,7 @@ class PeerNetwork:
                 self._complete(op)
                 return
             chunk = self._piece(min(msg.nbytes - got, _CHUNK), got)
-            recv_exact_into(conn, chunk, peer=src, deadline=deadline)
+            source.read_into(chunk, deadline)
             msg.chunks.append(chunk)
             got += len(chunk)
         with self._cond:
@@ -874,12 +958,13 @@ class PeerNetwork:
             if p.sender is not None:
                 p.sender.join(max(0.0, deadline - time.monotonic()))
         with self._cond:
-            inbound = [p.inbound for p in self._peers if p.inbound is not None]
+            inbound = [p for p in self._peers if p.inbound is not None]
             stuck = [p.outbound for p in self._peers if p.outbound is not None and p.sender.is_alive()]
-        for sock in inbound:  # the goodbye in the other direction, so the peer stops sending
+        for p in inbound:  # the goodbye in the other direction, so the peer stops sending
             try:
-                sock.settimeout(0.5)
-                sock.sendall(encode_header(CLOSE, 0, self._farewell, 0, self.rank))
+                with p.back_lock:
+                    p.inbound.settimeout(0.5)
+                    p.inbound.sendall(encode_header(CLOSE, 0, self._farewell, 0, self.rank))
             except OSError:
                 pass
         for sock in stuck:
@@ -891,6 +976,18 @@ class PeerNetwork:
         for t in self._threads:
             t.join(max(0.1, deadline - time.monotonic()))
         self._listener.close()
+        for p in self._peers:  # the shared rings: unmapped here, freed by the kernel once the peer's go too
+            if isinstance(p.ring, _shm.Ring):
+                p.ring.close()
+            if p.reader is not None:
+                p.reader.close()
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the peer of ``sock`` has closed its end (data it wrote before may still wait unread)."""
+    poller = select.poll()
+    poller.register(sock, _RDHUP)
+    return bool(poller.poll(0))
 
 
 def _pop(table: dict[tuple[int, int], deque], key: tuple[int, int]) -> Any:
@@ -909,12 +1006,24 @@ def _copy_chunks(chunks: list[memoryview], view: memoryview) -> None:
         offset += len(chunk)
 
 
-def _discard(conn: socket.socket, nbytes: int, peer: int, deadline: float) -> None:
+class _Stream:
+    """The payload of a DATA frame: the bytes that follow its header on the connection."""
+
+    __slots__ = ("conn", "peer")
+
+    def __init__(self, conn: socket.socket, peer: int):
+        self.conn, self.peer = conn, peer
+
+    def read_into(self, view: memoryview, deadline: float) -> None:
+        recv_exact_into(self.conn, view, peer=self.peer, deadline=deadline)
+
+
+def _discard(source: _Stream | _shm.RingReader, nbytes: int, deadline: float) -> None:
     """Read and drop ``nbytes`` payload bytes (a frame no buffer can take) by ``deadline``."""
     scratch = memoryview(bytearray(min(nbytes, 1 << 20)))
     while nbytes:
         n = min(nbytes, len(scratch))
-        recv_exact_into(conn, scratch[:n], peer=peer, deadline=deadline)
+        source.read_into(scratch[:n], deadline)
         nbytes -= n
 
 
