@@ -703,7 +703,7 @@ TABLE = [
         "simulate topology not a topology",
         "dist.simulate(noop, 2, topology=5)",
         TypeError,
-        r"topology must be None, a name, a networkx\.Graph or a Topology, got int",
+        r"topology must be None, a name, a path, a networkx\.Graph or a Topology, got int",
         where="main",
     ),
     Bad("simulate leaks", "dist.simulate(noop, 2, leaks='sometimes')", ValueError, r"leaks='sometimes'", where="main"),
