@@ -1,4 +1,4 @@
-"""(j) The cost of the buffer-race check (``simulate(..., check_buffers=True)``) on p2p ping-pong.
+"""(l) The cost of the buffer-race check (``simulate(..., check_buffers=True)``) on p2p ping-pong.
 
     python benchmarks/bench_buffer_check.py [--reps 7] [--quick] [--json PATH] [--profile]
 
@@ -125,7 +125,7 @@ def report(raw: dict, ways: dict, reps: int) -> tuple[str, list[dict]]:
     decision = ("above 10%: the check is an option, `simulate(..., check_buffers=True)`, off by default and on in "
                 "`simdist.testing`" if worst > LIMIT else "within 10%: the check can stay on")
     text = (
-        "### (j) the buffer-race check on p2p ping-pong\n\n"
+        "### (l) the buffer-race check on p2p ping-pong\n\n"
         f"Median of {reps} repetitions, check off and on interleaved; wall time of the whole `simulate` call "
         "(CPU: process CPU time, all threads, less sensitive to other load). "
         f"Worst ratio {worst:.2f}x: {decision}.\n\n{table}\n\n{ways_table}\n"

@@ -1,4 +1,4 @@
-"""(j) The cost of checking collectives across ranks on the socket backend: checked vs unchecked all_reduce.
+"""(k) The cost of checking collectives across ranks on the socket backend: checked vs unchecked all_reduce.
 
     python benchmarks/bench_socket_checked.py [--reps 5] [--quick] [--json PATH] [--profile] [--profile-timer cpu|wall]
 
