@@ -40,6 +40,7 @@ __all__ = [
     "empty",
     "zeros",
     "narrow",
+    "blocks",
     "byte_view",
     "host_bytes",
     "on_host",
@@ -59,6 +60,7 @@ __all__ = [
 
 Array = Any  # torch.Tensor | numpy.ndarray | cupy.ndarray
 
+_Tensor = torch.Tensor
 _FLOATS = {"float16", "bfloat16", "float32", "float64"}
 _BITWISE = {ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR}
 
@@ -135,17 +137,21 @@ def shape_of(x: Array) -> tuple[int, ...]:
 
 
 def numel(x: Array) -> int:
-    return int(x.numel()) if isinstance(x, torch.Tensor) else int(x.size)
+    if type(x) is _Tensor or isinstance(x, _Tensor):  # (the first test alone is the common, quick case)
+        return x.numel()
+    return int(x.size)
 
 
 def itemsize(x: Array) -> int:
     """Bytes per element."""
-    return int(x.element_size()) if isinstance(x, torch.Tensor) else int(x.itemsize)
+    if type(x) is _Tensor or isinstance(x, _Tensor):
+        return x.element_size()
+    return int(x.itemsize)
 
 
 def nbytes(x: Array) -> int:
-    if isinstance(x, torch.Tensor):
-        return int(x.numel() * x.element_size())
+    if type(x) is _Tensor or isinstance(x, _Tensor):
+        return x.numel() * x.element_size()
     return int(x.nbytes)
 
 
@@ -291,6 +297,20 @@ def narrow(buf: Array, start: int, length: int) -> Array:
     return buf[start : start + length]
 
 
+def blocks(buf: Array, counts: Sequence[int]) -> list:
+    """Views of consecutive blocks of flat buffer ``buf``, ``counts[i]`` elements each, from its start.
+
+    The same views as :func:`narrow` gives, made at once (for a tensor, one call into torch).
+    """
+    if isinstance(buf, torch.Tensor) and sum(counts) == buf.numel():
+        return list(buf.split_with_sizes(counts))
+    out, start = [], 0
+    for n in counts:
+        out.append(buf[start : start + n])
+        start += n
+    return out
+
+
 def byte_view(buf: Array) -> Array:
     """Flat buffer ``buf`` seen as ``uint8`` bytes (same memory, same array kind and device: torch, numpy, cupy)."""
     if isinstance(buf, torch.Tensor):
@@ -341,6 +361,9 @@ def _torch_bytes(buf: Array) -> torch.Tensor:
 
 def copy_(dst: Array, src: Array) -> None:
     """Copy the bytes of flat buffer ``src`` into flat buffer ``dst`` (same byte size, any devices)."""
+    if type(dst) is _Tensor and type(src) is _Tensor and dst.dtype is src.dtype:  # the common case, first
+        dst.copy_(src)
+        return
     if isinstance(dst, torch.Tensor) or isinstance(src, torch.Tensor):
         if isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor) and dst.dtype == src.dtype:
             dst.copy_(src)
@@ -452,8 +475,21 @@ _NUMPY_BOOL_OPS = {
 }
 
 
+def _by_name(table: dict) -> dict:
+    """``table`` keyed by the ops' names, ``AVG`` as ``SUM`` (an Enum member hashes in Python code, its name in C)."""
+    return {"AVG": table[ReduceOp.SUM], **{op._name_: fn for op, fn in table.items()}}
+
+
+_TORCH_BY_NAME = _by_name(_TORCH_OPS)
+_TORCH_BOOL_BY_NAME = _by_name(_TORCH_BOOL_OPS)
+
+
 def reduce_(dst: Array, src: Array, op: ReduceOp) -> None:
     """``dst = dst (op) src`` element-wise, in place. ``AVG`` reduces as ``SUM`` (see :func:`average_`)."""
+    if type(dst) is _Tensor and type(src) is _Tensor:  # the common case, first
+        table = _TORCH_BOOL_BY_NAME if dst.dtype is torch.bool else _TORCH_BY_NAME
+        table[op._name_](dst, src, out=dst)
+        return
     if op is ReduceOp.AVG:
         op = ReduceOp.SUM
     if isinstance(dst, torch.Tensor):

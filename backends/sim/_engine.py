@@ -486,23 +486,27 @@ class Engine:
     def complete(self, item: Waitable, t_done: float) -> None:
         item.done = True
         item.t_done = t_done
-        waiters, item.waiters = item.waiters, []
-        for w in waiters:
-            w.pending -= 1
-            if w.pending == 0:
-                if isinstance(w, RankState):
-                    bisect.insort(self.runnable, w.rank)
-                else:
-                    self.ready.append(w)
+        waiters = item.waiters
+        if waiters:
+            item.waiters = []
+            ready = self.ready
+            for w in waiters:
+                w.pending -= 1
+                if w.pending == 0:
+                    if type(w) is RankState:
+                        bisect.insort(self.runnable, w.rank)
+                    else:
+                        ready.append(w)
 
     def drain(self) -> None:
         """Advance every collective run whose messages have completed, until none can move."""
         if self.draining:
             return
         self.draining = True
+        ready, advance = self.ready, self._advance
         try:
-            while self.ready:
-                self._advance(self.ready.popleft())
+            while ready:
+                advance(ready.popleft())
         finally:
             self.draining = False
 
@@ -513,18 +517,28 @@ class Engine:
         key = (p.ctx, p.dst, p.tag)
         self.footprint.add(key)
         if p.kind == "send":
-            if 0 < p.nbytes <= self.eager_limit or (self.eager_limit > 0 and p.nbytes == 0):
+            eager = self.eager_limit
+            if eager > 0 and p.nbytes <= eager:
                 p.data = A.empty(p.buf, A.numel(p.buf))
                 A.copy_(p.data, p.buf)
                 self._finish_post(p, p.t_post)
             waiting = self.recvs.get(key)
             if waiting:
+                src = p.src
                 for i, r in enumerate(waiting):
-                    if r.src is None or r.src == p.src:
+                    if r.src is None or r.src == src:
                         del waiting[i]
                         self._match(p, r)
                         return p
-            self.sends.setdefault(key, {}).setdefault(p.src, deque()).append(p)
+            by_src = self.sends.get(key)
+            if by_src is None:
+                self.sends[key] = {p.src: deque((p,))}
+            else:
+                queue = by_src.get(p.src)
+                if queue is None:
+                    by_src[p.src] = deque((p,))
+                else:
+                    queue.append(p)
             return p
         by_src = self.sends.get(key)
         if by_src:
@@ -544,7 +558,11 @@ class Engine:
                         self.strategy.chose(self, "match", senders, pick, p)
                     self._match(by_src[senders[pick]].popleft(), p)
                     return p
-        self.recvs.setdefault(key, []).append(p)
+        waiting = self.recvs.get(key)
+        if waiting is None:
+            self.recvs[key] = [p]
+        else:
+            waiting.append(p)
         return p
 
     def _match(self, s: Post, r: Post) -> None:
@@ -555,8 +573,10 @@ class Engine:
                     "must have the same dtype and number of elements"
                 )
             )
-        A.copy_(r.buf, s.data if s.data is not None else s.buf)
-        ready = s.t_post if s.done else max(s.t_post, r.t_post)
+        A.copy_(r.buf, s.buf if s.data is None else s.data)
+        ready = s.t_post
+        if not s.done and r.t_post > ready:
+            ready = r.t_post
         start, arrival = self.topology.transfer(s.src, s.dst, s.nbytes, ready)
         r.source = s.src
         run = s.run
@@ -599,7 +619,7 @@ class Engine:
             )
         if not s.done:
             self._finish_post(s, arrival)
-        self._finish_post(r, max(arrival, r.t_post))
+        self._finish_post(r, arrival if arrival >= r.t_post else r.t_post)
 
     def _finish_post(self, p: Post, t: float) -> None:
         p.t_done = t
@@ -682,9 +702,10 @@ class Engine:
     def _advance(self, run: CollectiveRun) -> None:
         if run.waiting:
             self._step_done(run)
+        gen = run.gen
         while True:
             try:
-                handles = next(run.gen)
+                handles = next(gen)
             except StopIteration:
                 self._end_run(run, run.t)
                 return
@@ -693,11 +714,13 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - an algorithm's failure belongs to its rank
                 self.fail(RankError(run.rank, exc))
             run.waiting = handles
-            pending = [h for h in handles if not h.done]
-            if pending:
-                run.pending = len(pending)
-                for h in pending:
+            pending = 0
+            for h in handles:
+                if not h.done:
                     h.waiters.append(run)
+                    pending += 1
+            if pending:
+                run.pending = pending
                 return
             self._step_done(run)
 
@@ -761,36 +784,28 @@ class _Transport(Timed):
         self.dtype: str | None = None
         self.itemsize = 0
 
-    def _post(self, kind: str, buf: Any, peer: int, tag: int, chunk: int | None) -> Post:
-        if self.dtype is None:
-            self.dtype = A.dtype_name(buf)
-            self.itemsize = A.itemsize(buf)
-        run, me, other = self.run, self.me, self.ranks[peer]
-        src, dst = (me, other) if kind == "send" else (other, me)
-        p = Post(
-            kind,
-            src,
-            dst,
-            run.ctx,
-            tag,
-            buf,
-            A.numel(buf) * self.itemsize,
-            self.dtype,
-            run.t,
-            me,
-            self.gid,
-            self.site,
-            run,
-            run.step,
-            chunk,
-        )
-        return self.engine.post(p)
+    def _learn(self, buf: Any) -> None:
+        """Take the dtype and element size of the collective's messages from its first buffer."""
+        self.dtype = A.dtype_name(buf)
+        self.itemsize = A.itemsize(buf)
 
     def isend(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Post:
-        return self._post("send", buf, peer, tag, chunk)
+        if self.dtype is None:
+            self._learn(buf)
+        run, me = self.run, self.me
+        return self.engine.post(
+            Post("send", me, self.ranks[peer], run.ctx, tag, buf, A.numel(buf) * self.itemsize, self.dtype, run.t, me,
+                 self.gid, self.site, run, run.step, chunk)
+        )
 
     def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Post:
-        return self._post("recv", buf, peer, tag, chunk)
+        if self.dtype is None:
+            self._learn(buf)
+        run, me = self.run, self.me
+        return self.engine.post(
+            Post("recv", self.ranks[peer], me, run.ctx, tag, buf, A.numel(buf) * self.itemsize, self.dtype, run.t, me,
+                 self.gid, self.site, run, run.step, chunk)
+        )
 
     def reduced(self, nbytes: int) -> None:
         """Advance the rank's collective clock past a reduction of ``nbytes`` (``Topology.reduce``)."""

@@ -46,15 +46,17 @@ def ring(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
     n = A.numel(buf)
     if p == 1 or n == 0:
         return
-    bounds = chunk_bounds(n, p)
-    blocks = [A.narrow(buf, s, k) for s, k in bounds]
-    tmp = scratch(t, buf, bounds[0][1])
+    lengths = [k for _, k in chunk_bounds(n, p)]
+    blocks = A.blocks(buf, lengths)
+    tmp = scratch(t, buf, lengths[0])
+    # chunks differ by one element at most: the two views of ``tmp`` that receive them
+    into = {lengths[0]: tmp, lengths[-1]: A.narrow(tmp, 0, lengths[-1])}
     right, left = (r + 1) % p, (r - 1) % p
     for step in range(p - 1):
         out, inc = (r - step) % p, (r - step - 1) % p
-        incoming = A.narrow(tmp, 0, bounds[inc][1])
+        incoming = into[lengths[inc]]
         yield recv(t, incoming, left, step, inc) + send(t, blocks[out], right, step, out)
-        if bounds[inc][1]:
+        if lengths[inc]:
             combine(t, blocks[inc], incoming, op)
     for step in range(p - 1):
         out, inc = (r + 1 - step) % p, (r - step) % p

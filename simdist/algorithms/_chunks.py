@@ -171,7 +171,7 @@ def combine(t: Transport, acc: Any, other: Any, op: ReduceOp) -> None:
     """``acc = acc (op) other`` in place; a :class:`Timed` transport charges the bytes of ``acc``."""
     A.reduce_(acc, other, op)
     if isinstance(t, Timed):
-        t.reduced(A.numel(acc) * A.itemsize(acc))
+        t.reduced(A.nbytes(acc))
 
 
 def scratch(t: Transport, like: Any, numel: int) -> Any:
