@@ -619,7 +619,7 @@ class Engine:
             )
         if not s.done:
             self._finish_post(s, arrival)
-        self._finish_post(r, arrival if arrival >= r.t_post else r.t_post)
+        self._finish_post(r, max(arrival, r.t_post))
 
     def _finish_post(self, p: Post, t: float) -> None:
         p.t_done = t
