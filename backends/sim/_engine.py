@@ -513,7 +513,12 @@ class Engine:
     # --- point to point --------------------------------------------------------------
 
     def post(self, p: Post) -> Post:
-        """Post a send or a receive; match it if its partner is waiting."""
+        """Post a send or a receive; match it if its partner is waiting.
+
+        A collective's message keys are its own (its ``ctx``): a queue it empties is dropped, so
+        the tables hold no more than what is unmatched. A user's emptied queues stay, so that
+        reports list unmatched posts in the order their keys were first used.
+        """
         key = (p.ctx, p.dst, p.tag)
         self.footprint.add(key)
         if p.kind == "send":
@@ -527,7 +532,10 @@ class Engine:
                 src = p.src
                 for i, r in enumerate(waiting):
                     if r.src is None or r.src == src:
-                        del waiting[i]
+                        if len(waiting) == 1 and p.run is not None:
+                            del self.recvs[key]  # (see the docstring)
+                        else:
+                            del waiting[i]
                         self._match(p, r)
                         return p
             by_src = self.sends.get(key)
@@ -545,7 +553,12 @@ class Engine:
             if p.src is not None:
                 queue = by_src.get(p.src)
                 if queue:
-                    self._match(queue.popleft(), p)
+                    s = queue.popleft()
+                    if not queue and p.run is not None:  # (see the docstring)
+                        del by_src[p.src]
+                        if not by_src:
+                            del self.sends[key]
+                    self._match(s, p)
                     return p
             else:
                 senders = sorted(s for s, q in by_src.items() if q)
