@@ -520,7 +520,8 @@ class Engine:
         reports list unmatched posts in the order their keys were first used.
         """
         key = (p.ctx, p.dst, p.tag)
-        self.footprint.add(key)
+        if self.strategy.footprints:
+            self.footprint.add(key)
         if p.kind == "send":
             eager = self.eager_limit
             if eager > 0 and p.nbytes <= eager:

@@ -58,6 +58,9 @@ class Strategy:
     """Picks among runnable ranks; subclasses override :meth:`pick`."""
 
     name = "strategy"
+    footprints = True
+    """Whether :meth:`observe` reads its ``footprint``: the engine records footprints only for a
+    strategy that does (they cost a set entry per message). ``False`` where ``observe`` ignores them."""
 
     def pick(self, n: int, options: Sequence[int], current: int | None) -> int:
         """Return an index in ``range(n)`` into ``options`` (``n >= 2``)."""
@@ -89,6 +92,7 @@ class RandomStrategy(Strategy):
     """Uniformly random among the options, from one seeded ``random.Random``."""
 
     name = "random"
+    footprints = False
 
     def __init__(self, seed: int = 0):
         self.seed = int(seed)
@@ -105,6 +109,7 @@ class RoundRobinStrategy(Strategy):
     """The next runnable rank after the current one, cyclically."""
 
     name = "round_robin"
+    footprints = False
 
     def pick(self, n, options, current):
         if current is None:
@@ -128,6 +133,7 @@ class PCTStrategy(Strategy):
     """
 
     name = "pct"
+    footprints = False
 
     def __init__(self, seed: int = 0, depth: int = 3, steps: int = 1000):
         if depth < 1:
@@ -163,6 +169,7 @@ class ReplayStrategy(Strategy):
     """Replays a list of choices; past its end, choice 0."""
 
     name = "replay"
+    footprints = False
 
     def __init__(self, choices: Sequence[int]):
         bad = [c for c in choices if isinstance(c, bool) or not isinstance(c, int) or c < 0]
