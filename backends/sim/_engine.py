@@ -631,9 +631,14 @@ class Engine:
                     run.call.algorithm,
                 )
             )
-        if not s.done:
-            self._finish_post(s, arrival)
-        self._finish_post(r, max(arrival, r.t_post))
+        if run is None:
+            if not s.done:
+                self._finish_post(s, arrival)
+            self._finish_post(r, max(arrival, r.t_post))
+        else:  # a collective's posts have no write-back and no span of their own to record
+            if not s.done:
+                self.complete(s, arrival)
+            self.complete(r, max(arrival, r.t_post))
 
     def _finish_post(self, p: Post, t: float) -> None:
         p.t_done = t

@@ -55,13 +55,13 @@ def ring(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
     for step in range(p - 1):
         out, inc = (r - step) % p, (r - step - 1) % p
         incoming = into[lengths[inc]]
-        yield recv(t, incoming, left, step, inc) + send(t, blocks[out], right, step, out)
+        yield recv(t, incoming, left, step, inc, lengths[inc]) + send(t, blocks[out], right, step, out, lengths[out])
         if lengths[inc]:
             combine(t, blocks[inc], incoming, op)
     for step in range(p - 1):
         out, inc = (r + 1 - step) % p, (r - step) % p
         tag = p - 1 + step
-        yield recv(t, blocks[inc], left, tag, inc) + send(t, blocks[out], right, tag, out)
+        yield recv(t, blocks[inc], left, tag, inc, lengths[inc]) + send(t, blocks[out], right, tag, out, lengths[out])
 
 
 def ring_pipelined(

@@ -130,20 +130,25 @@ def segment(buf: Any, k: int, width: int) -> Any:
     return A.narrow(buf, start, min(width, A.numel(buf) - start))
 
 
-def send(t: Transport, buf: Any, peer: int, tag: int, chunk: int | None = None) -> list[Handle]:
+def send(
+    t: Transport, buf: Any, peer: int, tag: int, chunk: int | None = None, count: int | None = None
+) -> list[Handle]:
     """Post a send of ``buf`` to ``peer``: ``[handle]``, or ``[]`` if ``buf`` is empty.
 
     Empty messages are skipped; the receiver skips them too, because both sides derive
-    every block size from arguments that agree on all ranks.
+    every block size from arguments that agree on all ranks. ``count``: ``buf``'s number
+    of elements, where the caller has it at hand.
     """
-    if A.numel(buf) == 0:
+    if (A.numel(buf) if count is None else count) == 0:
         return []
     return [t.isend(buf, peer, tag, chunk=chunk)]
 
 
-def recv(t: Transport, buf: Any, peer: int, tag: int, chunk: int | None = None) -> list[Handle]:
-    """Post a receive into ``buf`` from ``peer``: ``[handle]``, or ``[]`` if ``buf`` is empty."""
-    if A.numel(buf) == 0:
+def recv(
+    t: Transport, buf: Any, peer: int, tag: int, chunk: int | None = None, count: int | None = None
+) -> list[Handle]:
+    """Post a receive into ``buf`` from ``peer``: ``[handle]``, or ``[]`` if ``buf`` is empty (as :func:`send`)."""
+    if (A.numel(buf) if count is None else count) == 0:
         return []
     return [t.irecv(buf, peer, tag, chunk=chunk)]
 
