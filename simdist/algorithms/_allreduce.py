@@ -18,6 +18,7 @@ from ._chunks import (
     WINDOW,
     ceil_log2,
     chunk_bounds,
+    chunk_lengths,
     combine,
     floor_log2,
     fold,
@@ -46,8 +47,9 @@ def ring(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
     n = A.numel(buf)
     if p == 1 or n == 0:
         return
-    lengths = [k for _, k in chunk_bounds(n, p)]
-    blocks = A.blocks(buf, lengths)
+    lengths = chunk_lengths(n, p)
+    full = min(n, p)  # the chunks past the first n are empty: they share one view
+    blocks = A.blocks(buf, lengths[:full]) + [A.narrow(buf, n, 0)] * (p - full)
     tmp = scratch(t, buf, lengths[0])
     # chunks differ by one element at most: the two views of ``tmp`` that receive them
     into = {lengths[0]: tmp, lengths[-1]: A.narrow(tmp, 0, lengths[-1])}

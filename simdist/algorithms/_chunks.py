@@ -12,6 +12,7 @@ from ._transport import Handle, Timed, Transport
 
 __all__ = [
     "chunk_bounds",
+    "chunk_lengths",
     "offsets",
     "floor_log2",
     "ceil_log2",
@@ -56,17 +57,23 @@ def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     >>> chunk_bounds(7, 3)
     [(0, 3), (3, 2), (5, 2)]
     """
+    lengths = chunk_lengths(n, parts)
+    return list(zip(offsets(lengths), lengths))
+
+
+def chunk_lengths(n: int, parts: int) -> list[int]:
+    """The lengths of :func:`chunk_bounds`'s chunks: ``n % parts`` chunks of ``n // parts + 1``
+    elements, then ``n // parts`` elements each.
+
+    >>> chunk_lengths(7, 3)
+    [3, 2, 2]
+    """
     if parts < 1:
         raise ValueError(f"parts={parts!r} must be at least 1")
     if n < 0:
         raise ValueError(f"n={n!r} must be non-negative")
     base, extra = divmod(n, parts)
-    bounds, start = [], 0
-    for i in range(parts):
-        length = base + (1 if i < extra else 0)
-        bounds.append((start, length))
-        start += length
-    return bounds
+    return [base + 1] * extra + [base] * (parts - extra)
 
 
 def offsets(counts: Sequence[int]) -> list[int]:
