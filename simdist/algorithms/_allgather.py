@@ -34,9 +34,10 @@ def ring(t: Transport, inp: Any, out: Any) -> Algorithm:
         return
     r = t.rank
     right, left = (r + 1) % p, (r - 1) % p
+    blocks = A.blocks(out, [n] * p)
     for step in range(p - 1):
         s, g = (r - step) % p, (r - step - 1) % p
-        yield recv(t, A.narrow(out, g * n, n), left, step, g) + send(t, A.narrow(out, s * n, n), right, step, s)
+        yield recv(t, blocks[g], left, step, g, n) + send(t, blocks[s], right, step, s, n)
 
 
 def recursive_doubling(t: Transport, inp: Any, out: Any) -> Algorithm:

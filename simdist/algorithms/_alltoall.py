@@ -23,7 +23,7 @@ def _blocks(t: Transport, buf: Any, counts: Sequence[int], argname: str) -> list
     bufname = "inp" if argname == "send_counts" else "out"
     if A.numel(buf) != offs[-1]:
         raise ValueError(f"{bufname} has {A.numel(buf)} elements but sum({argname}) is {offs[-1]}")
-    return [A.narrow(buf, offs[j], counts[j]) for j in range(t.size)]
+    return A.blocks(buf, counts)
 
 
 def direct(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_counts: Sequence[int]) -> Algorithm:

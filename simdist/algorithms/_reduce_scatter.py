@@ -42,7 +42,7 @@ def _setup(t: Transport, inp: Any, counts: Sequence[int]) -> tuple[list[int], li
     offs = offsets(counts)
     if A.numel(inp) != offs[-1]:
         raise ValueError(f"inp has {A.numel(inp)} elements but sum(counts) is {offs[-1]}")
-    return counts, offs, [A.narrow(inp, offs[j], counts[j]) for j in range(t.size)]
+    return counts, offs, A.blocks(inp, counts)
 
 
 def ring(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) -> Algorithm:
