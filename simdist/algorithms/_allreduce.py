@@ -54,14 +54,21 @@ def ring(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
     # chunks differ by one element at most: the two views of ``tmp`` that receive them
     into = {lengths[0]: tmp, lengths[-1]: A.narrow(tmp, 0, lengths[-1])}
     right, left = (r + 1) % p, (r - 1) % p
+    # A step whose two chunks are empty (most steps when n < p) posts nothing, but is a step.
     for step in range(p - 1):
         out, inc = (r - step) % p, (r - step - 1) % p
+        if not (lengths[inc] or lengths[out]):
+            yield []
+            continue
         incoming = into[lengths[inc]]
         yield recv(t, incoming, left, step, inc, lengths[inc]) + send(t, blocks[out], right, step, out, lengths[out])
         if lengths[inc]:
             combine(t, blocks[inc], incoming, op)
     for step in range(p - 1):
         out, inc = (r + 1 - step) % p, (r - step) % p
+        if not (lengths[inc] or lengths[out]):
+            yield []
+            continue
         tag = p - 1 + step
         yield recv(t, blocks[inc], left, tag, inc, lengths[inc]) + send(t, blocks[out], right, tag, out, lengths[out])
 
