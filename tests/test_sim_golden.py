@@ -114,6 +114,9 @@ def cases() -> dict[str, tuple]:
         for name in table:
             for world, n in ((4, 37), (6, 5), (5, 1)):
                 out[f"{op}/{name}/w{world}/n{n}"] = (one_collective, world, (op, name, n, "torch"), {})
+    for op, name in (("all_reduce", "ring"), ("all_reduce", "rabenseifner"), ("all_gather", "ring"),
+                     ("reduce_scatter", "ring"), ("barrier", "dissemination")):
+        out[f"{op}/{name}/w6/n5/no-steps"] = (one_collective, 6, (op, name, 5, "torch"), {"record_steps": False})
     out["all_reduce/ring/numpy"] = (one_collective, 5, ("all_reduce", "ring", 9, "numpy"), {})
     out["all_gather/bruck/numpy"] = (one_collective, 5, ("all_gather", "bruck", 3, "numpy"), {})
     out["all_reduce/ring/w16/n256/no-steps"] = (

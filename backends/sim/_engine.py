@@ -722,6 +722,7 @@ class Engine:
         if run.waiting:
             self._step_done(run)
         gen = run.gen
+        quiet = not self.record_steps or run.call.snapshot is None  # (then _step_done records no step)
         while True:
             try:
                 handles = next(gen)
@@ -733,6 +734,9 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - an algorithm's failure belongs to its rank
                 self.fail(RankError(run.rank, exc))
             run.waiting = handles
+            if not handles and quiet:  # a step with nothing to wait for: _step_done, short
+                run.step += 1
+                continue
             pending = 0
             for h in handles:
                 if not h.done:
