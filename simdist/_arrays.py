@@ -150,9 +150,8 @@ def itemsize(x: Array) -> int:
 
 
 def nbytes(x: Array) -> int:
-    if type(x) is _Tensor or isinstance(x, _Tensor):
-        return x.numel() * x.element_size()
-    return int(x.nbytes)
+    """Bytes of the elements (torch tensors, numpy and cupy arrays all say it as ``nbytes``)."""
+    return x.nbytes
 
 
 def device_of(x: Array) -> str:

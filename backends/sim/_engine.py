@@ -793,7 +793,7 @@ class Engine:
 class _Transport(Timed):
     """The Transport a collective algorithm sees inside the simulator."""
 
-    __slots__ = ("engine", "run", "rank", "size", "ranks", "me", "gid", "site", "dtype", "itemsize")
+    __slots__ = ("engine", "run", "rank", "size", "ranks", "me", "gid", "site", "dtype")
 
     def __init__(self, engine: Engine, run: CollectiveRun):
         self.engine = engine
@@ -804,29 +804,23 @@ class _Transport(Timed):
         self.me = run.rank
         self.gid = run.group.group_id
         self.site = run.call.call_site
-        self.dtype: str | None = None
-        self.itemsize = 0
-
-    def _learn(self, buf: Any) -> None:
-        """Take the dtype and element size of the collective's messages from its first buffer."""
-        self.dtype = A.dtype_name(buf)
-        self.itemsize = A.itemsize(buf)
+        self.dtype: str | None = None  # the messages' dtype, from the first buffer
 
     def isend(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Post:
         if self.dtype is None:
-            self._learn(buf)
+            self.dtype = A.dtype_name(buf)
         run, me = self.run, self.me
         return self.engine.post(
-            Post("send", me, self.ranks[peer], run.ctx, tag, buf, A.numel(buf) * self.itemsize, self.dtype, run.t, me,
+            Post("send", me, self.ranks[peer], run.ctx, tag, buf, A.nbytes(buf), self.dtype, run.t, me,
                  self.gid, self.site, run, run.step, chunk)
         )
 
     def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Post:
         if self.dtype is None:
-            self._learn(buf)
+            self.dtype = A.dtype_name(buf)
         run, me = self.run, self.me
         return self.engine.post(
-            Post("recv", self.ranks[peer], me, run.ctx, tag, buf, A.numel(buf) * self.itemsize, self.dtype, run.t, me,
+            Post("recv", self.ranks[peer], me, run.ctx, tag, buf, A.nbytes(buf), self.dtype, run.t, me,
                  self.gid, self.site, run, run.step, chunk)
         )
 
