@@ -522,6 +522,8 @@ class Engine:
                 for i, r in enumerate(waiting):
                     if r.src is None or r.src == p.src:
                         del waiting[i]
+                        if not waiting:  # (keys differ per collective and tag: keep none that are empty)
+                            del self.recvs[key]
                         self._match(p, r)
                         return p
             self.sends.setdefault(key, {}).setdefault(p.src, deque()).append(p)
@@ -531,10 +533,10 @@ class Engine:
             if p.src is not None:
                 queue = by_src.get(p.src)
                 if queue:
-                    self._match(queue.popleft(), p)
+                    self._match(self._take(key, by_src, p.src), p)
                     return p
             else:
-                senders = sorted(s for s, q in by_src.items() if q)
+                senders = sorted(by_src)
                 if senders:
                     pick = 0
                     if len(senders) > 1:
@@ -542,10 +544,20 @@ class Engine:
                         self.choices.append(pick)
                         self.widths.append(len(senders))
                         self.strategy.chose(self, "match", senders, pick, p)
-                    self._match(by_src[senders[pick]].popleft(), p)
+                    self._match(self._take(key, by_src, senders[pick]), p)
                     return p
         self.recvs.setdefault(key, []).append(p)
         return p
+
+    def _take(self, key: tuple, by_src: dict[int, deque], src: int) -> Post:
+        """The first send from ``src`` queued under ``key``, dequeued (dropping queues left empty)."""
+        queue = by_src[src]
+        s = queue.popleft()
+        if not queue:
+            del by_src[src]
+            if not by_src:
+                del self.sends[key]
+        return s
 
     def _match(self, s: Post, r: Post) -> None:
         if s.nbytes != r.nbytes or s.dtype != r.dtype:
