@@ -7,10 +7,10 @@ import random
 import numpy as np
 import pytest
 import torch
+from simdist.backends.sim import _isolation
 
 import simdist
 import simdist as dist
-from simdist.backends.sim import _isolation
 
 pytestmark = pytest.mark.timeout(120)
 

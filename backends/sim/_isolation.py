@@ -290,9 +290,9 @@ _TORCH_RAW = _torch_raw()
 class _RngState:
     """One rank's generator states: raw bytes where possible, else the public API's values."""
 
-    __slots__ = ("py", "py_gauss", "np", "np_gauss", "np_full", "torch")
+    __slots__ = ("np", "np_full", "np_gauss", "py", "py_gauss", "torch")
 
-    def capture(self) -> "_RngState":
+    def capture(self) -> _RngState:
         self.py = _PY.get() if _PY else random.getstate()
         self.py_gauss = random._inst.gauss_next
         cur = _NP.get() if _NP else None
