@@ -233,6 +233,9 @@ class Engine:
                 raise
         finally:
             _isolation.leave(self)
+            for rs in self.ranks:
+                if not rs.started:  # (the others' threads close theirs)
+                    rs.close()
             if isinstance(self.error, DistError):
                 self.error.choices = list(self.choices)
         if self.error is not None:
