@@ -11,6 +11,7 @@ a choice: a run is a function of the program and its choice list.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import threading
 import time
@@ -46,8 +47,9 @@ class Abort(BaseException):
 
 WAKE_FDS = 64
 """Runs of at most this many ranks wake their rank threads through an ``eventfd`` each (Linux), others through a
-``threading.Lock``: the woken thread then finds the GIL free (the waker released it to write), one thread
-switch per hand-off instead of about three, and twice as many hand-offs per second."""
+``threading.Lock``. The woken thread then finds the GIL free (the waker released it to write): one thread
+switch per hand-off between two threads on one core instead of 2.5 to 3 (a Lock's waker still holds the GIL),
+about 2.7 µs instead of 6 to 8."""
 
 
 class RankState:
@@ -114,8 +116,9 @@ class RankState:
         if fd >= 0:
             os.close(fd)
 
-    def __del__(self) -> None:  # a rank that never ran (its run failed first), or whose thread never ended
-        self.close()
+    def __del__(self) -> None:  # a rank whose thread never ended (stuck in C code past its run's timeout)
+        with contextlib.suppress(Exception):  # (at interpreter exit, os may be gone)
+            self.close()
 
 
 class _GroupState:
