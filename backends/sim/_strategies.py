@@ -35,6 +35,7 @@ from typing import Sequence
 
 __all__ = [
     "Strategy",
+    "Hooks",
     "RandomStrategy",
     "RoundRobinStrategy",
     "PCTStrategy",
@@ -85,6 +86,22 @@ class Strategy:
         """
 
 
+class Hooks:
+    """The methods of ``strategy`` that the engine calls at every selection; ``None`` for a hook left as
+    :class:`Strategy`'s no-op (the engine then skips it and what it would be given)."""
+
+    __slots__ = ("chose", "observe", "pick")
+
+    def __init__(self, strategy: Strategy):
+        self.pick = strategy.pick
+        self.observe = _overridden(strategy.observe, Strategy.observe)
+        self.chose = _overridden(strategy.chose, Strategy.chose)
+
+
+def _overridden(method, base):
+    return None if getattr(method, "__func__", None) is base else method
+
+
 class RandomStrategy(Strategy):
     """Uniformly random among the options, from one seeded ``random.Random``."""
 
@@ -93,9 +110,10 @@ class RandomStrategy(Strategy):
     def __init__(self, seed: int = 0):
         self.seed = int(seed)
         self.rng = random.Random(self.seed)
+        self._below = self.rng._randbelow  # what randrange(n) returns for an int n > 0, without its checks
 
     def pick(self, n, options, current):
-        return self.rng.randrange(n)
+        return self._below(n)
 
     def token(self):
         return f"random:{self.seed}"
