@@ -7,7 +7,9 @@ ranks hold 16 million references. No timing is asserted; the timeouts only bound
 
 from __future__ import annotations
 
+import gc
 import tracemalloc
+import weakref
 
 import pytest
 import torch
@@ -78,3 +80,58 @@ def test_memory_per_rank_does_not_grow_with_the_world():
     small, large = _peak_bytes_per_rank(256), _peak_bytes_per_rank(1024)
     # with a copy of the world's ranks per rank, a rank of the larger world held ~24 KiB more
     assert large < 1.3 * small + 4096, (small, large)
+
+
+def _all_but_rank_0_all_reduce(rank: int) -> None:
+    dist.init_process_group("gloo")
+    if rank != 0:
+        dist.all_reduce(torch.ones(4))
+
+
+def test_deadlock_report_of_a_large_world_names_the_missing_rank():
+    n = 2048
+    with pytest.raises(dist.DeadlockError) as info:
+        dist.simulate(_all_but_rank_0_all_reduce, n, detail="collectives", leaks="ignore")
+    err = info.value
+    assert sorted(b["rank"] for b in err.blocked) == list(range(1, n))
+    assert all(b["op"] == "all_reduce" and b["missing"] == [0] for b in err.blocked)
+    assert sorted(err.graph.edges) == [(r, 0) for r in range(1, n)]  # every blocked rank waits for rank 0 alone
+    assert str(err).count("waiting for ranks [0] to join it (ranks [0] finished without calling it)") == n - 1
+    err.blocked[1]["missing"].append(-1)  # each entry owns its list
+    assert err.blocked[2]["missing"] == [0]
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.other = self  # a reference cycle: only the cyclic collector frees it
+
+
+def _cycle_freed_in_rank(rank: int) -> bool:
+    node = _Node()
+    ref = weakref.ref(node)
+    del node
+    gc.collect()
+    return ref() is None
+
+
+def test_collector_frees_cycles_made_during_a_run_and_the_freeze_state_is_put_back():
+    assert gc.get_freeze_count() == 0
+    old = _Node()
+    old_ref = weakref.ref(old)
+    del old  # garbage from before the run
+    assert dist.simulate(_cycle_freed_in_rank, 3).values == [True, True, True]
+    assert gc.get_freeze_count() == 0  # nothing left frozen
+    gc.collect()
+    assert old_ref() is None  # collected once the run is over
+
+
+def test_a_programs_own_frozen_objects_stay_frozen():
+    mine = [_Node()]
+    gc.freeze()
+    try:
+        assert not any(o is mine for o in gc.get_objects())  # frozen: in no generation the collector scans
+        assert dist.simulate(_cycle_freed_in_rank, 2).values == [True, True]
+        assert not any(o is mine for o in gc.get_objects())  # still frozen
+    finally:
+        gc.unfreeze()
+    assert any(o is mine for o in gc.get_objects())
