@@ -13,6 +13,7 @@ import weakref
 
 import pytest
 import torch
+from simdist.backends.sim._runner import FREEZE_WORLD
 
 import simdist as dist
 
@@ -110,19 +111,31 @@ def _cycle_freed_in_rank(rank: int) -> bool:
     node = _Node()
     ref = weakref.ref(node)
     del node
-    gc.collect()
-    return ref() is None
+    if rank == 0:
+        gc.collect()
+        return ref() is None
+    return True
 
 
-def test_collector_frees_cycles_made_during_a_run_and_the_freeze_state_is_put_back():
+def test_collector_frees_cycles_made_during_a_large_run_and_the_freeze_state_is_put_back():
+    n = FREEZE_WORLD
     assert gc.get_freeze_count() == 0
     old = _Node()
     old_ref = weakref.ref(old)
     del old  # garbage from before the run
-    assert dist.simulate(_cycle_freed_in_rank, 3).values == [True, True, True]
-    assert gc.get_freeze_count() == 0  # nothing left frozen
-    gc.collect()
-    assert old_ref() is None  # collected once the run is over
+    seen = []
+
+    def rank_fn(rank: int) -> bool:
+        if rank == 0:
+            seen.append(gc.get_freeze_count())
+        return _cycle_freed_in_rank(rank)
+
+    assert dist.simulate(rank_fn, n, detail="collectives").values == [True] * n
+    assert seen[0] > 0  # the objects alive before the run were frozen while it ran
+    assert gc.get_freeze_count() == 0  # and nothing is left frozen
+    assert old_ref() is None  # young garbage was collected before freezing
+    again = dist.simulate(rank_fn, 4)  # a small run freezes nothing
+    assert again.values == [True] * 4 and seen[1] == 0
 
 
 def test_a_programs_own_frozen_objects_stay_frozen():
@@ -130,7 +143,7 @@ def test_a_programs_own_frozen_objects_stay_frozen():
     gc.freeze()
     try:
         assert not any(o is mine for o in gc.get_objects())  # frozen: in no generation the collector scans
-        assert dist.simulate(_cycle_freed_in_rank, 2).values == [True, True]
+        assert dist.simulate(_cycle_freed_in_rank, FREEZE_WORLD, detail="collectives").values == [True] * FREEZE_WORLD
         assert not any(o is mine for o in gc.get_objects())  # still frozen
     finally:
         gc.unfreeze()

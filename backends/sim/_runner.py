@@ -83,21 +83,28 @@ def _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout, gpus_per_
         raise ValueError(f"gpus_per_node={gpus_per_node!r} must be a positive int (the GPUs each rank sees) or None")
 
 
+FREEZE_WORLD = 512
+"""From this many ranks on, the cyclic garbage collector skips the objects older than the run."""
+
+
 @contextlib.contextmanager
-def _collector_skips_older_objects() -> Iterator[None]:
-    """While the block runs, the cyclic garbage collector leaves alone the objects that existed before it.
+def _collector_skips_older_objects(nprocs: int) -> Iterator[None]:
+    """While the block runs, the cyclic garbage collector leaves alone the objects that were alive before it.
 
     A run of thousands of ranks keeps hundreds of thousands of objects alive until its last rank
-    ends, so the collector's full passes come often, and each rescanned every object of the process
-    (torch's own, ~165,000 after ``import torch``): half of a 4096-rank run's time. Frozen
-    (``gc.freeze``), the older objects are skipped; everything the run creates is collected as
-    usual. A cycle that was garbage before the run is freed after it. Where objects are frozen
-    already (the program's own ``gc.freeze``, or a simulation running meanwhile in another
-    thread), nothing is changed.
+    ends, so the collector's full passes come often, and each rescanned every object of the
+    process, torch's ~165,000 included (a fifth of a 4096-rank run's CPU time). Frozen
+    (``gc.freeze``), those are skipped; everything the run creates is collected as usual. Young
+    garbage is collected first, so only what was alive is frozen; a cycle among frozen objects that
+    becomes garbage during the run is freed after it. Runs of fewer than ``FREEZE_WORLD`` ranks (the
+    many short runs of an exploration), a collector that the program disabled, and objects frozen
+    already (the program's own ``gc.freeze``, or a simulation running meanwhile in another thread)
+    are left as they are.
     """
-    if gc.get_freeze_count():
+    if nprocs < FREEZE_WORLD or not gc.isenabled() or gc.get_freeze_count():
         yield
         return
+    gc.collect(1)
     gc.freeze()
     try:
         yield
@@ -231,7 +238,7 @@ def simulate(
         test=test,
         pool=pool,
     )
-    with _collector_skips_older_objects():
+    with _collector_skips_older_objects(nprocs):
         values = engine.run()
     token = engine.token()
     engine.trace.meta["schedule"] = token
