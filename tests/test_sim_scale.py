@@ -8,12 +8,14 @@ ranks hold 16 million references. No timing is asserted; the timeouts only bound
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import tracemalloc
 import weakref
 
 import pytest
 import torch
-from simdist.backends.sim._runner import FREEZE_WORLD
+from simdist.backends.sim._runner import LARGE_WORLD
 
 import simdist as dist
 
@@ -118,7 +120,7 @@ def _cycle_freed_in_rank(rank: int) -> bool:
 
 
 def test_collector_frees_cycles_made_during_a_large_run_and_the_freeze_state_is_put_back():
-    n = FREEZE_WORLD
+    n = LARGE_WORLD
     assert gc.get_freeze_count() == 0
     old = _Node()
     old_ref = weakref.ref(old)
@@ -143,8 +145,35 @@ def test_a_programs_own_frozen_objects_stay_frozen():
     gc.freeze()
     try:
         assert not any(o is mine for o in gc.get_objects())  # frozen: in no generation the collector scans
-        assert dist.simulate(_cycle_freed_in_rank, FREEZE_WORLD, detail="collectives").values == [True] * FREEZE_WORLD
+        assert dist.simulate(_cycle_freed_in_rank, LARGE_WORLD, detail="collectives").values == [True] * LARGE_WORLD
         assert not any(o is mine for o in gc.get_objects())  # still frozen
     finally:
         gc.unfreeze()
     assert any(o is mine for o in gc.get_objects())
+
+
+_FUTEX_TABLE = """
+import ctypes, threading
+import simdist
+prctl = ctypes.CDLL(None, use_errno=True).prctl
+prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+slots = lambda: prctl(78, 2, 0, 0, 0)  # PR_FUTEX_HASH, PR_FUTEX_HASH_GET_SLOTS
+t = threading.Thread(target=int); t.start(); t.join()  # (a threaded process has its table)
+first = slots()
+small = simdist.simulate(lambda rank: rank, 4).values == [0, 1, 2, 3]
+after_small = slots()
+large = simdist.simulate(lambda rank: rank, {n}, leaks="ignore").values == list(range({n}))
+print(first, after_small, slots(), small and large)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="futex tables are Linux's")
+def test_thousands_of_ranks_wait_on_the_kernels_shared_futex_table():
+    out = subprocess.run([sys.executable, "-c", _FUTEX_TABLE.format(n=LARGE_WORLD)], capture_output=True, text=True,
+                         timeout=240, check=True)
+    first, after_small, after_large, ok = out.stdout.split()
+    assert ok == "True"
+    if int(first) <= 0:
+        pytest.skip("this kernel gives processes no private futex table (Linux before 6.16)")
+    assert int(after_small) == int(first)  # a small run leaves the process's table alone
+    assert int(after_large) == 0  # 0 slots: the kernel's shared table

@@ -23,7 +23,7 @@ from ._group import SimWorld
 from ._report import leaks as find_leaks
 from ._report import undestroyed
 from ._strategies import check_world, make_strategy
-from ._threads import RankPool
+from ._threads import RankPool, futexes_for
 
 __all__ = ["SimResult", "simulate", "DETAILS"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
@@ -83,8 +83,10 @@ def _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout, gpus_per_
         raise ValueError(f"gpus_per_node={gpus_per_node!r} must be a positive int (the GPUs each rank sees) or None")
 
 
-FREEZE_WORLD = 512
-"""From this many ranks on, the cyclic garbage collector skips the objects older than the run."""
+LARGE_WORLD = 512
+"""From this many ranks on, a run readies the process for that many threads: the cyclic garbage collector
+skips the objects older than the run, and the ranks wait on futexes of the kernel's shared table
+(``_threads.futexes_for``)."""
 
 
 @contextlib.contextmanager
@@ -96,12 +98,12 @@ def _collector_skips_older_objects(nprocs: int) -> Iterator[None]:
     process, torch's ~165,000 included (a fifth of a 4096-rank run's CPU time). Frozen
     (``gc.freeze``), those are skipped; everything the run creates is collected as usual. Young
     garbage is collected first, so only what was alive is frozen; a cycle among frozen objects that
-    becomes garbage during the run is freed after it. Runs of fewer than ``FREEZE_WORLD`` ranks (the
+    becomes garbage during the run is freed after it. Runs of fewer than ``LARGE_WORLD`` ranks (the
     many short runs of an exploration), a collector that the program disabled, and objects frozen
     already (the program's own ``gc.freeze``, or a simulation running meanwhile in another thread)
     are left as they are.
     """
-    if nprocs < FREEZE_WORLD or not gc.isenabled() or gc.get_freeze_count():
+    if nprocs < LARGE_WORLD or not gc.isenabled() or gc.get_freeze_count():
         yield
         return
     gc.collect(1)
@@ -238,6 +240,8 @@ def simulate(
         test=test,
         pool=pool,
     )
+    if nprocs >= LARGE_WORLD:
+        futexes_for(nprocs)
     with _collector_skips_older_objects(nprocs):
         values = engine.run()
     token = engine.token()
