@@ -155,6 +155,10 @@ def simulate(
     turns at scheduling points, and each run gives what it gives alone (values, schedule,
     trace, errors). A rank that calls ``simulate`` raises: simulations do not nest.
 
+    A run of ``LARGE_WORLD`` (512) ranks or more readies the process for its threads: while it
+    runs, the cyclic garbage collector skips the objects alive before it (``gc.freeze``, undone
+    after), and on Linux 6.16+ the process moves to the kernel's shared futex table for good.
+
     Args:
         fn: the program of one rank, called as ``fn(rank, *args)`` on every rank's thread.
         nprocs: the number of ranks (the world size).
