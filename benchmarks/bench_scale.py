@@ -1,35 +1,37 @@
-"""(c) Scale: world 1024 all_reduce (detail="collectives") and world 128 ring all_reduce (messages).
+"""(c) Scale: thousands of ranks, each run in a fresh process (wall, CPU and peak memory).
 
     python benchmarks/bench_scale.py [--reps 3] [--quick] [--json PATH] [--profile]
 
-Each figure is the wall time of the *whole* ``simdist.simulate`` call: creating and
-starting the rank threads, ``init_process_group``, one ``all_reduce`` of a float32 tensor
-of ones, ``destroy_process_group`` and joining the threads (``leaks="ignore"``, default
-seeded random strategy, ``record_steps`` on). The result is checked (every element equals
-the world size). Median of ``--reps`` runs; process CPU time (all threads) alongside.
+Each figure is one whole ``simdist.simulate`` call in a fresh Python process (simdist and
+torch imported before timing): creating and starting the rank threads,
+``init_process_group``, one ``all_reduce`` of a float32 tensor of ones,
+``destroy_process_group`` and joining the threads (``leaks="ignore"``, default seeded
+random strategy). The result is checked (every element equals the world size). Peak
+memory is the process's peak resident set (``ru_maxrss``); the import alone is reported
+beside it. The reference is torch's threaded group (``ProcessLocalGroup``, which moves no
+messages and keeps no trace) running the same all_reduce in the same way.
 
-Rows:
-- world 1024, 1 KiB, ``detail="collectives"`` (automatic algorithm): target < 1 s.
-- world 4096, the same: target < 1 s (issue 18, item 2; each rank's thread, generators and world
-  are now most of it).
-- world 1024, ``init_process_group`` + ``destroy_process_group`` only: the fixed cost of
-  1024 rank threads, for the engine's owner (no target).
-- world 128, 1 KiB, ``algorithm="ring"``, ``detail="messages"``: reported (no target).
-- world 128, 1 MiB, ring, messages: reported, one run (``--quick`` skips it).
+Rows (median of ``--reps`` runs, each in its own process):
+- world 1024, ring all_reduce of 1 KiB, ``detail="messages"``: target < 5 s and < 1 GB.
+- the same with ``record_steps=True`` (step snapshots, off by default above 64 ranks): reported.
+- the same with ``trace_file=`` (the trace streamed to disk): reported.
+- world 4096, 1 KiB, ``detail="collectives"``: target < 1 s.
+- world 1024, ``detail="collectives"``, and ``init``/``destroy`` only: reported.
+- torch's threaded group at worlds 1024 and 4096 (one run at 4096: it takes tens of seconds).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
-from functools import partial
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch
 from _common import (
-    KIB,
-    MIB,
     base_parser,
     finish_info,
     fmt_int,
@@ -39,98 +41,144 @@ from _common import (
     median,
     profile_call,
     publish,
-    run_sim,
-    timed_cpu,
     verdict,
 )
 
+TARGET_MESSAGES_S, TARGET_MEMORY_MB, TARGET_COLLECTIVES_S = 5.0, 1024.0, 1.0
+
+# (key, label, world, side, options, targets (seconds, MB) or None, reps (None: --reps))
+CASES = [
+    ("w1024_ring_msgs", 'world 1024, ring all_reduce 1 KiB, detail="messages"', 1024, "sim",
+     {"detail": "messages", "algorithm": "ring"}, (TARGET_MESSAGES_S, TARGET_MEMORY_MB), None),
+    ("w1024_ring_msgs_steps", "  the same, record_steps=True", 1024, "sim",
+     {"detail": "messages", "algorithm": "ring", "record_steps": True}, None, 1),
+    ("w1024_ring_msgs_stream", "  the same, trace streamed to a file", 1024, "sim",
+     {"detail": "messages", "algorithm": "ring", "trace_file": True}, None, 1),
+    ("w4096_coll", 'world 4096, all_reduce 1 KiB, detail="collectives"', 4096, "sim",
+     {"detail": "collectives"}, (TARGET_COLLECTIVES_S, None), None),
+    ("w1024_coll", 'world 1024, all_reduce 1 KiB, detail="collectives"', 1024, "sim",
+     {"detail": "collectives"}, None, None),
+    ("w1024_init", "world 1024, init + destroy only", 1024, "sim", {"detail": "collectives", "init_only": True},
+     None, None),
+    ("torch_w1024", "torch threaded group, world 1024, all_reduce 1 KiB", 1024, "torch", {}, None, None),
+    ("torch_w4096", "torch threaded group, world 4096, all_reduce 1 KiB", 4096, "torch", {}, None, 1),
+]
+
+CHILD = r"""
+import json, os, resource, sys, time
+sys.path.insert(0, {bench!r})
+import torch
 import simdist
+from _common import run_threaded
 
-TARGET_S = 1.0
+world, side, opts = {world}, {side!r}, {opts!r}
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def one_all_reduce(rank: int, numel: int, algorithm: str | None) -> float:
+def one(rank, numel, algorithm, init_only):
     simdist.init_process_group("gloo")
     t = torch.ones(numel, dtype=torch.float32)
-    simdist.all_reduce(t, algorithm=algorithm)
+    if not init_only:
+        simdist.all_reduce(t, algorithm=algorithm)
     simdist.destroy_process_group()
     return float(t[0])
 
 
-def init_only(rank: int, numel: int, algorithm: str | None) -> float:
-    simdist.init_process_group("gloo")
-    simdist.destroy_process_group()
-    return 0.0
+def threaded(rank, numel):
+    import torch.distributed as dist
+    t = torch.ones(numel, dtype=torch.float32)
+    dist.all_reduce(t)
+    return float(t[0])
 
 
-# (key, label, fn, world, nbytes, algorithm, detail, target seconds or None, reps override)
-CASES = [
-    ("w1024_coll_1k", "world 1024, all_reduce 1 KiB, detail=\"collectives\"", one_all_reduce, 1024, 1 * KIB, None,
-     "collectives", TARGET_S, None),
-    ("w4096_coll_1k", "world 4096, all_reduce 1 KiB, detail=\"collectives\"", one_all_reduce, 4096, 1 * KIB, None,
-     "collectives", TARGET_S, None),
-    ("w1024_init_only", "world 1024, init + destroy only (thread start-up)", init_only, 1024, 1 * KIB, None,
-     "collectives", None, None),
-    ("w128_ring_1k", "world 128, ring all_reduce 1 KiB, detail=\"messages\"", one_all_reduce, 128, 1 * KIB, "ring",
-     "messages", None, None),
-    ("w128_ring_1m", "world 128, ring all_reduce 1 MiB, detail=\"messages\"", one_all_reduce, 128, 1 * MIB, "ring",
-     "messages", None, 1),
-]
+init_only = opts.pop("init_only", False)
+algorithm = opts.pop("algorithm", None)
+if opts.pop("trace_file", False):
+    opts["trace_file"] = {trace_path!r}
+c0, t0 = time.process_time(), time.perf_counter()
+if side == "sim":
+    res = simdist.simulate(one, world, (256, algorithm, init_only), leaks="ignore", **opts)
+    values, events, points = res.values, len(res.trace), res.points
+else:
+    values, events, points = run_threaded(threaded, world, (256,)), 0, 0
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+want = 1.0 if init_only else float(world)
+if any(v != want for v in values):
+    raise SystemExit(f"wrong result: {{values[:4]}}")
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({{"wall": wall, "cpu": cpu, "peak_mb": peak, "import_mb": base, "events": events,
+                  "points": points}}))
+"""
+
+
+def run_case(world: int, side: str, opts: dict) -> dict:
+    """One run of a case in a fresh process: its figures (``wall``, ``cpu``, ``peak_mb``, ...)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        code = CHILD.format(bench=str(Path(__file__).resolve().parent), world=world, side=side, opts=dict(opts),
+                            trace_path=os.path.join(tmp, "trace.json"))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"case world={world} {side} {opts} failed:\n{out.stderr[-3000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def measure(reps: int, quick: bool) -> dict:
     raw: dict = {}
-    for key, label, fn, world, nbytes, algorithm, detail, target, reps_override in CASES:
-        if quick and key == "w128_ring_1m":
+    for key, label, world, side, opts, targets, reps_override in CASES:
+        if quick and key in ("torch_w4096", "w1024_ring_msgs_steps", "w1024_ring_msgs_stream"):
             continue
-        n = reps_override or reps
-        e = raw[key] = {"label": label, "world": world, "nbytes": nbytes, "algorithm": algorithm,
-                        "detail": detail, "target_s": target, "wall": [], "cpu": []}
-        for _ in range(n):
-            wall, cpu, res = timed_cpu(partial(run_sim, fn, world, (nbytes // 4, algorithm), seed=0, detail=detail))
-            if fn is one_all_reduce and any(v != float(world) for v in res.values):
-                raise AssertionError(f"{label}: wrong all_reduce result {res.values[:4]}...")
-            e["wall"].append(wall)
-            e["cpu"].append(cpu)
-            e["points"] = res.points
-            e["events"] = len(res.trace.events)
-            e["virtual_time_s"] = res.time
-        e["median_wall"] = median(e["wall"])
-        e["median_cpu"] = median(e["cpu"])
+        runs = [run_case(world, side, opts) for _ in range(reps_override or reps)]
+        e = raw[key] = {"label": label, "world": world, "side": side, "options": opts, "targets": targets,
+                        "runs": runs}
+        for field in ("wall", "cpu", "peak_mb", "import_mb"):
+            e["median_" + field] = median([r[field] for r in runs])
+        e["events"], e["points"] = runs[-1]["events"], runs[-1]["points"]
     return raw
 
 
 def report(raw: dict, reps: int) -> tuple[str, list[dict]]:
     rows, verdicts = [], []
     for e in raw.values():
-        target = e["target_s"]
-        if target is None:
-            mark = "reported"
-        else:
-            ok = e["median_wall"] < target
-            verdicts.append({"case": e["label"], "seconds": e["median_wall"], "target_s": target, "met": ok})
-            mark = f"< {target:g} s: {verdict(ok)}"
-        rows.append([e["label"], len(e["wall"]), fmt_ms(e["median_wall"], 0), fmt_ms(e["median_cpu"], 0),
-                     fmt_int(e["points"]), fmt_int(e["events"]), mark])
-    table = markdown_table(["case", "runs", "wall ms (median)", "CPU ms (median)", "points", "trace events",
-                            "target"], rows)
+        marks = []
+        if e["targets"] is not None:
+            seconds, mb = e["targets"]
+            ok = e["median_wall"] < seconds
+            verdicts.append({"case": e["label"], "seconds": e["median_wall"], "target_s": seconds, "met": ok})
+            marks.append(f"< {seconds:g} s: {verdict(ok)}")
+            if mb is not None:
+                ok = e["median_peak_mb"] < mb
+                verdicts.append({"case": e["label"], "peak_mb": e["median_peak_mb"], "target_mb": mb, "met": ok})
+                marks.append(f"< {mb / 1024:g} GB: {verdict(ok)}")
+        rows.append([e["label"], len(e["runs"]), fmt_ms(e["median_wall"], 0), fmt_ms(e["median_cpu"], 0),
+                     f"{e['median_peak_mb']:.0f}", f"{e['median_import_mb']:.0f}", fmt_int(e["points"]),
+                     fmt_int(e["events"]), "; ".join(marks) or "reported"])
+    table = markdown_table(["case", "runs", "wall ms (median)", "CPU ms (median)", "peak MB", "of which import MB",
+                            "points", "trace events", "target"], rows)
     text = (
         "### (c) scale\n\n"
-        f"Whole `simulate` call including thread start-up and join; median of {reps} run(s) unless the table "
-        "says otherwise.\n\n"
+        f"One whole `simulate` call per fresh process, thread start-up and join included; median of {reps} run(s) "
+        "unless the table says otherwise. Peak MB: the process's peak resident set, the import of torch and "
+        "simdist included (its own column).\n\n"
         f"{table}\n"
     )
     return text, verdicts
 
 
 def profile_worst(timer: str, quick: bool) -> str:
-    out = []
-    for key, label, fn, world, nbytes, algorithm, detail, _, _ in CASES:
-        if key not in ("w4096_coll_1k", "w128_ring_1k"):
-            continue
-        out.append(f"#### profile: {label}\n\n```\n" + profile_call(
-            partial(run_sim, fn, world, (nbytes // 4, algorithm), seed=0, detail=detail), timer=timer) + "```\n")
-    return "\n".join(out)
+    import torch
+
+    import simdist
+
+    def one(rank: int) -> float:
+        simdist.init_process_group("gloo")
+        t = torch.ones(256, dtype=torch.float32)
+        simdist.all_reduce(t, algorithm="ring")
+        simdist.destroy_process_group()
+        return float(t[0])
+
+    world = 256 if quick else 1024
+    return (f"#### profile: world {world}, ring all_reduce 1 KiB, messages\n\n```\n"
+            + profile_call(lambda: simdist.simulate(one, world, leaks="ignore"), timer=timer) + "```\n")
 
 
 def main(argv=None) -> dict:

@@ -1,12 +1,28 @@
-"""Traces: what happened on each rank, in virtual (or real) time."""
+"""Traces: what happened on each rank, in virtual (or real) time.
+
+A :class:`Trace` stores its events as packed rows (76 bytes each, one fixed-size record
+per event, see ``DTYPE``) and its strings and snapshots in tables, not as one Python
+object per event: a million-event run takes tens of MB, and the garbage collector does
+not walk it. Readers see :class:`Event` objects as before (``trace.events``, iteration,
+:meth:`Trace.to_json`); :meth:`Trace.columns` gives the rows as a numpy structured array
+without copying. With ``stream=`` the trace writes its finished rows to a file as the run
+goes, in the same JSON as :meth:`Trace.to_json`, and keeps only what may still change.
+"""
 
 from __future__ import annotations
 
+import heapq
 import json
+import os
+import struct
+from array import array
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterator
+from typing import IO, Any
 
-__all__ = ["Event", "Trace"]
+import numpy as np
+
+__all__ = ["DTYPE", "Event", "Trace"]
 
 
 @dataclass(slots=True)
@@ -40,20 +56,232 @@ class Event:
 
 
 _FIELDS = [f.name for f in fields(Event)]
+_FORMAT = "simdist-trace-1"
+
+NONE32 = -(2**31)
+"""What a 32-bit column holds for ``None`` (``group``, ``peer``, ``collective_id``, ``step``, ``chunk``)."""
+NONE64 = -(2**63)
+"""What ``tag`` holds for ``None``."""
+_ROW = struct.Struct("<iiiiiqqddiiiiii")
+DTYPE = np.dtype(
+    [
+        ("rank", "<i4"),
+        ("kind", "<i4"),  # index into Trace.strings
+        ("op", "<i4"),  # index into Trace.strings
+        ("group", "<i4"),
+        ("peer", "<i4"),
+        ("tag", "<i8"),
+        ("nbytes", "<i8"),
+        ("t_start", "<f8"),
+        ("t_end", "<f8"),
+        ("collective_id", "<i4"),
+        ("step", "<i4"),
+        ("chunk", "<i4"),
+        ("call_site", "<i4"),  # index into Trace.strings, -1: None
+        ("algorithm", "<i4"),  # index into Trace.strings, -1: None
+        ("snapshot", "<i4"),  # index into the trace's snapshots, -1: None
+    ]
+)
+"""The row of one event in :meth:`Trace.columns` (``None`` is ``NONE32``/``NONE64``, or -1 for an index)."""
+assert DTYPE.itemsize == _ROW.size
+_SIZE = _ROW.size
+_FLUSH = 1 << 22
+"""Bytes of finished rows a streamed trace keeps before writing them out."""
+
+
+def _packed(values: list) -> Any:
+    """``values`` as stored: an ``array`` when they are all floats or all ints that fit, else the list."""
+    kinds = set(map(type, values))
+    if kinds == {float}:
+        return array("d", values)
+    if kinds == {int}:
+        try:
+            return array("q", values)
+        except OverflowError:
+            pass
+    return list(values)
 
 
 class Trace:
-    """An ordered list of :class:`Event` with the run's metadata (``meta``)."""
+    """The events of a run, in order (see :class:`Event`), with the run's metadata (``meta``).
 
-    def __init__(self, events: list[Event] | None = None, meta: dict[str, Any] | None = None):
-        self.events: list[Event] = list(events or [])
+    ``stream``: a path (or a text file open for writing) that the events are written to as
+    they finish, in :meth:`to_json`'s format; the trace then keeps in memory only events
+    that may still change, and :meth:`close` (which ``simulate`` calls) finishes the file.
+    Reading a streamed trace's events reads the file.
+    """
+
+    def __init__(
+        self,
+        events: list[Event] | None = None,
+        meta: dict[str, Any] | None = None,
+        *,
+        stream: str | os.PathLike | IO[str] | None = None,
+    ):
         self.meta: dict[str, Any] = dict(meta or {})
+        self.strings: list[str] = []  # what the string columns index
+        self._code: dict[str, int] = {}
+        self._rows = bytearray()
+        self._snaps: dict[int, Any] = {}  # snapshot index -> values (array or list)
+        self._nsnaps = 0  # snapshots stored so far (a stream forgets those it has written out)
+        self._last: dict[tuple, tuple[int, Any]] = {}  # (rank, collective, kind) -> its latest snapshot
+        self._open: set[int] = set()  # rows that may still change (update())
+        self._held: list[int] = []  # a heap of them, and of some that no longer are
+        self._base = 0  # rows written out to the stream before the first one in _rows
+        self._end = 0.0  # the latest t_end so far
+        self._events: list[Event] | None = None  # the materialised events, while no row is added
+        self._stream: IO[str] | None = None
+        self._path: str | None = None
+        self._owns = False
+        self._next_flush = _FLUSH  # the size of _rows at which a stream next writes out what it can
+        if stream is not None:
+            self._start_stream(stream)
+        for e in events or ():
+            self.add(e)
 
-    def add(self, event: Event) -> None:
-        self.events.append(event)
+    # --- writing ------------------------------------------------------------------
+
+    def _str(self, s: str) -> int:
+        code = self._code.get(s)
+        if code is None:
+            if not isinstance(s, str):
+                raise TypeError(f"expected a str, got {type(s).__name__} {s!r}")
+            code = self._code[s] = len(self.strings)
+            self.strings.append(s)
+        return code
+
+    def record(
+        self,
+        rank: int,
+        kind: str,
+        op: str,
+        group: int | None = 0,
+        peer: int | None = None,
+        tag: int | None = None,
+        nbytes: int = 0,
+        t_start: float = 0.0,
+        t_end: float = 0.0,
+        collective_id: int | None = None,
+        step: int | None = None,
+        chunk: int | None = None,
+        call_site: str | None = None,
+        algorithm: str | None = None,
+        snapshot: list | None = None,
+        *,
+        hold: bool = False,
+    ) -> int:
+        """Append one event (the fields of :class:`Event`, in order); its index.
+
+        ``hold=True``: the event may still change (:meth:`update`), so a stream keeps it until then.
+        """
+        code = self._code
+        snap = -1 if snapshot is None else self._snapshot(rank, collective_id, kind, snapshot)
+        try:
+            self._rows += _ROW.pack(
+                rank,
+                code[kind] if kind in code else self._str(kind),
+                code[op] if op in code else self._str(op),
+                NONE32 if group is None else group,
+                NONE32 if peer is None else peer,
+                NONE64 if tag is None else tag,
+                nbytes,
+                t_start,
+                t_end,
+                NONE32 if collective_id is None else collective_id,
+                NONE32 if step is None else step,
+                NONE32 if chunk is None else chunk,
+                -1 if call_site is None else code[call_site] if call_site in code else self._str(call_site),
+                -1 if algorithm is None else code[algorithm] if algorithm in code else self._str(algorithm),
+                snap,
+            )
+        except struct.error as exc:
+            raise ValueError(f"an event field is out of range or of the wrong type: {exc}") from None
+        self._end = max(self._end, t_end)
+        self._events = None
+        index = self._base + len(self._rows) // _SIZE - 1
+        if hold:
+            self._open.add(index)
+            if self._stream is not None:
+                heapq.heappush(self._held, index)
+        elif self._stream is not None and len(self._rows) >= self._next_flush:
+            self._flush()
+            self._next_flush = len(self._rows) + _FLUSH
+        return index
+
+    def add(self, event: Event) -> int:
+        """Append ``event`` (copied: later changes to the object do not reach the trace); its index."""
+        return self.record(*(getattr(event, f) for f in _FIELDS))
+
+    def update(self, index: int, *, step: int | None, t_start: float, t_end: float) -> None:
+        """Set the step and times of event ``index``, an event recorded with ``hold=True`` (held no longer)."""
+        if index not in self._open:
+            raise ValueError(f"event {index} is not held (recorded with hold=True and not updated since)")
+        if self._stream is not None and index == self._first_held():
+            self._next_flush = 0  # what it held back may go out now
+        self._open.discard(index)
+        at = (index - self._base) * _SIZE
+        row = list(_ROW.unpack_from(self._rows, at))
+        row[7], row[8], row[10] = t_start, t_end, NONE32 if step is None else step
+        _ROW.pack_into(self._rows, at, *row)
+        self._end = max(self._end, t_end)
+        self._events = None
+
+    def _snapshot(self, rank: int, coll: int | None, kind: str, values: list) -> int:
+        """The index of ``values`` in the snapshot table: that of the same rank's previous one when equal."""
+        key = (rank, coll, kind)
+        stored = _packed(values)
+        last = self._last.get(key)
+        if last is not None and last[1] == stored and last[0] in self._snaps:
+            return last[0]
+        index = self._nsnaps
+        self._nsnaps += 1
+        self._snaps[index] = stored
+        self._last[key] = (index, stored)
+        return index
+
+    # --- reading --------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self.events)
+        return self._base + len(self._rows) // _SIZE
+
+    def _row_values(self, row: tuple, snaps: dict[int, Any]) -> list:
+        strings = self.strings
+        (rank, kind, op, group, peer, tag, nbytes, t_start, t_end, coll, step, chunk, site, alg, snap) = row
+        return [
+            rank,
+            strings[kind],
+            strings[op],
+            None if group == NONE32 else group,
+            None if peer == NONE32 else peer,
+            None if tag == NONE64 else tag,
+            nbytes,
+            t_start,
+            t_end,
+            None if coll == NONE32 else coll,
+            None if step == NONE32 else step,
+            None if chunk == NONE32 else chunk,
+            None if site < 0 else strings[site],
+            None if alg < 0 else strings[alg],
+            None if snap < 0 else list(snaps[snap]),
+        ]
+
+    def _rows_in_memory(self) -> Iterator[list]:
+        snaps = self._snaps
+        for row in _ROW.iter_unpack(self._rows):
+            yield self._row_values(row, snaps)
+
+    def rows(self) -> Iterator[list]:
+        """Each event's fields in :class:`Event` order, as :meth:`to_json` writes them (reads a stream's file)."""
+        if self._base:
+            yield from self._streamed_rows()
+        yield from self._rows_in_memory()
+
+    @property
+    def events(self) -> list[Event]:
+        """The events as :class:`Event` objects (built on first use and kept until the trace changes)."""
+        if self._events is None:
+            self._events = [Event(*r) for r in self.rows()]
+        return self._events
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.events)
@@ -63,28 +291,106 @@ class Trace:
 
     def duration(self) -> float:
         """The latest end time of any event (the run's virtual makespan)."""
-        return max((e.t_end for e in self.events), default=0.0)
+        return self._end
+
+    def columns(self) -> np.ndarray:
+        """The events in memory as a numpy structured array of ``DTYPE`` (a view: no copy).
+
+        String columns index :attr:`strings`; ``None`` is ``NONE32``/``NONE64`` (-1 for indexes).
+        A streamed trace holds only its unwritten tail: read the file with :meth:`load` first.
+        """
+        return np.frombuffer(self._rows, dtype=DTYPE)
+
+    # --- files ----------------------------------------------------------------------
 
     def to_json(self) -> str:
         """The trace as simdist's own JSON (round-trips through :meth:`from_json`)."""
-        rows = [[getattr(e, f) for f in _FIELDS] for e in self.events]
         return json.dumps(
-            {"format": "simdist-trace-1", "fields": _FIELDS, "meta": self.meta, "events": rows},
+            {"format": _FORMAT, "fields": _FIELDS, "meta": self.meta, "events": list(self.rows())},
             sort_keys=True,
             separators=(",", ":"),
         )
 
     @classmethod
-    def from_json(cls, text: str) -> "Trace":
+    def from_json(cls, text: str) -> Trace:
         data = json.loads(text)
-        if data.get("format") != "simdist-trace-1":
-            raise ValueError("text is not a simdist trace (format 'simdist-trace-1')")
+        if data.get("format") != _FORMAT:
+            raise ValueError(f"text is not a simdist trace (format '{_FORMAT}')")
         names = data["fields"]
-        events = [Event(**{k: v for k, v in zip(names, row) if k in _FIELDS}) for row in data["events"]]
-        return cls(events, data.get("meta"))
+        trace = cls(meta=data.get("meta"))
+        for row in data["events"]:
+            trace.add(Event(**{k: v for k, v in zip(names, row) if k in _FIELDS}))
+        return trace
 
     @classmethod
-    def merge(cls, traces: list["Trace"]) -> "Trace":
+    def load(cls, path: str | os.PathLike) -> Trace:
+        """The trace in the file ``path`` (written by :meth:`to_json` or streamed)."""
+        with open(path, encoding="utf-8") as f:
+            return cls.from_json(f.read())
+
+    def _start_stream(self, stream: Any) -> None:
+        if isinstance(stream, (str, os.PathLike)):
+            self._path = os.fspath(stream)
+            self._stream, self._owns = open(self._path, "w", encoding="utf-8"), True  # noqa: SIM115 - closed by close()
+        elif hasattr(stream, "write"):
+            self._stream, self._path = stream, getattr(stream, "name", None)
+        else:
+            raise TypeError(f"stream={stream!r} must be a path or a text file open for writing")
+        self._stream.write(f'{{"format":"{_FORMAT}","fields":{json.dumps(_FIELDS)},"events":[')
+
+    def _first_held(self) -> int | None:
+        """The lowest index of an event that may still change (``None``: none may)."""
+        held = self._held
+        while held and held[0] not in self._open:
+            heapq.heappop(held)
+        return held[0] if held else None
+
+    def _flush(self) -> None:
+        """Write out the rows before the first open one, and forget them (and snapshots only they use)."""
+        first = self._first_held()
+        keep_from = len(self) if first is None else first
+        n = keep_from - self._base
+        if n <= 0:
+            return
+        cut = n * _SIZE
+        head = self._rows[:cut]
+        snaps = self._snaps
+        text = json.dumps([self._row_values(r, snaps) for r in _ROW.iter_unpack(head)], separators=(",", ":"))
+        if self._base:
+            self._stream.write(",")
+        self._stream.write(text[1:-1])
+        del self._rows[:cut]
+        self._base += n
+        used = {r[-1] for r in _ROW.iter_unpack(self._rows)} | {i for i, _ in self._last.values()}
+        for i in [i for i in snaps if i not in used]:
+            del snaps[i]
+
+    def close(self) -> None:
+        """Finish a streamed trace's file (every row and ``meta``); nothing for a trace in memory."""
+        if self._stream is None:
+            return
+        self._open.clear()
+        self._flush()
+        self._stream.write(f'],"meta":{json.dumps(self.meta, sort_keys=True, separators=(",", ":"))}}}')
+        if self._owns:
+            self._stream.close()
+        else:
+            self._stream.flush()
+        self._stream = None
+
+    def _streamed_rows(self) -> Iterator[list]:
+        if self._stream is not None:
+            raise RuntimeError("the streamed trace is still being written: close() it before reading its events")
+        if self._path is None:
+            raise RuntimeError("this streamed trace went to a file object without a name: read it with Trace.load")
+        with open(self._path, encoding="utf-8") as f:
+            data = json.load(f)
+        yield from data["events"][: self._base]
+
+    # --- combining ------------------------------------------------------------------
+
+    @classmethod
+    def merge(cls, traces: list[Trace]) -> Trace:
         """One trace of the events of ``traces`` (for instance one file per rank of a real run), by start time."""
         events = sorted((e for t in traces for e in t.events), key=lambda e: (e.t_start, e.rank))
         meta: dict[str, Any] = {}
@@ -102,10 +408,11 @@ class Trace:
         each message a flow arrow from its sender's lane to its receiver's.
         """
         out: list[dict] = []
-        ranks = sorted({e.rank for e in self.events} | {e.peer for e in self.events if e.peer is not None})
+        events = self.events
+        ranks = sorted({e.rank for e in events} | {e.peer for e in events if e.peer is not None})
         for r in ranks:
             out.append({"ph": "M", "name": "thread_name", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}})
-        for i, e in enumerate(self.events):
+        for i, e in enumerate(events):
             ts, dur = e.t_start * 1e6, max(e.t_end - e.t_start, 0.0) * 1e6
             args = {k: v for k, v in asdict(e).items() if v is not None and k not in ("t_start", "t_end")}
             if e.kind == "message":

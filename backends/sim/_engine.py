@@ -21,7 +21,7 @@ from simdist import _arrays as A
 from simdist import algorithms
 from simdist._errors import CollectiveMismatchError, DistError, DistTimeoutError, RankError
 from simdist._signatures import mismatch_error
-from simdist._trace import Event, Trace
+from simdist._trace import Trace
 from simdist._world import set_thread_world
 from simdist.algorithms import Timed
 
@@ -562,41 +562,14 @@ class Engine:
         r.source = s.src
         run = s.run
         if run is None:
-            self.trace.add(
-                Event(
-                    s.src,
-                    "message",
-                    s.kind,
-                    s.group,
-                    s.dst,
-                    s.tag,
-                    s.nbytes,
-                    start,
-                    arrival,
-                    None,
-                    None,
-                    None,
-                    s.call_site,
-                )
+            self.trace.record(
+                s.src, "message", s.kind, s.group, s.dst, s.tag, s.nbytes, start, arrival, None, None, None, s.call_site
             )
         else:
-            self.trace.add(
-                Event(
-                    s.src,
-                    "message",
-                    run.call.op,
-                    s.group,
-                    s.dst,
-                    s.tag,
-                    s.nbytes,
-                    start,
-                    arrival,
-                    run.coll_id,
-                    s.step,
-                    s.chunk,
-                    s.call_site,
-                    run.call.algorithm,
-                )
+            call = run.call
+            self.trace.record(
+                s.src, "message", call.op, s.group, s.dst, s.tag, s.nbytes, start, arrival, run.coll_id, s.step,
+                s.chunk, s.call_site, call.algorithm,
             )
         if not s.done:
             self._finish_post(s, arrival)
@@ -607,19 +580,9 @@ class Engine:
         if p.on_done is not None:
             p.on_done()
         if p.run is None:  # a user's send or receive: its span on the rank's lane
-            self.trace.add(
-                Event(
-                    p.owner,
-                    p.kind,
-                    p.kind,
-                    p.group,
-                    p.dst if p.kind == "send" else p.source,
-                    p.tag,
-                    p.nbytes,
-                    p.t_post,
-                    t,
-                    call_site=p.call_site,
-                )
+            self.trace.record(
+                p.owner, p.kind, p.kind, p.group, p.dst if p.kind == "send" else p.source, p.tag, p.nbytes, p.t_post,
+                t, None, None, None, p.call_site,
             )
         self.complete(p, t)
 
@@ -708,19 +671,10 @@ class Engine:
             if h.t_done > run.t:
                 run.t = h.t_done
         if self.record_steps and run.call.snapshot is not None:
-            self.trace.add(
-                Event(
-                    rank=run.rank,
-                    kind="step",
-                    op=run.call.op,
-                    group=run.group.group_id,
-                    t_start=run.t,
-                    t_end=run.t,
-                    collective_id=run.coll_id,
-                    step=run.step,
-                    algorithm=run.call.algorithm,
-                    snapshot=A.snapshot(run.call.snapshot),
-                )
+            call = run.call
+            self.trace.record(
+                run.rank, "step", call.op, run.group.group_id, None, None, 0, run.t, run.t, run.coll_id, run.step,
+                None, None, call.algorithm, A.snapshot(call.snapshot),
             )
         run.step += 1
 
@@ -728,19 +682,9 @@ class Engine:
         call = run.call
         call.finish()
         if call.op != "new_group":
-            self.trace.add(
-                Event(
-                    rank=run.rank,
-                    kind="collective",
-                    op=call.op,
-                    group=run.group.group_id,
-                    nbytes=call.nbytes,
-                    t_start=run.t0,
-                    t_end=t,
-                    collective_id=run.coll_id,
-                    call_site=call.call_site,
-                    algorithm=call.algorithm,
-                )
+            self.trace.record(
+                run.rank, "collective", call.op, run.group.group_id, None, None, call.nbytes, run.t0, t, run.coll_id,
+                None, None, call.call_site, call.algorithm,
             )
         self.complete(run, t)
 

@@ -217,18 +217,9 @@ class SimWorld(World):
 
     def compute(self, seconds: float, call_site: str, op: str = "compute") -> None:
         """Advance this rank's virtual clock by ``seconds`` of annotated computation (``op`` names it)."""
-        from simdist._trace import Event
-
         me = self.me
-        self.engine.trace.add(
-            Event(
-                rank=me.rank,
-                kind="compute",
-                op=op,
-                t_start=me.clock,
-                t_end=me.clock + seconds,
-                call_site=call_site,
-            )
+        self.engine.trace.record(
+            me.rank, "compute", op, 0, None, None, 0, me.clock, me.clock + seconds, None, None, None, call_site
         )
         me.clock += seconds
 

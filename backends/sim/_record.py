@@ -26,7 +26,6 @@ from typing import Any
 
 from simdist import _arrays as A
 from simdist._algorithmic import CollectiveCall
-from simdist._trace import Event
 from simdist.algorithms import Observer, Timed
 
 __all__ = ["LIMIT", "recorded"]
@@ -66,7 +65,7 @@ class Recorder(Observer, Timed):
         self.head = None if buf is None else A.narrow(buf, 0, LIMIT)  # the output's recorded values
         self.view: list | None = None  # the observed working data, once there is some
         self.steps = 0
-        self.pending: dict[int, Event] = {}  # id(handle) -> its 'received' event
+        self.pending: dict[int, int] = {}  # id(handle) -> the index of its 'received' event in the trace
         self.hidden: dict[int, tuple[int, list]] = {}  # id(handle) -> (start, values) it covers in ``head``
 
     # --- the Transport ------------------------------------------------------------
@@ -79,9 +78,8 @@ class Recorder(Observer, Timed):
         if span is not None:
             before = A.snapshot(A.narrow(self.head, span[0], span[1] - span[0]))
         handle = self.t.irecv(buf, peer, tag, chunk=chunk)
-        event = self._event("received", peer=self.t.ranks[peer], tag=tag, nbytes=handle.nbytes, chunk=chunk)
-        self.t.engine.trace.add(event)
-        self.pending[id(handle)] = event
+        self.pending[id(handle)] = self._record("received", self.t.ranks[peer], tag, handle.nbytes, 0.0, chunk, None,
+                                                hold=True)
         if span is not None:
             self.hidden[id(handle)] = (span[0], before)
         return handle
@@ -118,12 +116,11 @@ class Recorder(Observer, Timed):
         self._snapshot()
 
     def _received(self, handle: Any) -> None:
-        event = self.pending.pop(id(handle), None)
-        if event is None:
+        index = self.pending.pop(id(handle), None)
+        if index is None:
             return
         self.hidden.pop(id(handle), None)
-        event.step = self.steps
-        event.t_start = event.t_end = handle.t_done
+        self.t.engine.trace.update(index, step=self.steps, t_start=handle.t_done, t_end=handle.t_done)
 
     def _snapshot(self) -> None:
         if self.view is not None:
@@ -134,11 +131,13 @@ class Recorder(Observer, Timed):
                 values[start : start + len(before)] = before
         else:
             return
-        t = self.t.run.t
-        self.t.engine.trace.add(self._event(kind, t_start=t, t_end=t, step=self.steps, snapshot=values))
+        self._record(kind, None, None, 0, self.t.run.t, None, values)
 
-    def _event(self, kind: str, **fields: Any) -> Event:
-        """An event of this rank's part in the collective."""
+    def _record(self, kind: str, peer: int | None, tag: int | None, nbytes: int, t: float, chunk: int | None,
+                snapshot: list | None, hold: bool = False) -> int:
+        """Add an event of this rank's part in the collective to the trace; its index."""
         run = self.t.run
         call = run.call
-        return Event(self.t.me, kind, call.op, self.t.gid, collective_id=run.coll_id, algorithm=call.algorithm, **fields)
+        step = None if hold else self.steps
+        return self.t.engine.trace.record(self.t.me, kind, call.op, self.t.gid, peer, tag, nbytes, t, t, run.coll_id,
+                                          step, chunk, None, call.algorithm, snapshot, hold=hold)

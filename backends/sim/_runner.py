@@ -29,6 +29,8 @@ __all__ = ["SimResult", "simulate", "DETAILS"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 DETAILS = ("messages", "collectives")
+STEPS_UP_TO = 64
+"""The largest world whose runs record step snapshots unless told (``record_steps=None``)."""
 
 
 @dataclass
@@ -133,7 +135,7 @@ def simulate(
     topology: Any = None,
     eager_limit: int = 0,
     timeout: float | None = None,
-    record_steps: bool = True,
+    record_steps: bool | None = None,
     prefix_output: bool = False,
     cpu_time: bool = False,
     cuda_as_cpu: bool | None = None,
@@ -144,6 +146,7 @@ def simulate(
     test: str | None = None,
     check_buffers: bool = False,
     pool: RankPool | None = None,
+    trace_file: Any = None,
 ) -> SimResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` simulated ranks; return values, trace and replay token.
 
@@ -177,7 +180,11 @@ def simulate(
         timeout: real seconds after which a run that does not finish raises ``DistTimeoutError``
             once its rank threads are stopped (as after Ctrl-C while waiting here); a rank stuck in C
             code is named in the error and no longer holds up other simulations of the process.
-        record_steps: record the leading values of each algorithm step's buffer in the trace.
+        record_steps: record the leading values of each algorithm step's buffer in the trace
+            (``'step'``/``'received'`` events, which the visualizer's step views show). Default
+            ``None``: at worlds up to ``STEPS_UP_TO`` (64) ranks; a collective at message detail
+            makes about two per message, so at thousands of ranks they would cost more than the
+            messages. ``True`` records them at any size.
         prefix_output: prefix each line a rank prints with ``[rank N]``.
         cpu_time: add each rank's measured CPU time to its virtual clock (not deterministic).
         cuda_as_cpu: give each rank simulated GPUs backed by the CPU: ``torch.cuda`` answers for them
@@ -202,6 +209,10 @@ def simulate(
             passes one per exploration: no thread is started per run); default: a new thread per
             rank, ended before this returns. A run on a pooled thread starts as on a new thread
             (generators, environment, world, grad mode), except for the user's own thread-local data.
+        trace_file: a path: write the trace there as the run goes (simdist JSON, as ``Trace.to_json``,
+            finished also when the run fails), keeping in memory only events that may still change;
+            ``SimResult.trace`` then reads the file when its events are asked for. For long runs at
+            thousands of ranks.
 
     Raises:
         DeadlockError, CollectiveMismatchError, RankError, DistTimeoutError, BufferRaceError:
@@ -213,6 +224,8 @@ def simulate(
     check_world(schedule, nprocs)
     if not isinstance(check_buffers, bool):
         raise TypeError(f"check_buffers={check_buffers!r} must be a bool")
+    if record_steps is not None and not isinstance(record_steps, bool):
+        raise TypeError(f"record_steps={record_steps!r} must be True, False or None (on up to {STEPS_UP_TO} ranks)")
     if pool is not None and not isinstance(pool, RankPool):
         raise TypeError(f"pool={pool!r} must be a simdist.backends.sim.RankPool or None")
     if algorithms is not None:
@@ -232,7 +245,7 @@ def simulate(
         topology=as_topology(topology.copy() if isinstance(topology, Topology) else topology, nprocs),
         detail=detail,
         eager_limit=eager_limit,
-        record_steps=record_steps,
+        record_steps=nprocs <= STEPS_UP_TO if record_steps is None else record_steps,
         prefix_output=prefix_output,
         cpu_time=cpu_time,
         cuda_as_cpu=_default_cuda_as_cpu() if cuda_as_cpu is None else bool(cuda_as_cpu),
@@ -244,12 +257,17 @@ def simulate(
         test=test,
         pool=pool,
     )
+    if trace_file is not None:
+        engine.trace = Trace(meta=engine.trace.meta, stream=trace_file)
     if nprocs >= LARGE_WORLD:
         futexes_for(nprocs)
-    with _collector_skips_older_objects(nprocs):
-        values = engine.run()
-    token = engine.token()
-    engine.trace.meta["schedule"] = token
+    try:
+        with _collector_skips_older_objects(nprocs):
+            values = engine.run()
+    finally:
+        token = engine.token()
+        engine.trace.meta["schedule"] = token
+        engine.trace.close()
     race = unsettled_race(rs.world for rs in engine.ranks)
     if race is not None:
         race.choices = list(engine.choices)

@@ -60,7 +60,7 @@ def _recorder(inner: Any) -> Any:
             self.trace = engine.trace
             if index == 0:
                 return
-            at = len(engine.trace.events)
+            at = len(engine.trace)
             if kind == "match":
                 decision = _Decision(kind, engine.points, options[index], options[0], at, subject.dst,
                                      subject.call_site)
