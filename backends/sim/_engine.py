@@ -186,7 +186,8 @@ class Engine:
         self.pin_core = _isolation.pin_target() if pin_cpu else None
         self.timeout = timeout
         self.pool = pool  # threads to run the ranks on (None: a new thread per rank)
-        self.ranks = [RankState(r, size <= WAKE_FDS) for r in range(size)]
+        self.world_ranks = tuple(range(size))  # the default group's ranks, one tuple shared by every rank's group
+        self.ranks = [RankState(r, size <= WAKE_FDS) for r in self.world_ranks]
         for rs in self.ranks:
             rs.world = make_world(self, rs)
         self.runnable: list[int] = list(range(size))
