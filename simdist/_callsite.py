@@ -38,13 +38,16 @@ def _is_library(code: CodeType) -> bool:
 def user_call_site(skip: tuple[str, ...] = ()) -> str:
     """``'file:line'`` of the innermost frame outside simdist, other skipped libraries and the folders ``skip``."""
     frame = sys._getframe(1)
+    library = _LIBRARY.get
     while frame is not None:
         code = frame.f_code
-        if not _is_library(code) and not (skip and code.co_filename.startswith(skip)):
-            key = (code, frame.f_lasti)
-            site = _SITES.get(key)
+        lib = library(code)  # (inlined _is_library: a call site is looked up at every operation)
+        if lib is None:
+            lib = _is_library(code)
+        if not lib and not (skip and code.co_filename.startswith(skip)):
+            site = _SITES.get((code, frame.f_lasti))
             if site is None:
-                site = _SITES[key] = f"{code.co_filename}:{frame.f_lineno}"
+                site = _SITES[code, frame.f_lasti] = f"{code.co_filename}:{frame.f_lineno}"
             return site
         frame = frame.f_back
     return "<unknown>"

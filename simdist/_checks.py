@@ -9,13 +9,17 @@ from typing import Any, Sequence
 from . import _arrays as A
 from ._callsite import _SKIP
 from ._group import GroupMember, ProcessGroup
-from ._world import World, require_world
+from ._world import World, current_world, require_world
 
 __all__ = ["resolve", "to_group_rank", "root_of", "check_int", "check_list", "same_kind"]
 
 
 def resolve(fn: str, group: Any) -> tuple[World, ProcessGroup | None]:
     """The world and the group for a call of ``fn``; the group is ``None`` if this rank is not a member."""
+    if group is None:  # the common case, first: an initialized world's default group
+        world = current_world()
+        if world is not None and world.initialized:
+            return world, world.default_group
     world = require_world(fn)
     if group is None or group is GroupMember.WORLD:
         return world, world.default_group
@@ -70,6 +74,10 @@ def root_of(
     world: World, group: ProcessGroup, rank: Any, group_rank: Any, argname: str, default: int | None = 0
 ) -> int:
     """The group rank named by a global ``src``/``dst`` or by ``group_src``/``group_dst``."""
+    if group_rank is None and type(rank) is int and 0 <= rank < world.size:  # the common case, first
+        g = group.group_rank(rank)
+        if g is not None:
+            return g
     if rank is not None and group_rank is not None:
         raise ValueError(f"pass either {argname}={rank!r} or group_{argname}={group_rank!r}, not both")
     if group_rank is not None:

@@ -184,7 +184,7 @@ class SimWorld(World):
         if rank not in (None, -1) and rank != self.rank:
             raise ValueError(f"rank={rank!r} but this simulated rank is rank {self.rank}")
         self.backend = backend or "sim"
-        self.default_group = SimGroup(self.engine, self.me, self.rank, range(self.size), 0)
+        self.default_group = SimGroup(self.engine, self.me, self.rank, self.engine.world_ranks, 0)
         self.groups = [self.default_group]
 
     def new_group(self, ranks, *, backend, timeout):

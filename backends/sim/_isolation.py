@@ -183,8 +183,8 @@ class _RawState:
     """Copies the raw bytes of a generator's state: exact, and ~50x faster than get/set_state.
 
     Used only when a self-test at import shows that the bytes at ``address`` are the
-    whole state (the layout of CPython's ``random.Random`` and numpy's MT19937);
-    otherwise the public get/set API is used.
+    whole state (the layout of CPython's ``random.Random``, numpy's MT19937 and torch's
+    CPU generator); otherwise the public get/set API is used.
     """
 
     def __init__(self, address: int, size: int):
@@ -221,15 +221,16 @@ def _numpy_raw() -> _RawState | None:
     )
 
 
-def _verified(raw: _RawState, get, put, draw) -> _RawState | None:
+def _verified(raw: _RawState, get, put, draw, times: int = 700) -> _RawState | None:
+    """``raw`` if restoring its bytes gives back the same ``times`` draws as the public API's ``put``, else ``None``."""
     saved = get()
     try:
         snap = raw.get()
-        first = [draw() for _ in range(700)]
+        first = [draw() for _ in range(times)]
         raw.set(snap)
-        again = [draw() for _ in range(700)]
+        again = [draw() for _ in range(times)]
         put(saved)
-        via_api = [draw() for _ in range(700)]
+        via_api = [draw() for _ in range(times)]
         return raw if first == again == via_api else None
     except Exception:  # noqa: BLE001 - any failure means: use the public API
         return None
@@ -237,17 +238,61 @@ def _verified(raw: _RawState, get, put, draw) -> _RawState | None:
         put(saved)
 
 
+def _torch_raw() -> _RawState | None:
+    """The CPU generator of torch: its MT19937 engine and cached normal samples, found in the generator's memory.
+
+    ``torch.default_generator`` (a ``THPGenerator``: the object header, then a pointer to the
+    ``CPUGeneratorImpl``) holds ``uint64 seed; int left; bool seeded; uint32 next;
+    uint32 state[624]`` followed by two ``std::optional`` normal samples (float, double).
+    The engine is found by searching the first bytes of the generator for the state words
+    that ``get_state`` reports, and used only if restoring its bytes gives back exactly the
+    draws and the ``get_state`` of the public API.
+    """
+    if platform.python_implementation() != "CPython":
+        return None
+    gen = torch.default_generator
+    saved = gen.get_state()
+    try:
+        impl = ctypes.c_void_p.from_address(id(gen) + object.__basicsize__).value
+        if not impl or impl % ctypes.alignment(ctypes.c_void_p):  # not a pointer to an object: another layout
+            return None
+        state = saved.numpy().tobytes()
+        if len(state) < 24 + 624 * 8:
+            return None
+        words = np.frombuffer(state, dtype="<u8", count=624, offset=24).astype("<u4").tobytes()
+        at = ctypes.string_at(impl, _TORCH_SEARCH + 64).find(words[:64])
+        if at < 20 or at % 4:
+            return None
+        start = at - 20  # seed (8 bytes), left (4), seeded (1, padded to 4), next (4)
+        end = (at + 624 * 4 + 8 + 7) // 8 * 8 + 16  # the state, optional<float>, then an 8-aligned optional<double>
+        raw = _RawState(impl + start, end - start)
+    except Exception:  # noqa: BLE001 - any failure means: use the public API
+        return None
+    finally:
+        gen.set_state(saved)
+
+    def draw() -> tuple:
+        return (torch.rand(3).tolist(), torch.randn(1).item(), torch.randn(5).tolist(), torch.empty(2).normal_().tolist(),
+                torch.randint(0, 2**40, (2,)).tolist(), torch.randperm(7).tolist(), gen.get_state().numpy().tobytes())
+
+    return _verified(raw, gen.get_state, gen.set_state, draw, 100)  # ~30 words a draw: the state turns over
+
+
+_TORCH_SEARCH = 512
+"""How many bytes of torch's generator object are searched for its engine (it lies near the start)."""
+
 _PY = _python_raw()
 _NP = _numpy_raw()
 _TORCH = torch.default_generator
+_TORCH_RAW = _torch_raw()
 
 
 class _RngState:
     """One rank's generator states: raw bytes where possible, else the public API's values."""
 
-    __slots__ = ("py", "py_gauss", "np", "np_gauss", "np_full", "torch")
+    __slots__ = ("np", "np_full", "np_gauss", "py", "py_gauss", "torch")
 
-    def capture(self) -> "_RngState":
+    def capture(self) -> _RngState:
         self.py = _PY.get() if _PY else random.getstate()
         self.py_gauss = random._inst.gauss_next
         cur = _NP.get() if _NP else None
@@ -257,7 +302,7 @@ class _RngState:
             self.np_full = np.random.get_state()
             self.np_gauss = bool(self.np_full[3])
         self.np = cur
-        self.torch = _TORCH.get_state()
+        self.torch = _TORCH_RAW.get() if _TORCH_RAW else _TORCH.get_state()
         return self
 
     def install(self, gauss_pending: bool) -> None:
@@ -270,7 +315,10 @@ class _RngState:
             _NP.set(self.np)
         else:
             np.random.set_state(self.np_full)
-        _TORCH.set_state(self.torch)
+        if _TORCH_RAW:
+            _TORCH_RAW.set(self.torch)
+        else:
+            _TORCH.set_state(self.torch)
 
 
 @functools.lru_cache(maxsize=1024)

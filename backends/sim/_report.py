@@ -23,8 +23,13 @@ def _group(gid: int | None, names: dict[int, str]) -> str:
     return f"group {names.get(gid, gid)}"
 
 
-def _blocked_entry(engine: Any, rs: Any) -> tuple[dict, list[int]]:
-    """What ``rs`` is blocked on, and the ranks it waits for."""
+def _blocked_entry(engine: Any, rs: Any, missing_of: dict[tuple[int, int], list[int] | None]
+                   ) -> tuple[dict, list[int]]:
+    """What ``rs`` is blocked on, and the ranks it waits for.
+
+    ``missing_of`` keeps, by (group id, collective number), the members that have not joined that
+    collective: every blocked member of it waits for the same ranks, found once, not once per member.
+    """
     what, items = rs.blocked or ("?", [])
     entry: dict[str, Any] = {"rank": rs.rank, "op": what, "peer": None, "group": None, "tag": None, "call_site": None}
     waits: list[int] = []
@@ -41,12 +46,15 @@ def _blocked_entry(engine: Any, rs: Any) -> tuple[dict, list[int]]:
                 waits.append(peer)
         elif isinstance(it, CollectiveRun):
             entry.update(op=it.call.op, group=it.group.group_id, call_site=it.call.call_site, collective=it.seq)
-            gs = engine.groups.get(it.group.group_id)
-            inst = gs.instances.get(it.seq) if gs else None
-            if inst is not None:
-                arrived = {it.group.ranks[i] for i in inst.runs}
-                missing = [r for r in it.group.ranks if r not in arrived]
-                entry["missing"] = missing
+            key = (it.group.group_id, it.seq)
+            if key not in missing_of:
+                gs = engine.groups.get(it.group.group_id)
+                inst = gs.instances.get(it.seq) if gs else None
+                missing_of[key] = None if inst is None else [r for i, r in enumerate(it.group.ranks)
+                                                             if i not in inst.runs]  # fmt: skip
+            missing = missing_of[key]
+            if missing is not None:
+                entry["missing"] = list(missing)
                 waits += missing
             else:
                 for h in it.waiting:
@@ -100,11 +108,12 @@ def deadlock_error(engine: Any) -> DeadlockError:
     blocked = []
     lines = []
     names = _group_names(engine)
+    missing_of: dict[tuple[int, int], list[int] | None] = {}
     for rs in engine.ranks:
         if rs.done:
             graph.add_node(rs.rank, finished=True)
             continue
-        entry, waits = _blocked_entry(engine, rs)
+        entry, waits = _blocked_entry(engine, rs, missing_of)
         entry["group_desc"] = names.get(entry["group"])
         blocked.append(entry)
         graph.add_node(rs.rank, **{k: v for k, v in entry.items() if k != "rank"})

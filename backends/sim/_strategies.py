@@ -35,6 +35,7 @@ from typing import Sequence
 
 __all__ = [
     "Strategy",
+    "Hooks",
     "RandomStrategy",
     "RoundRobinStrategy",
     "PCTStrategy",
@@ -58,9 +59,6 @@ class Strategy:
     """Picks among runnable ranks; subclasses override :meth:`pick`."""
 
     name = "strategy"
-    footprints = True
-    """Whether :meth:`observe` reads its ``footprint``: the engine records footprints only for a
-    strategy that does (they cost a set entry per message). ``False`` where ``observe`` ignores them."""
 
     def pick(self, n: int, options: Sequence[int], current: int | None) -> int:
         """Return an index in ``range(n)`` into ``options`` (``n >= 2``)."""
@@ -88,18 +86,34 @@ class Strategy:
         """
 
 
+class Hooks:
+    """The methods of ``strategy`` that the engine calls at every selection; ``None`` for a hook left as
+    :class:`Strategy`'s no-op (the engine then skips it and what it would be given)."""
+
+    __slots__ = ("chose", "observe", "pick")
+
+    def __init__(self, strategy: Strategy):
+        self.pick = strategy.pick
+        self.observe = _overridden(strategy.observe, Strategy.observe)
+        self.chose = _overridden(strategy.chose, Strategy.chose)
+
+
+def _overridden(method, base):
+    return None if getattr(method, "__func__", None) is base else method
+
+
 class RandomStrategy(Strategy):
     """Uniformly random among the options, from one seeded ``random.Random``."""
 
     name = "random"
-    footprints = False
 
     def __init__(self, seed: int = 0):
         self.seed = int(seed)
         self.rng = random.Random(self.seed)
+        self._below = self.rng._randbelow  # what randrange(n) returns for an int n > 0, without its checks
 
     def pick(self, n, options, current):
-        return self.rng.randrange(n)
+        return self._below(n)
 
     def token(self):
         return f"random:{self.seed}"
@@ -109,7 +123,6 @@ class RoundRobinStrategy(Strategy):
     """The next runnable rank after the current one, cyclically."""
 
     name = "round_robin"
-    footprints = False
 
     def pick(self, n, options, current):
         if current is None:
@@ -133,7 +146,6 @@ class PCTStrategy(Strategy):
     """
 
     name = "pct"
-    footprints = False
 
     def __init__(self, seed: int = 0, depth: int = 3, steps: int = 1000):
         if depth < 1:
@@ -169,7 +181,6 @@ class ReplayStrategy(Strategy):
     """Replays a list of choices; past its end, choice 0."""
 
     name = "replay"
-    footprints = False
 
     def __init__(self, choices: Sequence[int]):
         bad = [c for c in choices if isinstance(c, bool) or not isinstance(c, int) or c < 0]

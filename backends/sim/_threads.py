@@ -22,6 +22,12 @@ the whole interpreter that only its delivery clears; one left pending, or cleare
 (Hypothesis, coverage, debuggers) 3.11 then re-runs the check at the entry of the next function
 called, without end. So no such exception is ever cleared or left behind: each one is delivered.
 
+Every rank thread that waits for the baton sleeps on a futex of its own. Since Linux 6.16 a process
+has a private table of futex wait queues sized for its number of CPUs (16 slots on 2 cores), and
+waking one waiter scans its slot's queue: with 4096 rank threads waiting, 256 a slot, a quarter of a
+run's kernel time went there. :func:`futexes_for` moves a process about to run thousands of ranks
+back to the kernel's shared table (what every process used before 6.16).
+
 A :class:`RankPool` keeps rank threads between the runs of one exploration (``simdist.testing``):
 starting and joining a thread per rank and run was most of a short run's fixed cost. A pooled
 thread runs one rank of one run at a time, and parks between runs; the pool's threads end, and
@@ -42,7 +48,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["Interruptible", "RankPool", "one_thread", "wait_ended"]
+__all__ = ["Interruptible", "RankPool", "futexes_for", "one_thread", "wait_ended"]
 
 ENDED_WAIT = 5.0
 """Seconds ``wait_ended`` waits at most for joined threads to leave the process."""
@@ -125,14 +131,46 @@ def one_thread() -> None:
         fn(1)
 
 
+_PR_FUTEX_HASH, _SET_SLOTS, _GET_SLOTS = 78, 1, 2  # linux/prctl.h (Linux 6.16)
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """``prctl`` of the C library, or ``None`` off Linux."""
+    if not os.path.isdir("/proc/self/task"):
+        return None
+    fn = ctypes.CDLL(None, use_errno=True).prctl
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def futexes_for(threads: int) -> None:
+    """Let ``threads`` threads wait on futexes of their own without crowding a few wait queues (Linux 6.16+).
+
+    A private futex table of fewer slots than ``threads`` is given up for the kernel's shared
+    one (sized by the kernel for the machine); elsewhere (older kernels, a table the program
+    made immutable, other systems) nothing changes.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return
+    slots = prctl(_PR_FUTEX_HASH, _GET_SLOTS, 0, 0, 0)
+    if 0 < slots < threads:
+        prctl(_PR_FUTEX_HASH, _SET_SLOTS, 0, 0, 0)
+
+
 def wait_ended(threads: Iterable[threading.Thread]) -> None:
     """Return once every joined thread in ``threads`` has left the process (Linux; elsewhere at once)."""
     tasks = "/proc/self/task"
     if not os.path.isdir(tasks):
         return
-    ids = [t.native_id for t in threads if t.native_id is not None and not t.is_alive()]
+    ids = {str(t.native_id) for t in threads if t.native_id is not None and not t.is_alive()}
     deadline = time.monotonic() + ENDED_WAIT
-    while any(os.path.exists(f"{tasks}/{tid}") for tid in ids) and time.monotonic() < deadline:
+    while ids:  # (one listing of the process's threads, not one look-up per thread: runs end thousands)
+        ids &= set(os.listdir(tasks))
+        if not ids or time.monotonic() >= deadline:
+            return
         time.sleep(0.0005)
 
 
