@@ -12,7 +12,7 @@ import torch
 
 import simdist
 import simdist as dist
-from simdist.backends.sim import PCTStrategy, ReplayStrategy
+from simdist.backends.sim import PCTStrategy, RandomStrategy, ReplayStrategy
 from simdist.backends.sim._strategies import decode_choices, encode_choices
 
 
@@ -173,7 +173,6 @@ def test_determinism_across_processes(detail):
 
 def test_footprints_reach_a_strategy_that_observes():
     """Rank r sends to rank 0 with tag r: each message's key (ctx, dst, tag) is in some footprint."""
-    from simdist.backends.sim import RandomStrategy
 
     class Observing(RandomStrategy):
         def observe(self, ran, footprint, runnable):
