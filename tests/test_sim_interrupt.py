@@ -30,9 +30,12 @@ import simdist as dist
 
 SCRIPT = textwrap.dedent(
     '''
-    import faulthandler, hashlib, sys, threading, time
+    import faulthandler, hashlib, signal, sys, threading, time
     import torch
     import simdist, simdist as dist
+
+    # Ctrl-C raises KeyboardInterrupt even where the suite runs with SIGINT ignored (a shell's background job)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def det(rank):
         import random, numpy as np
