@@ -39,7 +39,8 @@ class SimResult:
 
     Attributes:
         values: each rank's return value, by rank.
-        trace: every message, collective, point-to-point operation and step, in virtual time.
+        trace: every message, collective and point-to-point operation (and each algorithm step, see
+            ``record_steps``), in virtual time.
         schedule: the replay token (``simulate(..., schedule=result.schedule)`` reruns it exactly).
         choices: the scheduler's choices, in order.
         leaks: unmatched messages, never-waited works and groups never destroyed.
