@@ -290,7 +290,7 @@ _TORCH_RAW = _torch_raw()
 class _RngState:
     """One rank's generator states: raw bytes where possible, else the public API's values."""
 
-    __slots__ = ("np", "np_full", "np_gauss", "py", "py_gauss", "torch")
+    __slots__ = ("np", "np_full", "np_gauss", "py", "py_gauss", "seed", "torch")
 
     def capture(self) -> _RngState:
         self.py = _PY.get() if _PY else random.getstate()
@@ -313,6 +313,8 @@ class _RngState:
         random._inst.gauss_next = self.py_gauss
         if _NP and not (self.np_gauss or gauss_pending):
             _NP.set(self.np)
+        elif self.np_full is None:  # still the state of seeding with ``seed`` (its bytes never moved)
+            np.random.seed(self.seed)
         else:
             np.random.set_state(self.np_full)
         if _TORCH_RAW:
@@ -327,7 +329,11 @@ def _seed_states(rank: int) -> _RngState:
     random.seed(rank)
     np.random.seed(rank)
     torch.default_generator.manual_seed(rank)
-    return _RngState().capture()
+    state = _RngState()
+    state.seed, state.np_full, state.np_gauss = rank, None, False
+    if _NP:  # numpy's full state (22 µs to read) is needed only once its bytes move: seeding gives it back till then
+        state.np = _NP.get()
+    return state.capture()
 
 
 def _seeded(rank: int, gauss_pending: bool) -> _RngState:
