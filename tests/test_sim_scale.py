@@ -15,7 +15,7 @@ import weakref
 
 import pytest
 import torch
-from simdist.backends.sim._runner import LARGE_WORLD
+from simdist.backends.sim._runner import FULL_PASS_EVERY, LARGE_WORLD
 
 import simdist as dist
 
@@ -177,3 +177,46 @@ def test_thousands_of_ranks_wait_on_the_kernels_shared_futex_table():
         pytest.skip("this kernel gives processes no private futex table (Linux before 6.16)")
     assert int(after_small) == int(first)  # a small run leaves the process's table alone
     assert int(after_large) == 0  # 0 slots: the kernel's shared table
+
+
+def _engine_ref(refs: list):
+    def rank_fn(rank: int) -> int:
+        from simdist._world import thread_world
+
+        dist.init_process_group("gloo")
+        if rank == 0:
+            refs.append(weakref.ref(thread_world().engine))
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        dist.destroy_process_group()
+        return int(t[0])
+
+    return rank_fn
+
+
+@pytest.mark.parametrize("n", [4, LARGE_WORLD])
+def test_a_finished_run_is_freed_without_the_collector(n):
+    refs: list = []
+    gc.collect()
+    gc.disable()
+    try:
+        assert dist.simulate(_engine_ref(refs), n, detail="collectives").values == [n] * n
+        assert refs[0]() is None  # freed by reference counting: no cycle was left for the collector
+    finally:
+        gc.enable()
+
+
+def test_full_collections_wait_while_a_large_run_runs_and_the_thresholds_are_put_back():
+    before = gc.get_threshold()
+    seen = []
+
+    def rank_fn(rank: int) -> int:
+        if rank == 0:
+            seen.append(gc.get_threshold())
+        return rank
+
+    assert dist.simulate(rank_fn, LARGE_WORLD, detail="collectives").values == list(range(LARGE_WORLD))
+    assert seen[0] == (before[0], before[1], max(before[2], FULL_PASS_EVERY))
+    assert gc.get_threshold() == before
+    dist.simulate(rank_fn, 4)  # a small run changes nothing
+    assert seen[1] == before

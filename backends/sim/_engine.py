@@ -307,6 +307,19 @@ class Engine:
         self._join(max(deadline - time.monotonic(), RETRY))
         return ""
 
+    def release(self) -> None:
+        """Drop the ranks' worlds, so that the run's objects are freed as soon as nothing else refers to them.
+
+        A rank's world refers to the engine, which refers to the rank: left so, the objects of a run
+        (about a hundred per rank) wait for the garbage collector's next full pass, which at thousands
+        of ranks costs more than the run. (A message-level collective's posts and its run refer to each
+        other and keep their group, so those wait for the collector still.) Called once the results are
+        taken; a run with a rank thread still running (stuck in C code past a timeout) keeps them.
+        """
+        if all(rs.done or not rs.started for rs in self.ranks):
+            for rs in self.ranks:
+                rs.world = None
+
     def now(self, rs: RankState) -> float:
         """Rank ``rs``'s virtual time in seconds (with ``cpu_time``, plus its CPU time since its last switch)."""
         if self.cpu_time and rs is self.current:

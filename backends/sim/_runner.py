@@ -92,6 +92,11 @@ skips the objects older than the run, and the ranks wait on futexes of the kerne
 (``_threads.futexes_for``)."""
 
 
+FULL_PASS_EVERY = 100
+"""While a ``LARGE_WORLD`` run runs, the collector's full passes come after this many passes of its middle
+generation at the least (Python's default: 10)."""
+
+
 @contextlib.contextmanager
 def _collector_skips_older_objects(nprocs: int) -> Iterator[None]:
     """While the block runs, the cyclic garbage collector leaves alone the objects that were alive before it.
@@ -111,9 +116,12 @@ def _collector_skips_older_objects(nprocs: int) -> Iterator[None]:
         return
     gc.collect(1)
     gc.freeze()
+    young, middle, full = gc.get_threshold()
+    gc.set_threshold(young, middle, max(full, FULL_PASS_EVERY))
     try:
         yield
     finally:
+        gc.set_threshold(young, middle, full)
         gc.unfreeze()
 
 
@@ -238,33 +246,41 @@ def simulate(
             )
         for op, name in algorithms.items():
             registry.get(op, name)
-    engine = Engine(
-        fn,
-        args,
-        nprocs,
-        strategy=make_strategy(strategy, seed, schedule),
-        topology=as_topology(topology.copy() if isinstance(topology, Topology) else topology, nprocs),
-        detail=detail,
-        eager_limit=eager_limit,
-        record_steps=nprocs <= STEPS_UP_TO if record_steps is None else record_steps,
-        prefix_output=prefix_output,
-        cpu_time=cpu_time,
-        cuda_as_cpu=_default_cuda_as_cpu() if cuda_as_cpu is None else bool(cuda_as_cpu),
-        gpus_per_node=nprocs if gpus_per_node is None else gpus_per_node,
-        timeout=timeout,
-        make_world=partial(SimWorld, check_buffers=check_buffers),
-        algorithms=algorithms,
-        pin_cpu=pin_cpu,
-        test=test,
-        pool=pool,
-    )
+    with _collector_skips_older_objects(nprocs):  # (the engine's objects are made after the freeze too)
+        engine = Engine(
+            fn,
+            args,
+            nprocs,
+            strategy=make_strategy(strategy, seed, schedule),
+            topology=as_topology(topology.copy() if isinstance(topology, Topology) else topology, nprocs),
+            detail=detail,
+            eager_limit=eager_limit,
+            record_steps=nprocs <= STEPS_UP_TO if record_steps is None else record_steps,
+            prefix_output=prefix_output,
+            cpu_time=cpu_time,
+            cuda_as_cpu=_default_cuda_as_cpu() if cuda_as_cpu is None else bool(cuda_as_cpu),
+            gpus_per_node=nprocs if gpus_per_node is None else gpus_per_node,
+            timeout=timeout,
+            make_world=partial(SimWorld, check_buffers=check_buffers),
+            algorithms=algorithms,
+            pin_cpu=pin_cpu,
+            test=test,
+            pool=pool,
+        )
+        try:
+            return _result(engine, leaks, trace_file)
+        finally:
+            engine.release()
+
+
+def _result(engine: Engine, leaks: str, trace_file: Any) -> SimResult:
+    """Run ``engine`` to the end: its ``SimResult``, or the run's error (leaks and buffer races checked)."""
     if trace_file is not None:
         engine.trace = Trace(meta=engine.trace.meta, stream=trace_file)
-    if nprocs >= LARGE_WORLD:
-        futexes_for(nprocs)
+    if engine.size >= LARGE_WORLD:
+        futexes_for(engine.size)
     try:
-        with _collector_skips_older_objects(nprocs):
-            values = engine.run()
+        values = engine.run()
     finally:
         token = engine.token()
         engine.trace.meta["schedule"] = token
