@@ -41,9 +41,12 @@ Two optional terms make a calibrated model (:mod:`simdist.calibrate`):
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = [
     "Topology",
@@ -162,7 +165,12 @@ class Topology:
         key = (a, b)
         cached = self._paths.get(key)
         if cached is None:
-            nodes = self._route_fn(a, b) if self._route_fn else nx.shortest_path(self.graph, a, b)
+            if self._route_fn:
+                nodes = self._route_fn(a, b)
+            else:
+                import networkx as nx
+
+                nodes = nx.shortest_path(self.graph, a, b)
             links = tuple(zip(nodes, nodes[1:]))
             params = [self._params(u, v) for u, v in links]
             alpha = sum(p[0] for p in params)
@@ -262,6 +270,8 @@ def fully_connected(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEF
     """A direct link between every pair of ranks."""
 
     def build() -> nx.Graph:
+        import networkx as nx
+
         g = nx.complete_graph(n)
         nx.set_edge_attributes(g, alpha, "alpha")
         nx.set_edge_attributes(g, bandwidth, "bandwidth")
@@ -274,6 +284,8 @@ def switch(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BAND
     """Every rank on one link to one switch (a star): each rank sends and receives one message at a time."""
 
     def build() -> nx.Graph:
+        import networkx as nx
+
         g = nx.Graph()
         g.add_nodes_from(range(n))
         g.add_edges_from(((r, "switch") for r in range(n)), alpha=alpha, bandwidth=bandwidth)
@@ -288,6 +300,8 @@ def ring(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWI
     """Rank ``i`` linked to ranks ``i-1`` and ``i+1`` (mod n); other pairs route the shorter way round."""
 
     def build() -> nx.Graph:
+        import networkx as nx
+
         g = nx.cycle_graph(n) if n > 2 else nx.path_graph(n)
         nx.set_edge_attributes(g, alpha, "alpha")
         nx.set_edge_attributes(g, bandwidth, "bandwidth")
@@ -316,6 +330,8 @@ def two_level(
         return f"node{r // per_node}"
 
     def build() -> nx.Graph:
+        import networkx as nx
+
         g = nx.Graph()
         g.add_nodes_from(range(n))
         for r in range(n):
@@ -359,6 +375,12 @@ TOPOLOGIES: dict[str, Callable[[int], Topology]] = {
 }
 
 
+def _is_graph(spec: Any) -> bool:
+    """Whether ``spec`` is a networkx graph (networkx is imported only by those who make one, or need a route)."""
+    nx = sys.modules.get("networkx")
+    return nx is not None and isinstance(spec, nx.Graph)
+
+
 def as_topology(spec: Any, size: int) -> Topology:
     """A :class:`Topology` for ``size`` ranks from ``None`` (``'switch'``), a name, a topology file
     (a path ending in ``.json``, see :mod:`simdist._topology_file`), a graph or a Topology."""
@@ -377,7 +399,7 @@ def as_topology(spec: Any, size: int) -> Topology:
                 f"expected one of {sorted(TOPOLOGIES)}"
             )
         return TOPOLOGIES[spec](size)
-    elif isinstance(spec, nx.Graph):
+    elif _is_graph(spec):
         graph = spec
         topo = Topology(graph.graph.get("name") or "custom", size, lambda: graph)
     else:

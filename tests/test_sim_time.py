@@ -182,3 +182,46 @@ def test_a_wait_with_a_timeout_ends_in_virtual_time():
     assert received == ("received", 1.0)
     # the next message never comes: the wait times out once no other rank can run (rank 1 is in the barrier)
     assert late[0] == alone[0] == "timed out" and "within its timeout of 1 s (virtual time)" in late[1]
+
+
+_WITHOUT_NETWORKX = """
+import sys
+import torch
+import simdist
+
+
+def one(rank):
+    simdist.init_process_group("gloo")
+    t = torch.ones(4)
+    simdist.all_reduce(t)
+    simdist.destroy_process_group()
+    return float(t[0])
+
+
+assert simdist.simulate(one, 4).values == [4.0] * 4
+assert simdist.simulate(one, 4, topology="ring").values == [4.0] * 4  # (its routes are computed without a graph)
+print("networkx" in sys.modules)
+
+
+def stuck(rank):
+    simdist.init_process_group("gloo")
+    if rank:
+        simdist.barrier()
+
+
+try:
+    simdist.simulate(stuck, 3)
+except simdist.DeadlockError as err:
+    print(sorted(err.graph.edges))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_networkx_is_imported_only_when_a_graph_is_needed():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _WITHOUT_NETWORKX], capture_output=True, text=True, timeout=110,
+                         check=True).stdout.split("\n")
+    assert out[0] == "False"  # named topologies route without it (importing it took 0.15 s of a first run)
+    assert out[1] == "[(1, 0), (2, 0)]"  # a deadlock's wait-for graph is still a networkx graph

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import networkx as nx
-
 from simdist._errors import DeadlockError
 
 from ._messages import CollectiveRun, Post
@@ -104,6 +102,8 @@ def _unmatched(engine: Any, names: dict[int, str]) -> tuple[list[str], list[str]
 
 def deadlock_error(engine: Any) -> DeadlockError:
     """The DeadlockError describing the engine's current state (no rank can run)."""
+    import networkx as nx  # (only a deadlock needs it: a first simulation in a process does not wait for it)
+
     graph = nx.DiGraph()
     blocked = []
     lines = []
