@@ -21,6 +21,7 @@ not touch a receive's buffer before it completes).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,16 +58,17 @@ class _Start:
 class Recorder(Observer, Timed):
     """The transport an algorithm sees while its steps are recorded (see the module doc)."""
 
-    __slots__ = ("head", "hidden", "pending", "rank", "size", "steps", "t", "view")
+    __slots__ = ("bounds", "head", "hidden", "pending", "rank", "size", "steps", "t", "view")
 
     def __init__(self, transport: Any, buf: Any):
         self.t = transport
         self.rank, self.size = transport.rank, transport.size
         self.head = None if buf is None else A.narrow(buf, 0, LIMIT)  # the output's recorded values
+        self.bounds = None if buf is None else A.byte_bounds(self.head)  # its memory, for each receive's overlap
         self.view: list | None = None  # the observed working data, once there is some
         self.steps = 0
         self.pending: dict[int, int] = {}  # id(handle) -> the index of its 'received' event in the trace
-        self.hidden: dict[int, tuple[int, list]] = {}  # id(handle) -> (start, values) it covers in ``head``
+        self.hidden: dict[int, tuple[int, Any]] = {}  # id(handle) -> (start, values) it covers in ``head``
 
     # --- the Transport ------------------------------------------------------------
 
@@ -74,9 +76,9 @@ class Recorder(Observer, Timed):
         return self.t.isend(buf, peer, tag, chunk=chunk)
 
     def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Any:
-        span = None if self.head is None else A.overlap_span(buf, self.head)
+        span = None if self.bounds is None else A.overlap_span(buf, self.head, self.bounds)
         if span is not None:
-            before = A.snapshot(A.narrow(self.head, span[0], span[1] - span[0]))
+            before = _values(A.narrow(self.head, span[0], span[1] - span[0]))
         handle = self.t.irecv(buf, peer, tag, chunk=chunk)
         self.pending[id(handle)] = self._record("received", self.t.ranks[peer], tag, handle.nbytes, 0.0, chunk, None,
                                                 hold=True)
@@ -126,7 +128,7 @@ class Recorder(Observer, Timed):
         if self.view is not None:
             kind, values = "work", list(self.view)
         elif self.head is not None:
-            kind, values = "step", A.snapshot(self.head)
+            kind, values = "step", _values(self.head)
             for start, before in self.hidden.values():
                 values[start : start + len(before)] = before
         else:
@@ -134,10 +136,24 @@ class Recorder(Observer, Timed):
         self._record(kind, None, None, 0, self.t.run.t, None, values)
 
     def _record(self, kind: str, peer: int | None, tag: int | None, nbytes: int, t: float, chunk: int | None,
-                snapshot: list | None, hold: bool = False) -> int:
+                snapshot: Any, hold: bool = False) -> int:
         """Add an event of this rank's part in the collective to the trace; its index."""
         run = self.t.run
         call = run.call
         step = None if hold else self.steps
         return self.t.engine.trace.record(self.t.me, kind, call.op, self.t.gid, peer, tag, nbytes, t, t, run.coll_id,
                                           step, chunk, None, call.algorithm, snapshot, hold=hold)
+
+
+def _values(buf: Any) -> list | array:
+    """The leading ``LIMIT`` values of ``buf`` as the trace stores them (``Trace.record``'s ``snapshot``).
+
+    An ``array`` made from the buffer's bytes where :func:`simdist._arrays.snapshot_bytes` can
+    (the same numbers the trace would pack from :func:`simdist._arrays.snapshot`'s list), else that list.
+    """
+    raw = A.snapshot_bytes(buf, LIMIT)
+    if raw is None:
+        return A.snapshot(buf, LIMIT)
+    values = array(raw[0])
+    values.frombytes(raw[1])
+    return values
