@@ -37,7 +37,7 @@ __all__ = [
     "may_overlap",
     "overlap_span",
     "byte_bounds",
-    "snapshot_bytes",
+    "values_view",
     "stage_out",
     "empty",
     "zeros",
@@ -399,27 +399,28 @@ def snapshot(buf: Array, limit: int = 64) -> list:
     return head.tolist()
 
 
-_EXACT: dict[Any, tuple[str, Any]] = {  # torch dtype -> (array typecode, numpy dtype holding its values exactly)
-    **dict.fromkeys((torch.float16, torch.float32, torch.float64), ("d", np.float64)),
-    **dict.fromkeys((torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32),
-                    ("q", np.int64)),
+_EXACT: dict[Any, str] = {  # torch dtype -> the typecode of an ``array.array`` holding each of its values exactly
+    **dict.fromkeys((torch.float16, torch.float32, torch.float64), "d"),
+    **dict.fromkeys((torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32), "q"),
 }
 
 
-def snapshot_bytes(buf: Array, limit: int = 64) -> tuple[str, bytes] | None:
-    """:func:`snapshot`'s values as ``(typecode, bytes)`` of an ``array.array``: float64 (``'d'``) or int64 (``'q'``).
+def values_view(buf: Array, limit: int = 64) -> tuple[str, np.ndarray] | None:
+    """The leading ``limit`` values of flat buffer ``buf`` as a numpy view of its memory (later writes show in it).
 
-    The same numbers as :func:`snapshot` gives (each exactly representable), without a Python
-    object per value. ``None`` for what is not a non-empty CPU tensor of a float (not bfloat16)
-    or signed or 32-bit-or-less unsigned integer dtype: use :func:`snapshot` there.
+    With it, the typecode of an ``array.array`` that holds each value exactly: ``'d'``
+    (float64) for float16/32/64, ``'q'`` (int64) for signed and up to 32-bit unsigned
+    integers; its values are :func:`snapshot`'s numbers. ``None`` for anything else (a
+    bfloat16, uint64, bool or complex dtype, an empty buffer, a numpy or GPU array): use
+    :func:`snapshot` there.
     """
     if type(buf) is not _Tensor or not buf.is_cpu:
         return None
-    exact = _EXACT.get(buf.dtype)
-    if exact is None or buf.numel() == 0:
+    code = _EXACT.get(buf.dtype)
+    if code is None or buf.numel() == 0:
         return None
     head = buf[:limit] if buf.numel() > limit else buf
-    return exact[0], head.detach().numpy().astype(exact[1]).tobytes()
+    return code, (head.detach() if head.requires_grad else head).numpy()
 
 
 def to_numpy(x: Array) -> np.ndarray:

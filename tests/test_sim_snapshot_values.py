@@ -1,4 +1,4 @@
-"""Step snapshots taken from a buffer's bytes store exactly what the list of values stored; the quick checks agree.
+"""Step snapshots read from a buffer's memory store exactly what the list of values stored; the quick checks agree.
 
 The reference for each fast path is the general one it stands in for: ``_packed(snapshot(buf))``
 (the values as Python numbers, packed by the trace), ``overlap_span`` computing the base's
@@ -59,15 +59,15 @@ def test_values_from_bytes_are_the_packed_list(dtype, n):
     expected = _packed(A.snapshot(buf, LIMIT))
     got = _packed(_values(buf))
     assert same(got, expected), (got, expected)
-    raw = A.snapshot_bytes(buf)
-    assert (raw is None) == (dtype in (torch.bfloat16, torch.uint64, torch.bool, torch.complex64))
+    assert (A.values_view(buf) is None) == (dtype in (torch.bfloat16, torch.uint64, torch.bool, torch.complex64))
 
 
 def test_empty_and_numpy_buffers_take_the_list_path():
     from simdist.backends.sim._record import _values
 
-    assert A.snapshot_bytes(torch.zeros(0)) is None and _values(torch.zeros(0)) == []
-    assert A.snapshot_bytes(np.arange(4.0)) is None and _values(np.arange(4.0)) == [0.0, 1.0, 2.0, 3.0]
+    assert A.values_view(torch.zeros(0)) is None and _values(torch.zeros(0)) == []
+    assert _values(torch.ones(3, requires_grad=True)) == array("d", [1.0, 1.0, 1.0])
+    assert A.values_view(np.arange(4.0)) is None and _values(np.arange(4.0)) == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_a_trace_of_byte_snapshots_reads_and_deduplicates_as_one_of_lists():
