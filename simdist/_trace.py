@@ -206,7 +206,8 @@ class Trace:
             )
         except struct.error as exc:
             raise ValueError(f"an event field is out of range or of the wrong type: {exc}") from None
-        self._end = max(self._end, t_end)
+        if t_end > self._end:  # (max() without the call)
+            self._end = t_end
         self._events = None
         index = self._base + len(self._rows) // _SIZE - 1
         if hold:
