@@ -85,7 +85,9 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
     ``max_runs`` defaults to 100, or ``pytest --simdist-max-schedules N``. ``options``
     go to :func:`simdist.simulate` (``detail``, ``topology``, ``eager_limit``, ...). When the
     minimal schedule has at most a few preemptions, a note on the error lists them
-    (:func:`simdist.testing.explain`).
+    (:func:`simdist.testing.explain`). The runs before a failure and the shrinking replays
+    record no step snapshots unless ``record_steps`` is given (no one reads their traces);
+    the error raised comes from replaying the minimal schedule with ``options`` as given.
     """
     from simdist._pytest_plugin import OPTIONS
 
