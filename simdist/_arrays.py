@@ -36,6 +36,8 @@ __all__ = [
     "changed_bytes",
     "may_overlap",
     "overlap_span",
+    "byte_bounds",
+    "values_view",
     "stage_out",
     "empty",
     "zeros",
@@ -111,6 +113,8 @@ def check_writable(x: Array, argname: str) -> None:
     call is made, so the error belongs to the calling rank, before anything is sent.
     """
     if isinstance(x, torch.Tensor):
+        if x.is_contiguous():  # (the common case: no stride of 0 on a dimension of size > 1 unless empty)
+            return
         if x.numel() > 1 and any(st == 0 and sz > 1 for st, sz in zip(x.stride(), x.shape)):
             raise ValueError(
                 f"{argname} has elements that share memory (shape {tuple(x.shape)}, strides {x.stride()}, "
@@ -157,7 +161,7 @@ def nbytes(x: Array) -> int:
 def device_of(x: Array) -> str:
     """``'cpu'`` for numpy arrays and CPU tensors, else the array's device (``'cuda:0'``)."""
     if isinstance(x, torch.Tensor):
-        return str(x.device)
+        return "cpu" if x.is_cpu else str(x.device)
     return f"cuda:{x.device.id}" if _is_cupy(x) else "cpu"
 
 
@@ -208,9 +212,14 @@ def changed_bytes(before: Array, after: Array) -> tuple[int, int] | None:
     if nbytes(before) == 0:
         return None
     if device_of(before) == "cpu" and device_of(after) == "cpu":
-        a, b = host_bytes(before), host_bytes(after)
-        if a.tobytes() == b.tobytes() if a.size <= 16384 else np.array_equal(a, b):  # each the faster at its size
-            return None
+        if type(before) is _Tensor and type(after) is _Tensor:  # (the common case: one call into torch)
+            if torch.equal(before.view(torch.uint8), after.view(torch.uint8)):
+                return None
+            a, b = host_bytes(before), host_bytes(after)
+        else:
+            a, b = host_bytes(before), host_bytes(after)
+            if a.tobytes() == b.tobytes() if a.size <= 16384 else np.array_equal(a, b):  # each the faster at its size
+                return None
         diff = np.flatnonzero(a != b)
     else:
         a, b = _torch_bytes(before), _torch_bytes(after)
@@ -238,18 +247,22 @@ def _byte_bounds(x: Array) -> tuple[int, int] | None:
     return low, high
 
 
+byte_bounds = _byte_bounds
+
+
 def may_overlap(a: Array, b: Array) -> bool:
     """Whether the memory of ``a`` and ``b`` may overlap (a conservative test on byte ranges)."""
     ba, bb = _byte_bounds(a), _byte_bounds(b)
     return ba is not None and bb is not None and ba[0] < bb[1] and bb[0] < ba[1]
 
 
-def overlap_span(view: Array, base: Array) -> tuple[int, int] | None:
+def overlap_span(view: Array, base: Array, bounds: tuple[int, int] | None | bool = False) -> tuple[int, int] | None:
     """The elements ``base[i:j]`` of flat buffer ``base`` that ``view`` may touch, as ``(i, j)``.
 
     ``None`` if they share no memory; the span is rounded out to whole elements of ``base``.
+    ``bounds``: ``base``'s :func:`byte_bounds`, where the caller keeps them (``False``: computed here).
     """
-    bv, bb = _byte_bounds(view), _byte_bounds(base)
+    bv, bb = _byte_bounds(view), (_byte_bounds(base) if bounds is False else bounds)
     if bv is None or bb is None or not (bv[0] < bb[1] and bb[0] < bv[1]):
         return None
     size = itemsize(base)
@@ -384,6 +397,30 @@ def snapshot(buf: Array, limit: int = 64) -> list:
             head = head.float()
         return head.cpu().tolist()
     return head.tolist()
+
+
+_EXACT: dict[Any, str] = {  # torch dtype -> the typecode of an ``array.array`` holding each of its values exactly
+    **dict.fromkeys((torch.float16, torch.float32, torch.float64), "d"),
+    **dict.fromkeys((torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32), "q"),
+}
+
+
+def values_view(buf: Array, limit: int = 64) -> tuple[str, np.ndarray] | None:
+    """The leading ``limit`` values of flat buffer ``buf`` as a numpy view of its memory (later writes show in it).
+
+    With it, the typecode of an ``array.array`` that holds each value exactly: ``'d'``
+    (float64) for float16/32/64, ``'q'`` (int64) for signed and up to 32-bit unsigned
+    integers; its values are :func:`snapshot`'s numbers. ``None`` for anything else (a
+    bfloat16, uint64, bool or complex dtype, an empty buffer, a numpy or GPU array): use
+    :func:`snapshot` there.
+    """
+    if type(buf) is not _Tensor or not buf.is_cpu:
+        return None
+    code = _EXACT.get(buf.dtype)
+    if code is None or buf.numel() == 0:
+        return None
+    head = buf[:limit] if buf.numel() > limit else buf
+    return code, (head.detach() if head.requires_grad else head).numpy()
 
 
 def to_numpy(x: Array) -> np.ndarray:

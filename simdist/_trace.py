@@ -84,13 +84,21 @@ DTYPE = np.dtype(
 )
 """The row of one event in :meth:`Trace.columns` (``None`` is ``NONE32``/``NONE64``, or -1 for an index)."""
 assert DTYPE.itemsize == _ROW.size
+_TIMES, _AT_TIMES = struct.Struct("<dd"), DTYPE.fields["t_start"][1]  # what update() rewrites in a row
+_STEP, _AT_STEP = struct.Struct("<i"), DTYPE.fields["step"][1]
+assert DTYPE.fields["t_end"][1] == _AT_TIMES + 8
 _SIZE = _ROW.size
 _FLUSH = 1 << 22
 """Bytes of finished rows a streamed trace keeps before writing them out."""
 
 
-def _packed(values: list) -> Any:
-    """``values`` as stored: an ``array`` when they are all floats or all ints that fit, else the list."""
+def _packed(values: list | array) -> Any:
+    """``values`` as stored: an ``array`` when they are all floats or all ints that fit, else the list.
+
+    An ``array`` (``'d'`` or ``'q'``, not empty) is taken as it is: the caller made it for the trace.
+    """
+    if type(values) is array:
+        return values
     kinds = set(map(type, values))
     if kinds == {float}:
         return array("d", values)
@@ -166,11 +174,13 @@ class Trace:
         chunk: int | None = None,
         call_site: str | None = None,
         algorithm: str | None = None,
-        snapshot: list | None = None,
+        snapshot: list | array | None = None,
         *,
         hold: bool = False,
     ) -> int:
         """Append one event (the fields of :class:`Event`, in order); its index.
+
+        ``snapshot`` is a list of numbers, or an ``array`` (``'d'``/``'q'``, not empty) that the trace keeps.
 
         ``hold=True``: the event may still change (:meth:`update`), so a stream keeps it until then.
         """
@@ -196,7 +206,8 @@ class Trace:
             )
         except struct.error as exc:
             raise ValueError(f"an event field is out of range or of the wrong type: {exc}") from None
-        self._end = max(self._end, t_end)
+        if t_end > self._end:  # (max() without the call)
+            self._end = t_end
         self._events = None
         index = self._base + len(self._rows) // _SIZE - 1
         if hold:
@@ -220,9 +231,8 @@ class Trace:
             self._next_flush = 0  # what it held back may go out now
         self._open.discard(index)
         at = (index - self._base) * _SIZE
-        row = list(_ROW.unpack_from(self._rows, at))
-        row[7], row[8], row[10] = t_start, t_end, NONE32 if step is None else step
-        _ROW.pack_into(self._rows, at, *row)
+        _TIMES.pack_into(self._rows, at + _AT_TIMES, t_start, t_end)
+        _STEP.pack_into(self._rows, at + _AT_STEP, NONE32 if step is None else step)
         self._end = max(self._end, t_end)
         self._events = None
 

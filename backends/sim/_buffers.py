@@ -35,7 +35,8 @@ class BufferCheck:
     """The check of one asynchronous send or receive of rank ``rank`` (see the module's docstring).
 
     ``posted`` is the buffer the engine sends from (a send: the copy taken at post) or
-    delivers into (a receive: a buffer of its own, copied into ``target`` by :meth:`settle`).
+    delivers into (a receive: a buffer of its own, copied into ``target`` by :meth:`settle`; a send has
+    no ``target``).
     """
 
     __slots__ = ("back", "before", "call_site", "kind", "posted", "rank", "target", "tensor")

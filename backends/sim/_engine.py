@@ -665,14 +665,15 @@ class Engine:
                 s.src, "message", call.op, s.group, s.dst, s.tag, s.nbytes, start, arrival, run.coll_id, s.step,
                 s.chunk, s.call_site, call.algorithm,
             )
+        done = r.t_post if r.t_post > arrival else arrival
         if run is None:
             if not s.done:
                 self._finish_post(s, arrival)
-            self._finish_post(r, max(arrival, r.t_post))
+            self._finish_post(r, done)
         else:  # a collective's posts have no write-back and no span of their own to record
             if not s.done:
                 self.complete(s, arrival)
-            self.complete(r, max(arrival, r.t_post))
+            self.complete(r, done)
 
     def _finish_post(self, p: Post, t: float) -> None:
         p.t_done = t

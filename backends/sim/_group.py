@@ -103,7 +103,7 @@ class SimGroup(AlgorithmicGroup):
 
             raise Abort
         if kind == "send":
-            buf, back = A.stage_in(tensor), None
+            buf, back = None, None  # (staged below, unless a checked send carries the check's copy)
             src, dst = me.rank, self.ranks[peer]
         else:
             buf, back = A.stage_out(tensor)
@@ -112,6 +112,8 @@ class SimGroup(AlgorithmicGroup):
         if opts.async_op and me.world.check_buffers:
             check = BufferCheck(kind, tensor, buf, back, me.rank, opts.call_site)
             buf, back = check.posted, None
+        elif buf is None:
+            buf = A.stage_in(tensor)
         p = Post(
             kind,
             src,

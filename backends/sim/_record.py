@@ -21,8 +21,11 @@ not touch a receive's buffer before it completes).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 from simdist import _arrays as A
 from simdist._algorithmic import CollectiveCall
@@ -57,16 +60,18 @@ class _Start:
 class Recorder(Observer, Timed):
     """The transport an algorithm sees while its steps are recorded (see the module doc)."""
 
-    __slots__ = ("head", "hidden", "pending", "rank", "size", "steps", "t", "view")
+    __slots__ = ("bounds", "exact", "head", "hidden", "pending", "rank", "size", "steps", "t", "view")
 
     def __init__(self, transport: Any, buf: Any):
         self.t = transport
         self.rank, self.size = transport.rank, transport.size
         self.head = None if buf is None else A.narrow(buf, 0, LIMIT)  # the output's recorded values
+        self.bounds = None if buf is None else A.byte_bounds(self.head)  # its memory, for each receive's overlap
+        self.exact = None if buf is None else A.values_view(self.head, LIMIT)  # read as an array, where it can be
         self.view: list | None = None  # the observed working data, once there is some
         self.steps = 0
         self.pending: dict[int, int] = {}  # id(handle) -> the index of its 'received' event in the trace
-        self.hidden: dict[int, tuple[int, list]] = {}  # id(handle) -> (start, values) it covers in ``head``
+        self.hidden: dict[int, tuple[int, Any]] = {}  # id(handle) -> (start, values) it covers in ``head``
 
     # --- the Transport ------------------------------------------------------------
 
@@ -74,9 +79,9 @@ class Recorder(Observer, Timed):
         return self.t.isend(buf, peer, tag, chunk=chunk)
 
     def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Any:
-        span = None if self.head is None else A.overlap_span(buf, self.head)
+        span = None if self.bounds is None else A.overlap_span(buf, self.head, self.bounds)
         if span is not None:
-            before = A.snapshot(A.narrow(self.head, span[0], span[1] - span[0]))
+            before = self._values(span[0], span[1])
         handle = self.t.irecv(buf, peer, tag, chunk=chunk)
         self.pending[id(handle)] = self._record("received", self.t.ranks[peer], tag, handle.nbytes, 0.0, chunk, None,
                                                 hold=True)
@@ -126,18 +131,44 @@ class Recorder(Observer, Timed):
         if self.view is not None:
             kind, values = "work", list(self.view)
         elif self.head is not None:
-            kind, values = "step", A.snapshot(self.head)
+            kind, values = "step", self._values(0, LIMIT)
             for start, before in self.hidden.values():
                 values[start : start + len(before)] = before
         else:
             return
         self._record(kind, None, None, 0, self.t.run.t, None, values)
 
+    def _values(self, start: int, end: int) -> list | array:
+        """The recorded values ``head[start:end]``, as :func:`_values` gives them."""
+        if self.exact is None:
+            return A.snapshot(A.narrow(self.head, start, end - start), LIMIT)
+        return _array(self.exact[0], self.exact[1][start:end])
+
     def _record(self, kind: str, peer: int | None, tag: int | None, nbytes: int, t: float, chunk: int | None,
-                snapshot: list | None, hold: bool = False) -> int:
+                snapshot: Any, hold: bool = False) -> int:
         """Add an event of this rank's part in the collective to the trace; its index."""
         run = self.t.run
         call = run.call
         step = None if hold else self.steps
         return self.t.engine.trace.record(self.t.me, kind, call.op, self.t.gid, peer, tag, nbytes, t, t, run.coll_id,
                                           step, chunk, None, call.algorithm, snapshot, hold=hold)
+
+
+def _values(buf: Any) -> list | array:
+    """The leading ``LIMIT`` values of ``buf`` as the trace stores them (``Trace.record``'s ``snapshot``).
+
+    An ``array`` read from the buffer's memory where :func:`simdist._arrays.values_view` can
+    (the same numbers the trace would pack from :func:`simdist._arrays.snapshot`'s list), else that list.
+    """
+    exact = A.values_view(buf, LIMIT)
+    return A.snapshot(buf, LIMIT) if exact is None else _array(*exact)
+
+
+def _array(code: str, view: Any) -> array:
+    """The numpy values ``view`` as an ``array`` of typecode ``code`` (``'d'`` or ``'q'``)."""
+    values = array(code)
+    values.frombytes(view.astype(_WIDE[code]).tobytes())
+    return values
+
+
+_WIDE = {"d": np.float64, "q": np.int64}

@@ -167,7 +167,13 @@ class PCTStrategy(Strategy):
         if self.count in self.change_points and current is not None:
             self.low -= 1.0
             self.priority[current] = self.low
-        best = max(range(n), key=lambda i: self._prio(options[i]))
+        priority, best, top = self.priority, 0, None
+        for i in range(n):  # in order: a rank seen for the first time draws its priority here (as _prio does)
+            p = priority.get(options[i])
+            if p is None:
+                p = self._prio(options[i])
+            if top is None or p > top:  # (the first of equal ones, as max() keeps)
+                best, top = i, p
         return best
 
     def pick_match(self, n):

@@ -7,7 +7,7 @@ from typing import Any
 
 from simdist._errors import DistError
 
-__all__ = ["CheckError", "check_argument", "run_checked"]
+__all__ = ["CheckError", "check_argument", "run_checked", "unrecorded"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 
@@ -59,3 +59,17 @@ def run_checked(fn: Callable, nprocs: int, args: tuple, options: dict, check: Ca
         err = CheckError(f"check {name} returned False on the values {shown}", res.values)
     err.choices = list(res.choices)
     raise err._with_schedule(res.schedule)
+
+
+def unrecorded(options: dict) -> dict:
+    """``options`` for runs whose trace no one reads (a search's passing runs, its shrinking): no step snapshots.
+
+    A search reports only its failure, and replays that with the caller's ``options``
+    (:func:`~simdist.testing._shrink.shrunk_failure`), so what the user sees is recorded in
+    full; the runs before it differ only in their traces (step snapshots change no schedule,
+    no value and no error). Options that say ``record_steps`` themselves, or write the trace
+    to a file (``trace_file``), are kept as they are.
+    """
+    if "record_steps" in options or "trace_file" in options:
+        return options
+    return {**options, "record_steps": False}

@@ -12,7 +12,7 @@ import numpy as np
 from simdist._callsite import trace_user_code
 from simdist._errors import DistError
 
-from ._check import check_argument, run_checked
+from ._check import check_argument, run_checked, unrecorded
 from ._explain import note_decisions
 from ._run import current_test, replay_worlds, warn_leaks
 from ._shrink import minimize, shrunk_failure
@@ -85,7 +85,9 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
     ``max_runs`` defaults to 100, or ``pytest --simdist-max-schedules N``. ``options``
     go to :func:`simdist.simulate` (``detail``, ``topology``, ``eager_limit``, ...). When the
     minimal schedule has at most a few preemptions, a note on the error lists them
-    (:func:`simdist.testing.explain`).
+    (:func:`simdist.testing.explain`). The runs before a failure and the shrinking replays
+    record no step snapshots unless ``record_steps`` is given (no one reads their traces);
+    the error raised comes from replaying the minimal schedule with ``options`` as given.
     """
     from simdist._pytest_plugin import OPTIONS
 
@@ -138,6 +140,7 @@ def _explore(fn: Callable, nprocs: int, args: tuple, strategy: str, runs_wanted:
         return ExploreSummary(runs, runs, strategy, complete, distinct, preemption_bound)
     base = 0 if seed is None else seed
     seen: set[tuple] = set()
+    quick = unrecorded(options)  # passing runs' traces are never read; a failure is replayed with ``options``
     steps, runs, warned = 1000, 0, leaks != "warn"
     outer_trace = trace_user_code(sys._getframe())
     try:
@@ -151,7 +154,7 @@ def _explore(fn: Callable, nprocs: int, args: tuple, strategy: str, runs_wanted:
                 print(f"\rsimdist explore: {runs}/{runs_wanted} runs, {len(seen)} interleavings", end="",
                       file=sys.stderr, flush=True)
             try:
-                res = run_checked(fn, nprocs, args, options, check, **kwargs)
+                res = run_checked(fn, nprocs, args, quick, check, **kwargs)
             except DistError as err:
                 if err.choices is None:
                     raise

@@ -264,15 +264,19 @@ def failure_site(err: BaseException) -> Any:
 
 
 def check_replays(fn: Callable, nprocs: int, args: tuple, err: DistError, kwargs: dict,
-                  check: Callable | None = None) -> None:
-    """Replay ``err``'s schedule (then ``check``); raise :class:`NondeterminismError` unless it fails the same way."""
+                  check: Callable | None = None) -> DistError:
+    """The error of replaying ``err``'s schedule (then ``check``), which fails the same way as ``err``.
+
+    Raises:
+        NondeterminismError: the replay passed, or failed another way.
+    """
     try:
         run_checked(fn, nprocs, args, kwargs, check, schedule=err.schedule)
         second = None
     except DistError as again:
         second = again
     if same_failure(err, second):
-        return
+        return second
     causes = _diagnose(fn, nprocs, args, err.schedule, kwargs)
     outcome = "passed" if second is None else f"raised {type(second).__name__}"
     raise NondeterminismError(

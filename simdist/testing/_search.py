@@ -262,12 +262,13 @@ def exhaustive(fn: Callable, nprocs: int, args: tuple, *, preemption_bound: int 
     import sys
     import warnings
 
+    from ._check import unrecorded
     from ._explain import note_decisions
     from ._run import warn_leaks as warn
     from ._shrink import shrunk_failure
 
     found = Search(fn, nprocs, args, preemption_bound=preemption_bound, reduce=reduce, max_runs=max_runs,
-                   options=options, check=check)
+                   options=unrecorded(options), check=check)  # a failure is replayed with ``options``
     try:
         for run in found:
             if progress:

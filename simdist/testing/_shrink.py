@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 
 from simdist._errors import DistError
 
-from ._check import run_checked
+from ._check import run_checked, unrecorded
 from ._run import check_replays, same_failure
 
 __all__ = ["MINIMIZE_RUNS", "Shrinker", "minimize", "shrunk_failure", "simplicity"]
@@ -177,9 +177,14 @@ def _minimize(fn: Callable, nprocs: int, args: tuple, err: DistError, options: d
 
 def shrunk_failure(fn: Callable, nprocs: int, args: tuple, err: DistError, options: dict,
                    check: Callable | None = None) -> DistError:
-    """``err`` with the minimal schedule, after checking that it replays; a note says how it shrank."""
-    best, spent = _minimize(fn, nprocs, args, err, options, MINIMIZE_RUNS, check)
-    check_replays(fn, nprocs, args, best, options, check)
+    """``err`` with the minimal schedule, as a replay of that schedule with ``options`` gives it; a note says how
+    it shrank.
+
+    The shrinking replays record no step snapshots (:func:`~simdist.testing._check.unrecorded`);
+    the final replay, which also checks that the failure replays, records what ``options`` say.
+    """
+    found, spent = _minimize(fn, nprocs, args, err, unrecorded(options), MINIMIZE_RUNS, check)
+    best = check_replays(fn, nprocs, args, found, options, check)
     if best.schedule != err.schedule:
         best.add_note(f"schedule shrunk from {_significant(err.choices)} to {_significant(best.choices)} "
                       f"in {spent} replays; the original run's token: {err.schedule}")
