@@ -29,9 +29,12 @@ machine (loopback) and measures, in the ranks themselves, the terms of the topol
   from which every size costs at least half of it (the allocator's mmap threshold: smaller
   buffers reuse touched memory), ``memcpy`` the seconds per byte of copying into a used
   buffer from ``fresh_from`` (out of cache, as the staging of large lists copies).
-- **check_overhead**: a 4-byte all_gather timed with the socket backend's cross-rank
-  check of every collective on and off (``SIMDIST_CHECK_COLLECTIVES``), at worlds 2 and 4;
-  the difference over the check's ``ceil(log2 p)`` rounds, the median of the two.
+- **check_overhead, call_overhead**: a 4-byte all_gather after a barrier (as a program
+  calls a collective), timed with the socket backend's cross-rank check of every collective
+  on and off (``SIMDIST_CHECK_COLLECTIVES``) at worlds 2 and 4. ``check_overhead`` is the
+  difference over the check's ``ceil(log2 p)`` rounds (the median of the two worlds); at
+  world 2 the unchecked all_gather is one exchange, so what it takes beyond one shift of 8
+  bytes after a barrier is ``call_overhead``.
 
 Each figure is the median of several repetitions. It writes a topology file
 (:mod:`simdist._topology_file`, layout ``fully_connected``, every rank on one host) that
@@ -172,6 +175,7 @@ def _rank(rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], rep
 
             if n <= SMALL:
                 out["shift"][n] = [t / STEPS for t in _timed(steps, reps * 3, d.barrier)]
+                out["single"] = _timed(shift, reps * 3, d.barrier)
             else:
                 out["shift"][n] = _timed(shift, reps, d.barrier)
         d.barrier()
@@ -232,6 +236,7 @@ def calibrate(path: str | Path | None = None, *, quick: bool = False, name: str 
     for world, ranks in ((2, ranks2), (4, ranks4)):
         unchecked = spawn(_rank, args=(world, (), (), reps, False), nprocs=world, backend="socket")
         gathers[world] = tuple(_slowest_median([r["all_gather"] for r in rs]) for rs in (ranks, unchecked))
+    single = _slowest_median([r["single"] for r in ranks2])  # one small shift after a barrier
     memory = fit_memory(two["copies"]["fresh"], two["copies"]["used"])
     spec = {
         "format": FORMAT,
@@ -241,6 +246,7 @@ def calibrate(path: str | Path | None = None, *, quick: bool = False, name: str 
         "gamma": two["gamma"],
         **memory,
         "check_overhead": fit_check(gathers),
+        "call_overhead": max(gathers[2][1] - single, 0.0),
         "host_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
         "ranks_per_host": None,
         "comment": (
@@ -253,6 +259,7 @@ def calibrate(path: str | Path | None = None, *, quick: bool = False, name: str 
             "shift_seconds_world2": {str(n): t for n, t in two["shift"].items()},
             "shift_seconds_world4": {str(n): t for n, t in four["shift"].items()},
             "copy_seconds_per_byte": {kind: {str(n): t for n, t in by.items()} for kind, by in two["copies"].items()},
+            "one_shift_8_bytes_seconds_world2": single,
             "all_gather_4_bytes_seconds": {str(w): {"checked": c, "unchecked": u} for w, (c, u) in gathers.items()},
         },
     }
@@ -298,6 +305,7 @@ def describe(spec: dict[str, Any]) -> str:
         f"fresh memory {(spec.get('fresh_memory') or 0) * 1e12:.1f} ps/byte from {_size(spec.get('fresh_from'))}, "
         f"memcpy {(spec.get('memcpy') or 0) * 1e12:.1f} ps/byte, "
         f"check {(spec.get('check_overhead') or 0) * 1e6:.1f} us/round, "
+        f"call {(spec.get('call_overhead') or 0) * 1e6:.1f} us, "
         f"host cores {spec.get('host_cores') or 'unlimited'}"
     )
 

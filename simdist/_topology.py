@@ -34,6 +34,9 @@ Two optional terms make a calibrated model (:mod:`simdist.calibrate`):
   every collective's data moves (its ranks all-gather 16-byte digests of their calls in
   ``ceil(log2 p)`` rounds, :mod:`simdist.backends.socket._checked`): a collective of ``p`` ranks
   starts its messages ``ceil(log2 p) * check_overhead`` seconds after it is called.
+- ``call_overhead``, seconds a rank spends on each collective of 2 ranks or more outside
+  its messages and that check (making the call, running the algorithm's steps): charged
+  when the collective starts, with the check.
 - ``rank_bandwidth``, bytes per second that one rank moves, its sends and its receives
   together (a process copies both); ``host_bandwidth``, bytes per second that one host
   moves for all its ranks together (memory, the kernel's loopback). Ranks ``r`` and ``s``
@@ -100,6 +103,7 @@ class Topology:
         fresh_from: the smallest new buffer, in bytes, charged ``fresh_memory`` (``FRESH_BYTES``).
         memcpy: seconds per byte a rank copies between its own buffers to stage lists (0: free).
         check_overhead: seconds per round of the cross-rank check before a collective (0: none).
+        call_overhead: seconds a rank spends on a collective outside its messages and the check (0: none).
         rank_bandwidth: bytes per second one rank sends and receives together (``None``: unlimited).
         host_bandwidth: bytes per second one host moves for all its ranks (``None``: unlimited).
         host_overhead: seconds of a host's time per message (0: none).
@@ -120,6 +124,7 @@ class Topology:
         fresh_from: int = FRESH_BYTES,
         memcpy: float = 0.0,
         check_overhead: float = 0.0,
+        call_overhead: float = 0.0,
         rank_bandwidth: float | None = None,
         host_bandwidth: float | None = None,
         host_overhead: float = 0.0,
@@ -133,6 +138,7 @@ class Topology:
         self.fresh_from = fresh_from
         self.memcpy = memcpy
         self.check_overhead = check_overhead
+        self.call_overhead = call_overhead
         self.rank_bandwidth = rank_bandwidth
         self.host_bandwidth = host_bandwidth
         self.host_overhead = host_overhead
@@ -173,6 +179,7 @@ class Topology:
             fresh_from=self.fresh_from,
             memcpy=self.memcpy,
             check_overhead=self.check_overhead,
+            call_overhead=self.call_overhead,
             rank_bandwidth=self.rank_bandwidth,
             host_bandwidth=self.host_bandwidth,
             host_overhead=self.host_overhead,
@@ -266,11 +273,12 @@ class Topology:
     def setup(self, size: int, staged: tuple[int, ...], copied: int) -> float:
         """Seconds a rank of a group of ``size`` ranks spends on a collective before its first message.
 
-        That is ``ceil(log2 size) * check_overhead`` (the cross-rank check's rounds), plus first touching
-        the new buffers of ``staged`` bytes each (:meth:`fresh`), plus ``copied * memcpy``.
+        That is ``call_overhead`` plus ``ceil(log2 size) * check_overhead`` (the cross-rank check's
+        rounds) where ``size > 1``, plus first touching the new buffers of ``staged`` bytes each
+        (:meth:`fresh`), plus ``copied * memcpy``.
         """
-        rounds = (size - 1).bit_length() if size > 1 else 0
-        return rounds * self.check_overhead + sum(self.fresh(n) for n in staged) + copied * self.memcpy
+        fixed = self.call_overhead + (size - 1).bit_length() * self.check_overhead if size > 1 else 0.0
+        return fixed + sum(self.fresh(n) for n in staged) + copied * self.memcpy
 
     def host(self, rank: int) -> int:
         """The host that ``rank`` runs on (0 for every rank unless ``ranks_per_host`` is set)."""

@@ -18,6 +18,8 @@ runs on, and simdist ships reference files for common clusters (:data:`REFERENCE
                                        lists (default 0)
       "check_overhead": 1.1e-04,       seconds per round of the socket backend's cross-rank
                                        check before each collective (default 0)
+      "call_overhead": 7e-05,          seconds a rank spends on each collective outside its
+                                       messages and the check (default 0)
       "rank_bandwidth": 3.4e9,         bytes per second one rank sends and receives together
                                        (default null: unlimited)
       "host_bandwidth": 6.1e9,         bytes per second one host moves for all its ranks
@@ -75,6 +77,7 @@ _OPTIONAL = {
     "fresh_from": int,
     "memcpy": float,
     "check_overhead": float,
+    "call_overhead": float,
     "rank_bandwidth": float,
     "host_bandwidth": float,
     "host_overhead": float,
@@ -87,7 +90,7 @@ _OPTIONAL = {
     "sources": list,
     "measured": dict,
 }
-_SECONDS = ("gamma", "fresh_memory", "memcpy", "check_overhead", "host_overhead")
+_SECONDS = ("gamma", "fresh_memory", "memcpy", "check_overhead", "call_overhead", "host_overhead")
 """Fields of seconds (per byte, message or round) that may be 0."""
 _TWO_LEVEL = ("per_node", "inter_alpha", "inter_bandwidth")
 
@@ -180,6 +183,7 @@ def topology_from_spec(spec: dict[str, Any], size: int) -> Topology:
     topo.fresh_from = spec.get("fresh_from") or FRESH_BYTES
     topo.memcpy = float(spec.get("memcpy") or 0.0)
     topo.check_overhead = float(spec.get("check_overhead") or 0.0)
+    topo.call_overhead = float(spec.get("call_overhead") or 0.0)
     topo.host_cores = spec.get("host_cores")
     for key in ("rank_bandwidth", "host_bandwidth"):
         value = spec.get(key)
