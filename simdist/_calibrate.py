@@ -19,8 +19,9 @@ machine (loopback) and measures, in the ranks themselves, the terms of the topol
   file takes the ``host_bandwidth`` that makes the second term the measured time, the
   largest value the measurement allows (on a machine where 4 ranks share bandwidth no
   worse than 2 it binds only at larger worlds; null where the overhead alone explains it).
-- **gamma**: ``a.add_(b)`` on float32 tensors of 4 to 64 MiB in a rank process (one torch
-  thread), seconds per byte of ``a``; **host_cores**: the CPUs this process may run on, so
+- **gamma**: ``a.add_(b)`` on float32 tensors of 16 to 64 MiB in a rank process (one torch
+  thread), seconds per byte of ``a``: larger than the caches, as a reduction of data just
+  received from another process streams it from memory; **host_cores**: the CPUs this process may run on, so
   that ranks beyond them wait for a core to reduce.
 - **fresh_memory, fresh_from, memcpy**: copying into a new buffer minus copying into a used
   one, per byte, at each size of :data:`FRESH_SIZES` (after a warm-up, as in a loop of
@@ -62,7 +63,7 @@ PING_SIZES = (1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB)
 QUICK_PING_SIZES = (1 * MIB, 4 * MIB)
 SHIFT_SIZES = (8, 4 * MIB, 16 * MIB)
 QUICK_SHIFT_SIZES = (8, 4 * MIB)
-GAMMA_SIZES = (4 * MIB, 16 * MIB, 64 * MIB)
+GAMMA_SIZES = (16 * MIB, 32 * MIB, 64 * MIB)
 SMALL = 4 * KIB  # shifts up to this size measure alpha, larger ones the bandwidth sharing
 STEPS = 8
 """Small shifts are timed this many back to back (steps of a collective follow each other)."""
@@ -143,7 +144,7 @@ def _rank(rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], rep
     out: dict[str, Any] = {"one_way": {}, "shift": {}}
     try:
         one, every = torch.ones(1), torch.zeros(world)
-        out["all_gather"] = _timed(lambda: d.all_gather_into_tensor(every, one), reps * 3, d.barrier)
+        out["all_gather"] = _timed(lambda: d.all_gather_into_tensor(every, one), reps * 5, d.barrier)
         right, left = (rank + 1) % world, (rank - 1) % world
         if world == 2:
             for n in ping:
@@ -175,7 +176,7 @@ def _rank(rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], rep
 
             if n <= SMALL:
                 out["shift"][n] = [t / STEPS for t in _timed(steps, reps * 3, d.barrier)]
-                out["single"] = _timed(shift, reps * 3, d.barrier)
+                out["single"] = _timed(shift, reps * 5, d.barrier)
             else:
                 out["shift"][n] = _timed(shift, reps, d.barrier)
         d.barrier()
