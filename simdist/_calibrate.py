@@ -1,4 +1,4 @@
-"""Calibration: measure this machine's latency, bandwidth, bandwidth sharing and reduction speed.
+"""Calibration: measure this machine's latency, bandwidth, bandwidth sharing, reduction, memory and check costs.
 
 ``simdist calibrate`` (or :func:`calibrate`) starts real ranks of the socket backend on this
 machine (loopback) and measures, in the ranks themselves, the terms of the topology model
@@ -272,8 +272,9 @@ def calibrate(path: str | Path | None = None, *, quick: bool = False, name: str 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="simdist calibrate",
-        description="Measure this machine's latency, bandwidth, host bandwidth sharing and reduction speed with "
-        "the socket backend over loopback, and write a topology file for simulate(topology=PATH) and the app.",
+        description="Measure this machine's latency, bandwidth, host bandwidth sharing, reduction speed, page "
+        "faults of new buffers, copy speed and the cost of each collective's cross-rank check with the socket "
+        "backend over loopback, and write a topology file for simulate(topology=PATH) and the app.",
         allow_abbrev=False,
     )
     p.add_argument("--out", "-o", default="simdist-topology.json", metavar="PATH",
