@@ -39,7 +39,7 @@ class CollectiveCall:
         snapshot: the flat buffer whose values the trace may record after each step.
         args: the staged buffers, read by ``oneshot`` across ranks.
         staged: the bytes of each new flat buffer this rank allocates around the algorithm to
-            hold list arguments (the simulator charges their first touch, ``Topology.staging``).
+            hold list arguments (the simulator charges their first touch, ``Topology.setup``).
         copied: the bytes this rank copies between list arguments and those buffers.
     """
 
