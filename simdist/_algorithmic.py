@@ -38,6 +38,9 @@ class CollectiveCall:
         outputs: what ``Work.result()`` returns.
         snapshot: the flat buffer whose values the trace may record after each step.
         args: the staged buffers, read by ``oneshot`` across ranks.
+        staged: the bytes of each new flat buffer this rank allocates around the algorithm to
+            hold list arguments (the simulator charges their first touch, ``Topology.setup``).
+        copied: the bytes this rank copies between list arguments and those buffers.
     """
 
     op: str
@@ -51,6 +54,8 @@ class CollectiveCall:
     snapshot: Any = None
     args: dict[str, Any] = field(default_factory=dict)
     call_site: str | None = None
+    staged: tuple[int, ...] = ()
+    copied: int = 0
 
 
 class AlgorithmicGroup(ProcessGroup):
@@ -83,7 +88,8 @@ class AlgorithmicGroup(ProcessGroup):
         sig.update(extra)
         return sig
 
-    def _call(self, op, opts, x, nbytes, make, oneshot, finish, outputs, snapshot, args, equal_counts=True, **extra):
+    def _call(self, op, opts, x, nbytes, make, oneshot, finish, outputs, snapshot, args, equal_counts=True,
+              staged=(), copied=0, **extra):
         algo = self._pick(op, opts, nbytes, equal_counts)
         if op == "all_to_all" and algo == "bruck":
             _check_bruck(args["send"], args["recv"])
@@ -100,6 +106,8 @@ class AlgorithmicGroup(ProcessGroup):
             snapshot=snapshot,
             args=args,
             call_site=opts.call_site,
+            staged=staged,
+            copied=copied,
         )
         return self._run_collective(call, opts)
 
@@ -165,14 +173,15 @@ class AlgorithmicGroup(ProcessGroup):
     def all_gather(self, output_list: list, tensor: Any, opts: Options) -> Work:
         inp = A.stage_in(tensor)
         out = A.zeros(inp, A.numel(inp) * self.size)
-        return self._gathered("all_gather", opts, tensor, inp, out, A.split_into(out, output_list), output_list)
+        split = A.split_into(out, output_list)
+        return self._gathered("all_gather", opts, tensor, inp, out, split, output_list, _staging([out], [out]))
 
     def all_gather_into_tensor(self, output: Any, input: Any, opts: Options) -> Work:
         inp = A.stage_in(input)
         out, back = A.stage_out(output)
-        return self._gathered("all_gather", opts, input, inp, out, chain(back), [output])
+        return self._gathered("all_gather", opts, input, inp, out, chain(back), [output], {})
 
-    def _gathered(self, op, opts, x, inp, out, finish, outputs):
+    def _gathered(self, op, opts, x, inp, out, finish, outputs, staging):
         return self._call(
             op,
             opts,
@@ -186,6 +195,7 @@ class AlgorithmicGroup(ProcessGroup):
             outputs=outputs,
             snapshot=out,
             args={"inp": inp, "out": out},
+            **staging,
         )
 
     def gather(self, tensor: Any, gather_list: list | None, opts: Options) -> Work:
@@ -206,6 +216,7 @@ class AlgorithmicGroup(ProcessGroup):
             outputs=list(gather_list or []),
             snapshot=out if out is not None else inp,
             args={"inp": inp, "out": out},
+            **_staging([out], [out]),
         )
 
     def scatter(self, tensor: Any, scatter_list: list | None, opts: Options) -> Work:
@@ -225,17 +236,20 @@ class AlgorithmicGroup(ProcessGroup):
             outputs=[tensor],
             snapshot=out,
             args={"inp": inp, "out": out},
+            **_staging([inp], [inp]),
         )
 
     def reduce_scatter(self, output: Any, input_list: list, opts: Options) -> Work:
         # Outputs may differ in size between ranks (uneven counts); the counts, which every
         # rank must agree on, stand for the shape in the cross-rank check.
-        return self._reduce_scatter(output, A.concat(input_list), [A.numel(x) for x in input_list], opts, shape=None)
+        inp = A.concat(input_list)
+        counts = [A.numel(x) for x in input_list]
+        return self._reduce_scatter(output, inp, counts, opts, _staging([inp], [inp]), shape=None)
 
     def reduce_scatter_tensor(self, output: Any, input: Any, opts: Options) -> Work:
-        return self._reduce_scatter(output, A.stage_in(input), [A.numel(output)] * self.size, opts)
+        return self._reduce_scatter(output, A.stage_in(input), [A.numel(output)] * self.size, opts, {})
 
-    def _reduce_scatter(self, output, inp, counts, opts, **extra):
+    def _reduce_scatter(self, output, inp, counts, opts, staging, **extra):
         red = opts.op or ReduceOp.SUM
         A.check_reduce_op(output, red)
         out, back = A.stage_out(output)
@@ -255,6 +269,7 @@ class AlgorithmicGroup(ProcessGroup):
             snapshot=out,
             args={"inp": inp, "out": out},
             counts=tuple(counts),
+            **staging,
             **extra,
         )
 
@@ -265,21 +280,23 @@ class AlgorithmicGroup(ProcessGroup):
         recv = [A.numel(x) for x in output_list]
         # Only counts known to be equal on every rank may let the automatic choice pick Bruck:
         # a rank cannot see the other ranks' lists, so lists never count as equal.
-        return self._all_to_all(
-            output_list[0], inp, out, send, recv, A.split_into(out, output_list), output_list, opts, equal=False
-        )
+        split = A.split_into(out, output_list)
+        staging = _staging([inp, out], [inp, out])
+        return self._all_to_all(output_list[0], inp, out, send, recv, split, output_list, opts, False, staging)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts) -> Work:
         inp = A.stage_in(input)
+        staging = {}
         if A.may_overlap(input, output):  # in place: the algorithms would overwrite blocks not yet sent
             inp = A.concat([inp])
+            staging = _staging([inp], [inp])
         out, back = A.stage_out(output)
         send = A.split_counts(input, input_split_sizes, self.size)
         recv = A.split_counts(output, output_split_sizes, self.size)
         equal = output_split_sizes is None and input_split_sizes is None
-        return self._all_to_all(output, inp, out, send, recv, chain(back), [output], opts, equal)
+        return self._all_to_all(output, inp, out, send, recv, chain(back), [output], opts, equal, staging)
 
-    def _all_to_all(self, x, inp, out, send, recv, finish, outputs, opts, equal):
+    def _all_to_all(self, x, inp, out, send, recv, finish, outputs, opts, equal, staging):
         return self._call(
             "all_to_all",
             opts,
@@ -298,6 +315,7 @@ class AlgorithmicGroup(ProcessGroup):
             args={"inp": inp, "out": out, "send": send, "recv": recv},
             equal_counts=equal,
             shape=None,
+            **staging,
         )
 
     def barrier(self, opts: Options) -> Work:
@@ -316,6 +334,15 @@ class AlgorithmicGroup(ProcessGroup):
             dtype=None,
             shape=None,
         )
+
+
+def _staging(new: Sequence[Any], copied: Sequence[Any]) -> dict[str, Any]:
+    """``staged`` and ``copied`` of a :class:`CollectiveCall` whose rank allocates the buffers ``new`` and
+    copies each of ``copied`` once (``None``: a buffer this rank does not have)."""
+    return {
+        "staged": tuple(A.nbytes(b) for b in new if b is not None),
+        "copied": sum(A.nbytes(b) for b in copied if b is not None),
+    }
 
 
 def _check_bruck(send: Sequence[int], recv: Sequence[int]) -> None:

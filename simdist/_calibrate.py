@@ -1,15 +1,17 @@
-"""Calibration: measure this machine's latency, bandwidth, bandwidth sharing and reduction speed.
+"""Calibration: measure this machine's latency, bandwidth, bandwidth sharing, reduction, memory and check costs.
 
 ``simdist calibrate`` (or :func:`calibrate`) starts real ranks of the socket backend on this
 machine (loopback) and measures, in the ranks themselves, the terms of the topology model
 (:mod:`simdist._topology`):
 
 - **bandwidth**: ping-pong between 2 ranks; the slope of the one-way time (half a round
-  trip) over the sizes from 1 MiB.
+  trip) over the sizes from 1 to 64 MiB.
 - **alpha, host_overhead**: every rank sends 8 bytes to its right neighbour and receives
-  from its left at once (a *shift*, one step of a ring algorithm). ``k`` such messages
-  pass through the one host one after the other, so a shift takes
-  ``alpha + k * host_overhead``: the shifts at worlds 2 and 4 give both terms.
+  from its left at once (a *shift*, one step of a ring algorithm), :data:`STEPS` shifts
+  back to back as the steps of a collective follow each other; a shift's time is their
+  time over :data:`STEPS`. ``k`` such messages pass through the one host one after the
+  other, so a shift takes ``alpha + k * host_overhead``: the shifts at worlds 2 and 4
+  give both terms.
 - **rank_bandwidth**: a shift of ``n`` bytes at world 2 has each rank send and receive ``n``
   bytes at once; the model makes that ``alpha + 2 n / rank_bandwidth``.
 - **host_bandwidth**: the same shift at world 4 moves ``4 n`` bytes through one host at
@@ -17,11 +19,23 @@ machine (loopback) and measures, in the ranks themselves, the terms of the topol
   file takes the ``host_bandwidth`` that makes the second term the measured time, the
   largest value the measurement allows (on a machine where 4 ranks share bandwidth no
   worse than 2 it binds only at larger worlds; null where the overhead alone explains it).
-- **gamma**: ``a.add_(b)`` on float32 tensors of 4 to 64 MiB in a rank process (one torch
-  thread), seconds per byte of ``a``; **host_cores**: the CPUs this process may run on, so
+- **gamma**: ``a.add_(b)`` on float32 tensors of 16 to 64 MiB in a rank process (one torch
+  thread), seconds per byte of ``a``: larger than the caches, as a reduction of data just
+  received from another process streams it from memory; **host_cores**: the CPUs this process may run on, so
   that ranks beyond them wait for a core to reduce.
-- **fresh_memory**: copying into a new buffer of 4 to 64 MiB minus copying into a used one, per byte:
-  the page faults that a new scratch buffer costs the first time it is written.
+- **fresh_memory, fresh_from, memcpy**: copying into a new buffer minus copying into a used
+  one, per byte, at each size of :data:`FRESH_SIZES` (after a warm-up, as in a loop of
+  collectives): the page faults that a new buffer costs the first time it is written.
+  ``fresh_memory`` is that cost at the two largest sizes, ``fresh_from`` the smallest size
+  from which every size costs at least half of it (the allocator's mmap threshold: smaller
+  buffers reuse touched memory), ``memcpy`` the seconds per byte of copying into a used
+  buffer from ``fresh_from`` (out of cache, as the staging of large lists copies).
+- **check_overhead, call_overhead**: a 4-byte all_gather after a barrier (as a program
+  calls a collective), timed with the socket backend's cross-rank check of every collective
+  on and off (``SIMDIST_CHECK_COLLECTIVES``) at worlds 2 and 4. ``check_overhead`` is the
+  difference over the check's ``ceil(log2 p)`` rounds (the median of the two worlds); at
+  world 2 the unchecked all_gather is one exchange, so what it takes beyond one shift of 8
+  bytes after a barrier is ``call_overhead``.
 
 Each figure is the median of several repetitions. It writes a topology file
 (:mod:`simdist._topology_file`, layout ``fully_connected``, every rank on one host) that
@@ -42,15 +56,19 @@ from typing import Any
 
 from ._topology_file import FORMAT, write_topology_file
 
-__all__ = ["calibrate", "describe", "fit", "main"]
+__all__ = ["calibrate", "describe", "fit", "fit_check", "fit_memory", "main"]
 
 KIB, MIB = 1 << 10, 1 << 20
-PING_SIZES = (1 * MIB, 4 * MIB, 16 * MIB)
+PING_SIZES = (1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB)
 QUICK_PING_SIZES = (1 * MIB, 4 * MIB)
 SHIFT_SIZES = (8, 4 * MIB, 16 * MIB)
 QUICK_SHIFT_SIZES = (8, 4 * MIB)
-GAMMA_SIZES = (4 * MIB, 16 * MIB, 64 * MIB)
+GAMMA_SIZES = (16 * MIB, 32 * MIB, 64 * MIB)
 SMALL = 4 * KIB  # shifts up to this size measure alpha, larger ones the bandwidth sharing
+STEPS = 8
+"""Small shifts are timed this many back to back (steps of a collective follow each other)."""
+FRESH_SIZES = (4 * MIB, 8 * MIB, 16 * MIB, 24 * MIB, 32 * MIB, 48 * MIB, 64 * MIB, 128 * MIB)
+"""Sizes at which new buffers are timed against used ones (the mmap threshold lies between)."""
 
 
 def _timed(fn: Any, reps: int, before: Any = None) -> list[float]:
@@ -71,17 +89,32 @@ def _slowest_median(per_rank: list[list[float]]) -> float:
     return statistics.median(max(times) for times in zip(*per_rank))
 
 
-def _fresh_memory(reps: int) -> float:
-    """Seconds per byte that copying into a new buffer costs more than copying into a used one (page faults)."""
+def _copies(reps: int) -> dict[str, dict[int, float]]:
+    """Seconds per byte of copying into a new buffer (``"fresh"``) and into a used one (``"used"``), by size."""
     import torch
 
-    per_byte = []
-    for n in GAMMA_SIZES:
-        src, used = torch.ones(n // 4), torch.empty(n // 4)
-        fresh = statistics.median(_timed(lambda: torch.empty(n // 4).copy_(src), reps))
-        again = statistics.median(_timed(lambda: used.copy_(src), reps))
-        per_byte.append(max(fresh - again, 0.0) / n)
-    return statistics.median(per_byte)
+    out: dict[str, dict[int, float]] = {"fresh": {}, "used": {}}
+    for n in FRESH_SIZES:
+        src, used = torch.ones(n // 4), torch.ones(n // 4)
+        out["fresh"][n] = statistics.median(_timed(lambda: torch.empty(n // 4).copy_(src), reps)) / n  # noqa: B023
+        out["used"][n] = statistics.median(_timed(lambda: used.copy_(src), reps)) / n  # noqa: B023
+    return out
+
+
+def fit_memory(fresh: dict[int, float], used: dict[int, float]) -> dict[str, Any]:
+    """``fresh_memory``, ``fresh_from`` and ``memcpy`` from seconds per byte of copies into new and used
+    buffers by size (see the module doc)."""
+    sizes = sorted(fresh)
+    faults = {n: max(fresh[n] - used[n], 0.0) for n in sizes}
+    per_byte = statistics.median(faults[n] for n in sizes[-2:])
+    start = len(sizes) - 1
+    while start > 0 and faults[sizes[start - 1]] >= per_byte / 2:
+        start -= 1
+    return {
+        "fresh_memory": per_byte,
+        "fresh_from": sizes[start],
+        "memcpy": statistics.median(used[n] for n in sizes[start:]),
+    }
 
 
 def _gamma(reps: int) -> float:
@@ -95,16 +128,23 @@ def _gamma(reps: int) -> float:
     return statistics.median(per_byte)
 
 
-def _rank(rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], reps: int) -> dict[str, Any]:
-    """One rank's part: ping-pong and gamma (world 2), then its times of a shift around the ring of each size."""
+def _rank(rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], reps: int,
+          checked: bool = True) -> dict[str, Any]:
+    """One rank's part: ping-pong, gamma and copies (world 2), its times of a shift around the ring of each
+    size, and of a 4-byte all_gather (``checked``: with the cross-rank check of every collective)."""
     import torch
 
     import simdist as d
 
+    from .backends.socket._checked import CHECK_ENV
+
     torch.set_num_threads(1)  # one intra-op thread per rank, as torchrun gives several ranks of one node
+    os.environ[CHECK_ENV] = "1" if checked else "0"
     d.init_process_group("socket")
     out: dict[str, Any] = {"one_way": {}, "shift": {}}
     try:
+        one, every = torch.ones(1), torch.zeros(world)
+        out["all_gather"] = _timed(lambda: d.all_gather_into_tensor(every, one), reps * 5, d.barrier)
         right, left = (rank + 1) % world, (rank - 1) % world
         if world == 2:
             for n in ping:
@@ -121,7 +161,7 @@ def _rank(rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], rep
                 out["one_way"][n] = statistics.median(_timed(pingpong, reps, d.barrier)) / 2
             if rank == 0:
                 out["gamma"] = _gamma(reps)
-                out["fresh_memory"] = _fresh_memory(reps)
+                out["copies"] = _copies(reps)
         for n in shifts:
             a, b = torch.zeros(max(1, n // 4)), torch.zeros(max(1, n // 4))
 
@@ -130,7 +170,15 @@ def _rank(rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], rep
                 for w in works:
                     w.wait()
 
-            out["shift"][n] = _timed(shift, reps * 3 if n <= SMALL else reps, d.barrier)
+            def steps() -> None:
+                for _ in range(STEPS):
+                    shift()
+
+            if n <= SMALL:
+                out["shift"][n] = [t / STEPS for t in _timed(steps, reps * 3, d.barrier)]
+                out["single"] = _timed(shift, reps * 5, d.barrier)
+            else:
+                out["shift"][n] = _timed(shift, reps, d.barrier)
         d.barrier()
     finally:
         d.destroy_process_group()
@@ -165,6 +213,12 @@ def fit(one_way: dict[int, float], shift2: dict[int, float], shift4: dict[int, f
     }
 
 
+def fit_check(gathers: dict[int, tuple[float, float]]) -> float:
+    """``check_overhead``: seconds per round that a collective takes longer with the cross-rank check, from
+    ``{world: (seconds checked, seconds unchecked)}`` of one small collective (the median over worlds)."""
+    return statistics.median(max(c - u, 0.0) / (w - 1).bit_length() for w, (c, u) in gathers.items())
+
+
 def calibrate(path: str | Path | None = None, *, quick: bool = False, name: str = "calibrated") -> dict[str, Any]:
     """The topology file's object for this machine (loopback, socket backend), written to ``path`` if given.
 
@@ -179,13 +233,21 @@ def calibrate(path: str | Path | None = None, *, quick: bool = False, name: str 
     two, four = ranks2[0], {"shift": {n: _slowest_median([r["shift"][n] for r in ranks4]) for n in shifts}}
     two["shift"] = {n: _slowest_median([r["shift"][n] for r in ranks2]) for n in shifts}
     terms = fit(two["one_way"], two["shift"], four["shift"])
+    gathers = {}  # world -> (seconds with the check, seconds without)
+    for world, ranks in ((2, ranks2), (4, ranks4)):
+        unchecked = spawn(_rank, args=(world, (), (), reps, False), nprocs=world, backend="socket")
+        gathers[world] = tuple(_slowest_median([r["all_gather"] for r in rs]) for rs in (ranks, unchecked))
+    single = _slowest_median([r["single"] for r in ranks2])  # one small shift after a barrier
+    memory = fit_memory(two["copies"]["fresh"], two["copies"]["used"])
     spec = {
         "format": FORMAT,
         "name": name,
         "layout": "fully_connected",
         **terms,
         "gamma": two["gamma"],
-        "fresh_memory": two["fresh_memory"],
+        **memory,
+        "check_overhead": fit_check(gathers),
+        "call_overhead": max(gathers[2][1] - single, 0.0),
         "host_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
         "ranks_per_host": None,
         "comment": (
@@ -197,6 +259,9 @@ def calibrate(path: str | Path | None = None, *, quick: bool = False, name: str 
             "one_way_seconds": {str(n): t for n, t in two["one_way"].items()},
             "shift_seconds_world2": {str(n): t for n, t in two["shift"].items()},
             "shift_seconds_world4": {str(n): t for n, t in four["shift"].items()},
+            "copy_seconds_per_byte": {kind: {str(n): t for n, t in by.items()} for kind, by in two["copies"].items()},
+            "one_shift_8_bytes_seconds_world2": single,
+            "all_gather_4_bytes_seconds": {str(w): {"checked": c, "unchecked": u} for w, (c, u) in gathers.items()},
         },
     }
     if path is not None:
@@ -207,8 +272,9 @@ def calibrate(path: str | Path | None = None, *, quick: bool = False, name: str 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="simdist calibrate",
-        description="Measure this machine's latency, bandwidth, host bandwidth sharing and reduction speed with "
-        "the socket backend over loopback, and write a topology file for simulate(topology=PATH) and the app.",
+        description="Measure this machine's latency, bandwidth, host bandwidth sharing, reduction speed, page "
+        "faults of new buffers, copy speed and the cost of each collective's cross-rank check with the socket "
+        "backend over loopback, and write a topology file for simulate(topology=PATH) and the app.",
         allow_abbrev=False,
     )
     p.add_argument("--out", "-o", default="simdist-topology.json", metavar="PATH",
@@ -238,6 +304,17 @@ def describe(spec: dict[str, Any]) -> str:
         f"alpha {spec['alpha'] * 1e6:.1f} us, bandwidth {rate('bandwidth')}, rank bandwidth {rate('rank_bandwidth')}, "
         f"host bandwidth {rate('host_bandwidth')}, host overhead {(spec.get('host_overhead') or 0) * 1e6:.1f} us, "
         f"gamma {(spec.get('gamma') or 0) * 1e12:.1f} ps/byte, "
-        f"fresh memory {(spec.get('fresh_memory') or 0) * 1e12:.1f} ps/byte, "
+        f"fresh memory {(spec.get('fresh_memory') or 0) * 1e12:.1f} ps/byte from {_size(spec.get('fresh_from'))}, "
+        f"memcpy {(spec.get('memcpy') or 0) * 1e12:.1f} ps/byte, "
+        f"check {(spec.get('check_overhead') or 0) * 1e6:.1f} us/round, "
+        f"call {(spec.get('call_overhead') or 0) * 1e6:.1f} us, "
         f"host cores {spec.get('host_cores') or 'unlimited'}"
     )
+
+
+def _size(nbytes: int | None) -> str:
+    """``nbytes`` in KiB or MiB (the default threshold where ``None``)."""
+    from ._topology import FRESH_BYTES
+
+    nbytes = nbytes or FRESH_BYTES
+    return f"{nbytes / MIB:g} MiB" if nbytes >= MIB else f"{nbytes / KIB:g} KiB"

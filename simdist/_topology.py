@@ -18,9 +18,25 @@ Two optional terms make a calibrated model (:mod:`simdist.calibrate`):
   starts when its rank is ready and one of its host's cores is free (the one free
   first), so ``k`` ranks of one host that reduce ``n`` bytes together finish after
   ``ceil(k / host_cores) * n * gamma``.
-- ``fresh_memory``, seconds per byte of a new scratch buffer of at least
-  :data:`FRESH_BYTES` that an algorithm allocates: such buffers come from the kernel
-  untouched, and their first writes fault each page in.
+- ``fresh_memory``, seconds per byte of a new buffer of at least ``fresh_from`` bytes
+  (default :data:`FRESH_BYTES`) that an algorithm allocates for scratch or a collective
+  allocates to stage its lists: such buffers come from the kernel untouched, and their
+  first writes fault each page in. (glibc's ``malloc`` maps requests from its mmap
+  threshold afresh every time, and that threshold grows with the buffers freed, up to
+  32 MiB on 64-bit Linux; smaller buffers reuse memory the process has touched.)
+- ``memcpy``, seconds per byte that a rank copies between buffers of its own memory: a
+  collective called with lists (gather's ``gather_list``, scatter's ``scatter_list``,
+  all_gather's and all_to_all's lists, reduce_scatter's ``input_list``) copies them into
+  or out of one flat buffer. A collective that stages ``f`` bytes in new buffers and
+  copies ``c`` bytes starts its messages ``fresh(f) + c * memcpy`` seconds after it is
+  called on that rank (:attr:`CollectiveCall.staged` and ``copied``).
+- ``check_overhead``, seconds per round of the check that the socket backend runs before
+  every collective's data moves (its ranks all-gather 16-byte digests of their calls in
+  ``ceil(log2 p)`` rounds, :mod:`simdist.backends.socket._checked`): a collective of ``p`` ranks
+  starts its messages ``ceil(log2 p) * check_overhead`` seconds after it is called.
+- ``call_overhead``, seconds a rank spends on each collective of 2 ranks or more outside
+  its messages and that check (making the call, running the algorithm's steps): charged
+  when the collective starts, with the check.
 - ``rank_bandwidth``, bytes per second that one rank moves, its sends and its receives
   together (a process copies both); ``host_bandwidth``, bytes per second that one host
   moves for all its ranks together (memory, the kernel's loopback). Ranks ``r`` and ``s``
@@ -62,8 +78,9 @@ __all__ = [
 ]
 
 FRESH_BYTES = 128 << 10
-"""Scratch buffers from this size are charged ``fresh_memory`` (glibc's ``malloc`` maps them
-fresh from the kernel; smaller ones reuse memory the process has touched)."""
+"""Buffers from this size are charged ``fresh_memory`` unless a topology sets ``fresh_from``
+(glibc's ``malloc`` starts with an mmap threshold of 128 KiB: buffers from it are mapped fresh
+from the kernel; smaller ones reuse memory the process has touched)."""
 
 DEFAULT_ALPHA = 1e-6
 """Latency of one link, in seconds (1 µs; two links through a switch make 2 µs)."""
@@ -85,7 +102,11 @@ class Topology:
             worlds never build a graph with n² edges; by default the graph's shortest path.
         link_params: optional ``(u, v) -> (alpha, bandwidth)`` for the same purpose.
         gamma: seconds per byte reduced (0: reductions are free).
-        fresh_memory: seconds per byte of a new scratch buffer of ``FRESH_BYTES`` or more (0: free).
+        fresh_memory: seconds per byte of a new buffer of ``fresh_from`` bytes or more (0: free).
+        fresh_from: the smallest new buffer, in bytes, charged ``fresh_memory`` (``FRESH_BYTES``).
+        memcpy: seconds per byte a rank copies between its own buffers to stage lists (0: free).
+        check_overhead: seconds per round of the cross-rank check before a collective (0: none).
+        call_overhead: seconds a rank spends on a collective outside its messages and the check (0: none).
         rank_bandwidth: bytes per second one rank sends and receives together (``None``: unlimited).
         host_bandwidth: bytes per second one host moves for all its ranks (``None``: unlimited).
         host_overhead: seconds of a host's time per message (0: none).
@@ -103,6 +124,10 @@ class Topology:
         *,
         gamma: float = 0.0,
         fresh_memory: float = 0.0,
+        fresh_from: int = FRESH_BYTES,
+        memcpy: float = 0.0,
+        check_overhead: float = 0.0,
+        call_overhead: float = 0.0,
         rank_bandwidth: float | None = None,
         host_bandwidth: float | None = None,
         host_overhead: float = 0.0,
@@ -113,6 +138,10 @@ class Topology:
         self.layout = name  # how the network is built ('switch', ..., 'custom'); a file may rename it
         self.gamma = gamma
         self.fresh_memory = fresh_memory
+        self.fresh_from = fresh_from
+        self.memcpy = memcpy
+        self.check_overhead = check_overhead
+        self.call_overhead = call_overhead
         self.rank_bandwidth = rank_bandwidth
         self.host_bandwidth = host_bandwidth
         self.host_overhead = host_overhead
@@ -150,6 +179,10 @@ class Topology:
             self._link_fn,
             gamma=self.gamma,
             fresh_memory=self.fresh_memory,
+            fresh_from=self.fresh_from,
+            memcpy=self.memcpy,
+            check_overhead=self.check_overhead,
+            call_overhead=self.call_overhead,
             rank_bandwidth=self.rank_bandwidth,
             host_bandwidth=self.host_bandwidth,
             host_overhead=self.host_overhead,
@@ -242,8 +275,18 @@ class Topology:
         return cores[i]
 
     def fresh(self, nbytes: int) -> float:
-        """Seconds to first touch a new buffer of ``nbytes`` (``fresh_memory`` a byte from ``FRESH_BYTES``)."""
-        return nbytes * self.fresh_memory if nbytes >= FRESH_BYTES else 0.0
+        """Seconds to first touch a new buffer of ``nbytes`` (``fresh_memory`` a byte from ``fresh_from``)."""
+        return nbytes * self.fresh_memory if nbytes >= self.fresh_from else 0.0
+
+    def setup(self, size: int, staged: tuple[int, ...], copied: int) -> float:
+        """Seconds a rank of a group of ``size`` ranks spends on a collective before its first message.
+
+        That is ``call_overhead`` plus ``ceil(log2 size) * check_overhead`` (the cross-rank check's
+        rounds) where ``size > 1``, plus first touching the new buffers of ``staged`` bytes each
+        (:meth:`fresh`), plus ``copied * memcpy``.
+        """
+        fixed = self.call_overhead + (size - 1).bit_length() * self.check_overhead if size > 1 else 0.0
+        return fixed + sum(self.fresh(n) for n in staged) + copied * self.memcpy
 
     def host(self, rank: int) -> int:
         """The host that ``rank`` runs on (0 for every rank unless ``ranks_per_host`` is set)."""

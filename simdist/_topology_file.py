@@ -10,7 +10,16 @@ runs on, and simdist ships reference files for common clusters (:data:`REFERENCE
       "alpha": 4.1e-05,                required: seconds of latency per link
       "bandwidth": 2.3e9,              required: bytes per second per link
       "gamma": 2.5e-10,                seconds per byte reduced (default 0)
-      "fresh_memory": 3.5e-10,         seconds per byte of a new scratch buffer (default 0)
+      "fresh_memory": 3.1e-10,         seconds per byte of a new buffer of fresh_from bytes
+                                       or more: its page faults (default 0)
+      "fresh_from": 33554432,          bytes: the smallest new buffer charged fresh_memory
+                                       (default 131072)
+      "memcpy": 5.2e-11,               seconds per byte a rank copies to stage a collective's
+                                       lists (default 0)
+      "check_overhead": 1.1e-04,       seconds per round of the socket backend's cross-rank
+                                       check before each collective (default 0)
+      "call_overhead": 7e-05,          seconds a rank spends on each collective outside its
+                                       messages and the check (default 0)
       "rank_bandwidth": 3.4e9,         bytes per second one rank sends and receives together
                                        (default null: unlimited)
       "host_bandwidth": 6.1e9,         bytes per second one host moves for all its ranks
@@ -38,7 +47,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ._topology import Topology, fully_connected, ring, switch, two_level
+from ._topology import FRESH_BYTES, Topology, fully_connected, ring, switch, two_level
 
 __all__ = [
     "FORMAT",
@@ -65,6 +74,10 @@ _REQUIRED = {"format": int, "name": str, "layout": str, "alpha": float, "bandwid
 _OPTIONAL = {
     "gamma": float,
     "fresh_memory": float,
+    "fresh_from": int,
+    "memcpy": float,
+    "check_overhead": float,
+    "call_overhead": float,
     "rank_bandwidth": float,
     "host_bandwidth": float,
     "host_overhead": float,
@@ -77,6 +90,8 @@ _OPTIONAL = {
     "sources": list,
     "measured": dict,
 }
+_SECONDS = ("gamma", "fresh_memory", "memcpy", "check_overhead", "call_overhead", "host_overhead")
+"""Fields of seconds (per byte, message or round) that may be 0."""
 _TWO_LEVEL = ("per_node", "inter_alpha", "inter_bandwidth")
 
 
@@ -91,11 +106,11 @@ def _check_field(key: str, value: Any, kind: type, where: str) -> None:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok:
         raise ValueError(f"{where}: {key}={value!r} is not a valid {kind.__name__}")
-    free = ("format", "gamma", "fresh_memory", "host_overhead", "comment", "sources", "measured", "name", "layout")
+    free = ("format", *_SECONDS, "comment", "sources", "measured", "name", "layout")
     positive = key not in free
     if positive and value <= 0:
         raise ValueError(f"{where}: {key}={value!r}; expected a positive number")
-    if key in ("gamma", "fresh_memory", "host_overhead") and value < 0:
+    if key in _SECONDS and value < 0:
         raise ValueError(f"{where}: {key}={value!r}; expected a number of seconds >= 0")
 
 
@@ -165,6 +180,10 @@ def topology_from_spec(spec: dict[str, Any], size: int) -> Topology:
     topo.gamma = float(spec.get("gamma") or 0.0)
     topo.host_overhead = float(spec.get("host_overhead") or 0.0)
     topo.fresh_memory = float(spec.get("fresh_memory") or 0.0)
+    topo.fresh_from = spec.get("fresh_from") or FRESH_BYTES
+    topo.memcpy = float(spec.get("memcpy") or 0.0)
+    topo.check_overhead = float(spec.get("check_overhead") or 0.0)
+    topo.call_overhead = float(spec.get("call_overhead") or 0.0)
     topo.host_cores = spec.get("host_cores")
     for key in ("rank_bandwidth", "host_bandwidth"):
         value = spec.get(key)

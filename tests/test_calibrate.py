@@ -13,6 +13,7 @@ import torch
 import simdist
 import simdist as dist
 from simdist import _topology_file as F
+from simdist._calibrate import FRESH_SIZES
 from simdist._topology import FRESH_BYTES as F_BYTES
 from simdist._topology import TOPOLOGIES, as_topology, fully_connected
 from simdist.algorithms import Timed
@@ -271,7 +272,11 @@ def test_simdist_calibrate_quick_writes_a_loadable_file(tmp_path):
     assert f"wrote {out}" in done.stdout and "alpha" in done.stdout
     written = F.read_topology_file(out)
     assert written["bandwidth"] > 0 and written["gamma"] > 0 and written["rank_bandwidth"] > 0
-    assert set(written["measured"]) == {"one_way_seconds", "shift_seconds_world2", "shift_seconds_world4"}
+    assert set(written["measured"]) == {"one_way_seconds", "shift_seconds_world2", "shift_seconds_world4",
+                                        "copy_seconds_per_byte", "all_gather_4_bytes_seconds",
+                                        "one_shift_8_bytes_seconds_world2"}
+    assert written["fresh_from"] in FRESH_SIZES and written["memcpy"] > 0
+    assert written["check_overhead"] >= 0 and written["fresh_memory"] >= 0
     topo = as_topology(str(out), 3)
     assert topo.gamma == written["gamma"] and topo.alpha_beta()[0] == written["alpha"]
 

@@ -716,6 +716,9 @@ class Engine:
         else:
             if len(inst.runs) == group.size:
                 del gs.instances[seq]
+            setup = self.topology.setup(group.size, call.staged, call.copied)  # the check, staging lists
+            if setup:
+                run.t += setup
             run.gen = call.start(_Transport(self, run))
             self.ready.append(run)
         return run

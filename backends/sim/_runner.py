@@ -183,7 +183,13 @@ def simulate(
         detail: ``'messages'`` runs each collective's algorithm message by message;
             ``'collectives'`` completes each collective in one step once every member has
             arrived, charging the algorithm's alpha-beta cost (for thousands of ranks).
-        topology: ``None`` (``'switch'``), a name from ``simdist.TOPOLOGIES``, a networkx graph or a Topology.
+        topology: ``None`` (``'switch'``), a name from ``simdist.TOPOLOGIES``, a networkx graph, a Topology,
+            or a topology file (a ``.json`` path, as ``simdist calibrate`` writes). Besides links' latency
+            and bandwidth a Topology may charge reductions (``gamma``), bandwidth shared by a rank or a
+            host, page faults of new buffers (``fresh_memory`` from ``fresh_from`` bytes), copies that
+            stage list arguments (``memcpy``) and a fixed start of every collective (``call_overhead``,
+            ``check_overhead`` per round of the socket backend's cross-rank check); all off by default
+            (formulas in :mod:`simdist._topology`).
         eager_limit: sends of at most this many bytes complete at once (buffered); larger
             ones wait for their receive, as on real transports. 0: every send waits.
         timeout: real seconds after which a run that does not finish raises ``DistTimeoutError``

@@ -1,0 +1,182 @@
+"""The cost model's setup terms: fresh_from, memcpy, check_overhead, call_overhead (each counted another way)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import simdist
+import simdist as dist
+from simdist import _topology_file as F
+from simdist._calibrate import fit_check, fit_memory
+from simdist._topology import FRESH_BYTES, Topology, fully_connected
+
+ALPHA, BANDWIDTH = 5e-6, 1e9
+MIB = 1 << 20
+FLOAT = 4
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _topo(world: int, **terms) -> Topology:
+    topo = fully_connected(world, ALPHA, BANDWIDTH)
+    for key, value in terms.items():
+        setattr(topo, key, value)
+    return topo
+
+
+def _ends(program, world: int, **terms) -> list[float]:
+    """Each rank's end of its last collective on a fully connected network with ``terms`` set."""
+    res = simdist.simulate(program, world, topology=_topo(world, **terms))
+    ends = [0.0] * world
+    for e in res.trace.events:
+        if e.kind == "collective":
+            ends[e.rank] = max(ends[e.rank], e.t_end)
+    return ends
+
+
+# --- what each term adds ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("term", ["check_overhead", "call_overhead"])
+def test_check_and_call_overheads_delay_every_rank_alike(world, term):
+    """Every rank starts the collective later by ceil(log2 p) rounds of the check, or by the call overhead."""
+    seconds = 3e-5
+
+    def program(rank):
+        dist.init_process_group("gloo")
+        dist.all_reduce(torch.ones(1 << 10), algorithm="ring")
+
+    base = _ends(program, world)
+    more = _ends(program, world, **{term: seconds})
+    rounds = math.ceil(math.log2(world))
+    expected = rounds * seconds if term == "check_overhead" else seconds
+    assert [m - b for m, b in zip(more, base)] == pytest.approx([expected] * world, rel=1e-9)
+
+
+def test_one_rank_groups_pay_no_check_or_call():
+    def program(rank):
+        dist.init_process_group("gloo")
+        dist.all_reduce(torch.ones(8))
+
+    assert _ends(program, 1, check_overhead=1e-3, call_overhead=1e-3) == _ends(program, 1)
+
+
+@pytest.mark.parametrize("fresh_from", [4 * MIB, 8 * MIB])
+def test_gather_lists_stage_a_new_buffer_and_copy_it_on_the_root(fresh_from):
+    """gather's root allocates p * n bytes for the gather_list (fresh from fresh_from) and copies them out."""
+    world, numel, fresh, memcpy = 3, 1 << 19, 3e-10, 5e-11  # 2 MiB a rank, 6 MiB on the root
+    total = world * numel * FLOAT
+
+    def program(rank):
+        dist.init_process_group("gloo")
+        outs = [torch.empty(numel) for _ in range(world)] if rank == 0 else None
+        dist.gather(torch.ones(numel), outs, dst=0, algorithm="linear")
+
+    base = _ends(program, world)
+    more = _ends(program, world, fresh_memory=fresh, fresh_from=fresh_from, memcpy=memcpy)
+    faults = total * fresh if total >= fresh_from else 0.0
+    assert more[0] - base[0] == pytest.approx(faults + total * memcpy, rel=1e-9)
+    assert all(m - b <= more[0] - base[0] + 1e-15 for m, b in zip(more[1:], base[1:]))  # senders wait for it
+
+
+def test_scatter_and_all_to_all_lists_count_every_staged_byte():
+    """scatter's root concatenates its list (p n bytes); all_to_all with lists stages input and output (2 p n)."""
+    world, numel, memcpy = 2, 1 << 10, 1e-9
+
+    def scatter(rank):
+        dist.init_process_group("gloo")
+        ins = [torch.ones(numel) for _ in range(world)] if rank == 0 else None
+        dist.scatter(torch.empty(numel), ins, src=0, algorithm="linear")
+
+    def all_to_all(rank):
+        dist.init_process_group("gloo")
+        outs = [torch.empty(numel) for _ in range(world)]
+        dist.all_to_all(outs, [torch.ones(numel) for _ in range(world)], algorithm="pairwise")
+
+    root_extra = _ends(scatter, world, memcpy=memcpy)[0] - _ends(scatter, world)[0]
+    assert root_extra == pytest.approx(world * numel * FLOAT * memcpy, rel=1e-9)
+    extra = [m - b for m, b in zip(_ends(all_to_all, world, memcpy=memcpy), _ends(all_to_all, world))]
+    assert extra == pytest.approx([2 * world * numel * FLOAT * memcpy] * world, rel=1e-9)
+
+
+def test_tensor_forms_stage_nothing():
+    """all_gather_into_tensor and reduce_scatter_tensor work in the caller's tensors: memcpy adds nothing."""
+    world, numel = 2, 1 << 12
+
+    def program(rank):
+        dist.init_process_group("gloo")
+        dist.all_gather_into_tensor(torch.empty(world * numel), torch.ones(numel))
+        dist.reduce_scatter_tensor(torch.empty(numel), torch.ones(world * numel))
+
+    assert _ends(program, world, memcpy=1e-6) == _ends(program, world)
+
+
+def test_fresh_from_is_the_smallest_buffer_charged():
+    topo = _topo(2, fresh_memory=2e-10, fresh_from=32 * MIB)
+    assert topo.fresh(32 * MIB - 1) == 0.0 and topo.fresh(32 * MIB) == 32 * MIB * 2e-10
+    assert _topo(2).fresh_from == FRESH_BYTES and topo.copy().fresh_from == 32 * MIB
+
+
+# --- calibration's arithmetic -----------------------------------------------------------------------
+
+
+def test_fit_memory_finds_the_threshold_the_fault_cost_and_the_copy_rate():
+    fault, copy = 3e-10, 5e-11
+    sizes = [4 * MIB, 8 * MIB, 16 * MIB, 32 * MIB, 64 * MIB, 128 * MIB]
+    used = {n: copy for n in sizes}
+    fresh = {n: copy + (fault if n >= 32 * MIB else 0.01 * fault) for n in sizes}
+    assert fit_memory(fresh, used) == pytest.approx({"fresh_memory": fault, "fresh_from": 32 * MIB, "memcpy": copy})
+    everywhere = {n: copy + fault for n in sizes}
+    assert fit_memory(everywhere, used)["fresh_from"] == 4 * MIB
+
+
+def test_fit_check_divides_by_the_rounds_of_the_check():
+    per_round = 1e-4
+    gathers = {2: (3e-4 + per_round, 3e-4), 4: (5e-4 + 2 * per_round, 5e-4)}
+    assert fit_check(gathers) == pytest.approx(per_round)
+
+
+# --- the file format -----------------------------------------------------------------------------
+
+
+def _spec(**extra) -> dict:
+    return {"format": 1, "name": "t", "layout": "fully_connected", "alpha": ALPHA, "bandwidth": BANDWIDTH, **extra}
+
+
+def test_new_terms_round_trip_through_a_file(tmp_path):
+    written = _spec(fresh_memory=3e-10, fresh_from=32 * MIB, memcpy=5e-11, check_overhead=2e-4, call_overhead=3e-5)
+    path = F.write_topology_file(tmp_path / "t.json", written)
+    assert F.read_topology_file(path) == written == json.loads(path.read_text())
+    topo = F.load_topology(path, 3)
+    got = (topo.fresh_memory, topo.fresh_from, topo.memcpy, topo.check_overhead, topo.call_overhead)
+    assert got == (3e-10, 32 * MIB, 5e-11, 2e-4, 3e-5)
+
+
+def test_files_without_the_new_terms_load_with_them_off(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(_spec(gamma=1e-10, fresh_memory=3e-10)))
+    topo = F.load_topology(path, 2)
+    assert (topo.fresh_from, topo.memcpy, topo.check_overhead, topo.call_overhead) == (FRESH_BYTES, 0.0, 0.0, 0.0)
+    assert topo.setup(2, (MIB,), MIB) == MIB * 3e-10
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"memcpy": -1e-9}, "memcpy=-1e-09; expected a number of seconds >= 0"),
+        ({"check_overhead": "fast"}, "check_overhead='fast' is not a valid float"),
+        ({"call_overhead": -1.0}, "call_overhead=-1.0; expected a number of seconds >= 0"),
+        ({"fresh_from": 0}, "fresh_from=0; expected a positive number"),
+        ({"fresh_from": 1.5}, "fresh_from=1.5 is not a valid int"),
+    ],
+)
+def test_bad_new_terms_name_the_field(tmp_path, change, words):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(_spec(**change)))
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(".", r"\.")):
+        F.read_topology_file(path)
