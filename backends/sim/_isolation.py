@@ -293,16 +293,26 @@ class _RngState:
     __slots__ = ("np", "np_full", "np_gauss", "py", "py_gauss", "seed", "torch")
 
     def capture(self) -> _RngState:
-        self.py = _PY.get() if _PY else random.getstate()
+        """Take the generators' current states into this one; a state equal to the one held stays the object held.
+
+        (A rank that drew nothing keeps the bytes it was given: no new memory per rank and turn.)
+        """
+        py = _PY.get() if _PY else random.getstate()
+        if py != getattr(self, "py", None):
+            self.py = py
         self.py_gauss = random._inst.gauss_next
         cur = _NP.get() if _NP else None
+        held = getattr(self, "np", None)
         # numpy's legacy normal() caches a second value (has_gauss) outside the MT bytes:
         # take the full state whenever the bytes moved or a cached value is pending.
-        if _NP is None or cur != getattr(self, "np", None) or self.np_gauss:
+        if _NP is None or cur != held or self.np_gauss:
             self.np_full = np.random.get_state()
             self.np_gauss = bool(self.np_full[3])
-        self.np = cur
-        self.torch = _TORCH_RAW.get() if _TORCH_RAW else _TORCH.get_state()
+        if cur != held:
+            self.np = cur
+        state = _TORCH_RAW.get() if _TORCH_RAW else _TORCH.get_state()
+        if _TORCH_RAW is None or state != getattr(self, "torch", None):
+            self.torch = state
         return self
 
     def install(self, gauss_pending: bool) -> None:
