@@ -266,17 +266,28 @@ class Topology:
 
     def reduce(self, rank: int, nbytes: int, ready: float) -> float:
         """When ``rank``, ready at ``ready``, has reduced ``nbytes`` (``gamma`` a byte, on a free core of its host)."""
-        seconds = nbytes * self.gamma
+        return self.compute(rank, nbytes * self.gamma, ready)
+
+    def compute(self, rank: int, seconds: float, ready: float) -> float:
+        """When ``rank``, ready at ``ready``, has done ``seconds`` of its own work (reducing, copying, first
+        touching new memory) on a core of its host: of the cores free by ``ready`` the one that became free last
+        (a rank's steps follow each other on one core and leave the others to its neighbours), else the one free
+        first; ``ready + seconds`` without ``host_cores``."""
         if self.host_cores is None:
             return ready + seconds
         cores = self._cores_free.setdefault(self.host(rank), [0.0] * self.host_cores)
-        i = min(range(len(cores)), key=cores.__getitem__)
+        idle = [i for i, free in enumerate(cores) if free <= ready]
+        i = max(idle, key=cores.__getitem__) if idle else min(range(len(cores)), key=cores.__getitem__)
         cores[i] = max(ready, cores[i]) + seconds
         return cores[i]
 
     def fresh(self, nbytes: int) -> float:
         """Seconds to first touch a new buffer of ``nbytes`` (``fresh_memory`` a byte from ``fresh_from``)."""
         return nbytes * self.fresh_memory if nbytes >= self.fresh_from else 0.0
+
+    def copying(self, nbytes: int) -> float:
+        """Seconds a rank spends copying ``nbytes`` between its own buffers inside an algorithm (``memcpy`` a byte)."""
+        return nbytes * self.memcpy
 
     def setup(self, size: int, staged: tuple[int, ...], copied: int) -> float:
         """Seconds a rank of a group of ``size`` ranks spends on a collective before its first message.

@@ -1,4 +1,5 @@
-"""The cost model's setup terms: fresh_from, memcpy, check_overhead, call_overhead (each counted another way)."""
+"""The cost model's setup terms: fresh_from, memcpy, check_overhead, call_overhead, and the copies and page faults
+inside algorithms on the host's cores (each counted another way)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import simdist as dist
 from simdist import _topology_file as F
 from simdist._calibrate import fit_check, fit_memory
 from simdist._topology import FRESH_BYTES, Topology, fully_connected
+from simdist.algorithms._chunks import copy
+from simdist.algorithms._transport import Timed
 
 ALPHA, BANDWIDTH = 5e-6, 1e9
 MIB = 1 << 20
@@ -68,7 +71,8 @@ def test_one_rank_groups_pay_no_check_or_call():
 
 @pytest.mark.parametrize("fresh_from", [4 * MIB, 8 * MIB])
 def test_gather_lists_stage_a_new_buffer_and_copy_it_on_the_root(fresh_from):
-    """gather's root allocates p * n bytes for the gather_list (fresh from fresh_from) and copies them out."""
+    """gather's root allocates p * n bytes for the gather_list (fresh from fresh_from) and copies them out; linear
+    gather copies the root's own n bytes into place."""
     world, numel, fresh, memcpy = 3, 1 << 19, 3e-10, 5e-11  # 2 MiB a rank, 6 MiB on the root
     total = world * numel * FLOAT
 
@@ -80,12 +84,14 @@ def test_gather_lists_stage_a_new_buffer_and_copy_it_on_the_root(fresh_from):
     base = _ends(program, world)
     more = _ends(program, world, fresh_memory=fresh, fresh_from=fresh_from, memcpy=memcpy)
     faults = total * fresh if total >= fresh_from else 0.0
-    assert more[0] - base[0] == pytest.approx(faults + total * memcpy, rel=1e-9)
+    own = numel * FLOAT
+    assert more[0] - base[0] == pytest.approx(faults + (total + own) * memcpy, rel=1e-9)
     assert all(m - b <= more[0] - base[0] + 1e-15 for m, b in zip(more[1:], base[1:]))  # senders wait for it
 
 
 def test_scatter_and_all_to_all_lists_count_every_staged_byte():
-    """scatter's root concatenates its list (p n bytes); all_to_all with lists stages input and output (2 p n)."""
+    """scatter's root concatenates its list (p n bytes); all_to_all with lists stages input and output (2 p n);
+    each also copies the rank's own block (n bytes) inside the algorithm."""
     world, numel, memcpy = 2, 1 << 10, 1e-9
 
     def scatter(rank):
@@ -99,21 +105,23 @@ def test_scatter_and_all_to_all_lists_count_every_staged_byte():
         dist.all_to_all(outs, [torch.ones(numel) for _ in range(world)], algorithm="pairwise")
 
     root_extra = _ends(scatter, world, memcpy=memcpy)[0] - _ends(scatter, world)[0]
-    assert root_extra == pytest.approx(world * numel * FLOAT * memcpy, rel=1e-9)
+    assert root_extra == pytest.approx((world + 1) * numel * FLOAT * memcpy, rel=1e-9)
     extra = [m - b for m, b in zip(_ends(all_to_all, world, memcpy=memcpy), _ends(all_to_all, world))]
-    assert extra == pytest.approx([2 * world * numel * FLOAT * memcpy] * world, rel=1e-9)
+    assert extra == pytest.approx([(2 * world + 1) * numel * FLOAT * memcpy] * world, rel=1e-9)
 
 
 def test_tensor_forms_stage_nothing():
-    """all_gather_into_tensor and reduce_scatter_tensor work in the caller's tensors: memcpy adds nothing."""
-    world, numel = 2, 1 << 12
+    """all_gather_into_tensor and reduce_scatter_tensor work in the caller's tensors: memcpy adds only the ring's
+    own copies (all_gather: the rank's input into its block; reduce_scatter: the finished block into the output)."""
+    world, numel, memcpy = 2, 1 << 12, 1e-6
 
     def program(rank):
         dist.init_process_group("gloo")
-        dist.all_gather_into_tensor(torch.empty(world * numel), torch.ones(numel))
-        dist.reduce_scatter_tensor(torch.empty(numel), torch.ones(world * numel))
+        dist.all_gather_into_tensor(torch.empty(world * numel), torch.ones(numel), algorithm="ring")
+        dist.reduce_scatter_tensor(torch.empty(numel), torch.ones(world * numel), algorithm="ring")
 
-    assert _ends(program, world, memcpy=1e-6) == _ends(program, world)
+    extra = [m - b for m, b in zip(_ends(program, world, memcpy=memcpy), _ends(program, world))]
+    assert extra == pytest.approx([2 * numel * FLOAT * memcpy] * world, rel=1e-9)
 
 
 def test_fresh_from_is_the_smallest_buffer_charged():
@@ -121,6 +129,66 @@ def test_fresh_from_is_the_smallest_buffer_charged():
     assert topo.fresh(32 * MIB - 1) == 0.0 and topo.fresh(32 * MIB) == 32 * MIB * 2e-10
     assert _topo(2).fresh_from == FRESH_BYTES and topo.copy().fresh_from == 32 * MIB
 
+
+
+# --- copies and page faults inside the algorithms ----------------------------------------------------
+
+
+class _Tally(Timed):
+    """A timed transport that adds up what it is charged (the real ``copy`` helper calls it)."""
+
+    def __init__(self):
+        self.copied_bytes = 0
+
+    def copied(self, nbytes: int) -> None:
+        self.copied_bytes += nbytes
+
+
+def test_copy_charges_the_bytes_of_its_destination_and_copies_them():
+    t, src, dst = _Tally(), torch.arange(6.0), torch.zeros(6)
+    copy(t, dst, src)
+    assert t.copied_bytes == 6 * FLOAT and torch.equal(dst, src)
+    copy(object(), dst, torch.ones(6))  # an untimed transport (the socket backend's) charges nothing
+    assert torch.equal(dst, torch.ones(6))
+
+
+@pytest.mark.parametrize(("world", "blocks"), [(4, 4 + 2 * 2 + 2 * 2 + 4), (5, 5 + 2 * 2 + 2 * 2 + 2 * 1 + 5)])
+def test_bruck_all_to_all_charges_every_block_it_packs_and_unpacks(world, blocks):
+    """Bruck copies p blocks into its slots, packs and unpacks the blocks whose distance has bit k set at step k
+    (world 4: 2 and 2; world 5: 2, 2 and 1), and copies p blocks out: every rank, alike."""
+    numel, memcpy = 1 << 10, 1e-9
+
+    def program(rank):
+        dist.init_process_group("gloo")
+        dist.all_to_all_single(torch.empty(world * numel), torch.ones(world * numel), algorithm="bruck")
+
+    extra = [m - b for m, b in zip(_ends(program, world, memcpy=memcpy), _ends(program, world))]
+    assert extra == pytest.approx([blocks * numel * FLOAT * memcpy] * world, rel=1e-9)
+
+
+def test_a_rank_keeps_its_core_and_leaves_the_other_to_its_neighbour():
+    """Of the cores free by the time a rank is ready it takes the one it (or anyone) freed last."""
+    topo = _topo(2, host_cores=2)
+    assert topo.compute(0, 1.0, 0.0) == 1.0 and topo.compute(0, 1.0, 1.0) == 2.0
+    assert topo.compute(1, 1.0, 0.0) == 1.0  # the second core stayed free for rank 1
+    assert topo.compute(1, 1.0, 0.5) == 2.0  # both busy (until 2.0 and 1.0): the one free first
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_scratch_faults_of_ranks_on_one_host_share_its_cores(cores):
+    """Two ranks that fault in a new scratch buffer at the same time on a host of one core take turns: the host's
+    last rank ends n * fresh_memory later than on two cores."""
+    world, numel, fresh = 2, 1 << 18, 1e-9
+    nbytes = numel * FLOAT
+
+    def program(rank):
+        dist.init_process_group("gloo")
+        dist.all_reduce(torch.ones(numel), algorithm="recursive_doubling")
+
+    terms = {"fresh_memory": fresh, "fresh_from": 1}
+    free = _ends(program, world, **terms)
+    shared = _ends(program, world, host_cores=cores, **terms)
+    assert max(shared) - max(free) == pytest.approx((2 - cores) * nbytes * fresh, rel=1e-9)
 
 # --- calibration's arithmetic -----------------------------------------------------------------------
 

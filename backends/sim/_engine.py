@@ -838,8 +838,18 @@ class _Transport(Timed):
         self.run.t = self.engine.topology.reduce(self.me, nbytes, self.run.t)
 
     def allocated(self, nbytes: int) -> None:
-        """Advance the rank's collective clock past first touching a new buffer (``Topology.fresh``)."""
-        self.run.t += self.engine.topology.fresh(nbytes)
+        """Advance the rank's collective clock past first touching a new buffer (``Topology.fresh``, on a core)."""
+        self._work(self.engine.topology.fresh(nbytes))
+
+    def copied(self, nbytes: int) -> None:
+        """Advance the rank's collective clock past copying ``nbytes`` between its buffers (``Topology.copying``,
+        on a core)."""
+        self._work(self.engine.topology.copying(nbytes))
+
+    def _work(self, seconds: float) -> None:
+        """Advance the rank's collective clock past ``seconds`` of its own work on a free core (none: no wait)."""
+        if seconds:
+            self.run.t = self.engine.topology.compute(self.me, seconds, self.run.t)
 
     def wait(self, handles: Any) -> None:
         raise RuntimeError("inside the simulator, algorithms wait by yielding their handles")

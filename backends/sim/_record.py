@@ -98,6 +98,9 @@ class Recorder(Observer, Timed):
     def allocated(self, nbytes: int) -> None:
         self.t.allocated(nbytes)
 
+    def copied(self, nbytes: int) -> None:
+        self.t.copied(nbytes)
+
     def observe(self, buf: Any, offset: int) -> None:
         if self.view is None:
             self.view = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _arrays as A
-from ._chunks import check_numel, first_of, fold, real_of, recv, scratch, send
+from ._chunks import check_numel, copy, first_of, fold, real_of, recv, scratch, send
 from ._transport import Algorithm, Transport, observe
 
 __all__ = ["ring", "recursive_doubling", "bruck"]
@@ -19,7 +19,7 @@ def _own_block(t: Transport, inp: Any, out: Any) -> tuple[int, int]:
     """Copy ``inp`` into this rank's block of ``out``; return ``(p, n)``."""
     n = A.numel(inp)
     check_numel(out, t.size * n, "out")
-    A.copy_(A.narrow(out, t.rank * n, n), inp)
+    copy(t, A.narrow(out, t.rank * n, n), inp)
     return t.size, n
 
 
@@ -93,10 +93,10 @@ def bruck(t: Transport, inp: Any, out: Any) -> Algorithm:
     r = t.rank
     check_numel(out, p * n, "out")
     if p == 1 or n == 0:
-        A.copy_(A.narrow(out, r * n, n), inp)
+        copy(t, A.narrow(out, r * n, n), inp)
         return
     work = out if r == 0 else scratch(t, out, p * n)
-    A.copy_(A.narrow(work, 0, n), inp)
+    copy(t, A.narrow(work, 0, n), inp)
     observe(t, A.narrow(work, 0, n))
     dist, step = 1, 0
     while dist < p:
@@ -108,5 +108,5 @@ def bruck(t: Transport, inp: Any, out: Any) -> Algorithm:
         dist, step = dist << 1, step + 1
     if r:
         # work[i] is rank (r + i) % p's block
-        A.copy_(A.narrow(out, r * n, (p - r) * n), A.narrow(work, 0, (p - r) * n))
-        A.copy_(A.narrow(out, 0, r * n), A.narrow(work, (p - r) * n, r * n))
+        copy(t, A.narrow(out, r * n, (p - r) * n), A.narrow(work, 0, (p - r) * n))
+        copy(t, A.narrow(out, 0, r * n), A.narrow(work, (p - r) * n, r * n))

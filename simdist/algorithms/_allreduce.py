@@ -20,6 +20,7 @@ from ._chunks import (
     chunk_bounds,
     chunk_lengths,
     combine,
+    copy,
     floor_log2,
     fold,
     real_of,
@@ -156,7 +157,7 @@ def _fold_out(t: Transport, buf: Any, rem: int, newrank: int, tag: int) -> Algor
 def _reduce_left(t: Transport, buf: Any, lower: Any, op: ReduceOp) -> None:
     """``buf = lower (op) buf``: the lower rank's data as the left operand."""
     combine(t, lower, buf, op)
-    A.copy_(buf, lower)
+    copy(t, buf, lower)
 
 
 def recursive_doubling(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:

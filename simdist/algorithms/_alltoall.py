@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .. import _arrays as A
-from ._chunks import check_counts, offsets, recv, scratch, send
+from ._chunks import check_counts, copy, offsets, recv, scratch, send
 from ._transport import Algorithm, Transport, observe
 
 __all__ = ["pairwise", "bruck", "direct"]
@@ -34,7 +34,7 @@ def direct(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_co
     sends = _blocks(t, inp, send_counts, "send_counts")
     recvs = _blocks(t, out, recv_counts, "recv_counts")
     r = t.rank
-    A.copy_(recvs[r], sends[r])
+    copy(t, recvs[r], sends[r])
     handles = []
     for step in range(1, t.size):
         dst, src = (r + step) % t.size, (r - step) % t.size
@@ -52,7 +52,7 @@ def pairwise(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_
     sends = _blocks(t, inp, send_counts, "send_counts")
     recvs = _blocks(t, out, recv_counts, "recv_counts")
     p, r = t.size, t.rank
-    A.copy_(recvs[r], sends[r])
+    copy(t, recvs[r], sends[r])
     if A.numel(inp) == 0 and A.numel(out) == 0:
         return
     for step in range(1, p):
@@ -86,12 +86,12 @@ def bruck(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_cou
     sends = _blocks(t, inp, send_counts, "send_counts")
     recvs = _blocks(t, out, recv_counts, "recv_counts")
     if p == 1 or m == 0:
-        A.copy_(recvs[r], sends[r])
+        copy(t, recvs[r], sends[r])
         return
     work = scratch(t, inp, p * m)
     slot = [A.narrow(work, i * m, m) for i in range(p)]
     for i in range(p):
-        A.copy_(slot[i], sends[(r + i) % p])
+        copy(t, slot[i], sends[(r + i) % p])
     observe(t, work)
     half = (p + 1) // 2 * m
     packed, unpacked = scratch(t, inp, half), scratch(t, inp, half)
@@ -99,14 +99,14 @@ def bruck(t: Transport, inp: Any, out: Any, send_counts: Sequence[int], recv_cou
     while dist < p:
         moving = [i for i in range(p) if i & dist]
         for k, i in enumerate(moving):
-            A.copy_(A.narrow(packed, k * m, m), slot[i])
+            copy(t, A.narrow(packed, k * m, m), slot[i])
         size = len(moving) * m
         yield recv(t, A.narrow(unpacked, 0, size), (r - dist) % p, step) + send(
             t, A.narrow(packed, 0, size), (r + dist) % p, step
         )
         for k, i in enumerate(moving):
-            A.copy_(slot[i], A.narrow(unpacked, k * m, m))
+            copy(t, slot[i], A.narrow(unpacked, k * m, m))
         observe(t, work)
         dist, step = dist << 1, step + 1
     for i in range(p):
-        A.copy_(recvs[(r - i) % p], slot[i])
+        copy(t, recvs[(r - i) % p], slot[i])

@@ -22,6 +22,7 @@ __all__ = [
     "send",
     "recv",
     "combine",
+    "copy",
     "scratch",
     "check_counts",
     "check_numel",
@@ -184,6 +185,13 @@ def combine(t: Transport, acc: Any, other: Any, op: ReduceOp) -> None:
     A.reduce_(acc, other, op)
     if isinstance(t, Timed):
         t.reduced(A.nbytes(acc))
+
+
+def copy(t: Transport, dst: Any, src: Any) -> None:
+    """``dst`` holds ``src``'s elements (same length), copied in place; a :class:`Timed` transport charges the bytes."""
+    A.copy_(dst, src)
+    if isinstance(t, Timed):
+        t.copied(A.nbytes(dst))
 
 
 def scratch(t: Transport, like: Any, numel: int) -> Any:

@@ -22,6 +22,7 @@ from ._chunks import (
     WINDOW,
     check_counts,
     combine,
+    copy,
     first_of,
     fold,
     offsets,
@@ -55,7 +56,7 @@ def ring(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) 
     counts, offs, blocks = _setup(t, inp, counts)
     p, r = t.size, t.rank
     if p == 1:
-        A.copy_(out, blocks[0])
+        copy(t, out, blocks[0])
         return
     if offs[-1] == 0:
         return
@@ -71,7 +72,7 @@ def ring(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) 
         combine(t, incoming, blocks[g], op)
         observe(t, incoming, offs[g])
         outgoing = incoming
-    A.copy_(out, outgoing)  # block r, finished (``out`` may be a view of ``inp``)
+    copy(t, out, outgoing)  # block r, finished (``out`` may be a view of ``inp``)
 
 
 def ring_pipelined(
@@ -91,7 +92,7 @@ def ring_pipelined(
     counts, offs, blocks = _setup(t, inp, counts)
     p, r = t.size, t.rank
     if p == 1:
-        A.copy_(out, blocks[0])
+        copy(t, out, blocks[0])
         return
     if offs[-1] == 0:
         return
@@ -127,7 +128,7 @@ def ring_pipelined(
         if s + 1 < p - 1:
             forwarded[i] = send(t, incoming, right, s + 1, g)
         else:
-            A.copy_(segment(out, k, width), incoming)  # block r, finished (``out`` may be a view of ``inp``)
+            copy(t, segment(out, k, width), incoming)  # block r, finished (``out`` may be a view of ``inp``)
     yield sends + [h for hs in forwarded.values() for h in hs]
 
 def pairwise(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) -> Algorithm:
@@ -136,7 +137,7 @@ def pairwise(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: Reduce
     """
     counts, offs, blocks = _setup(t, inp, counts)
     p, r = t.size, t.rank
-    A.copy_(out, blocks[r])
+    copy(t, out, blocks[r])
     if p == 1 or offs[-1] == 0:
         return
     tmp = scratch(t, inp, counts[r])
@@ -158,7 +159,7 @@ def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], o
     counts, offs, blocks = _setup(t, inp, counts)
     p, r = t.size, t.rank
     if p == 1:
-        A.copy_(out, blocks[0])
+        copy(t, out, blocks[0])
         return
     total = offs[-1]
     if total == 0:
@@ -173,7 +174,7 @@ def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], o
         return A.narrow(buf, a, b - a)
 
     if newrank != -1:
-        A.copy_(acc, inp)
+        copy(t, acc, inp)
     observe(t, inp)
     if r < 2 * rem:
         if newrank == -1:
@@ -199,7 +200,7 @@ def recursive_halving(t: Transport, inp: Any, out: Any, counts: Sequence[int], o
             observe(t, acc)
             mask, step = mask >> 1, step + 1
         # new rank ``lo`` now holds the results for original ranks first_of(lo) .. r
-        A.copy_(out, A.narrow(acc, offs[r], counts[r]))
+        copy(t, out, A.narrow(acc, offs[r], counts[r]))
     if r < 2 * rem:
         tag = pof2.bit_length()
         if newrank == -1:

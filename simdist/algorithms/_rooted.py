@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import _arrays as A
 from .._reduce_op import ReduceOp
-from ._chunks import ceil_log2, check_numel, combine, recv, scratch, send
+from ._chunks import ceil_log2, check_numel, combine, copy, recv, scratch, send
 from ._transport import Algorithm, Transport
 
 __all__ = [
@@ -56,7 +56,7 @@ def binomial_tree_reduce(
     if children:
         if not (in_place or v == 0):
             acc = scratch(t, buf, n)
-            A.copy_(acc, buf)
+            copy(t, acc, buf)
         tmp = scratch(t, buf, n)
         for j in children:
             yield recv(t, tmp, (v + (1 << j) + root) % p, tag + j)
@@ -93,7 +93,7 @@ def reduce_linear(t: Transport, buf: Any, op: ReduceOp, root: int) -> Algorithm:
     for j in range(1, p):
         combine(t, acc, buf if j == root else slots[j], op)
     if root != 0:
-        A.copy_(buf, acc)
+        copy(t, buf, acc)
 
 
 def gather_linear(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
@@ -102,7 +102,7 @@ def gather_linear(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
     n = A.numel(inp)
     if r == root:
         check_numel(out, p * n, "out")
-        A.copy_(A.narrow(out, r * n, n), inp)
+        copy(t, A.narrow(out, r * n, n), inp)
     if p == 1 or n == 0:
         return
     if r != root:
@@ -123,7 +123,7 @@ def gather_binomial(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
         check_numel(out, p * n, "out")
     if p == 1 or n == 0:
         if r == root:
-            A.copy_(A.narrow(out, r * n, n), inp)
+            copy(t, A.narrow(out, r * n, n), inp)
         return
     v, top = _tree(p, r, root)
     size = min(1 << top, p - v)
@@ -131,7 +131,7 @@ def gather_binomial(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
         yield send(t, inp, (v - (1 << top) + root) % p, top, r)
         return
     work = out if (v == 0 and root == 0) else scratch(t, inp, size * n)
-    A.copy_(A.narrow(work, 0, n), inp)
+    copy(t, A.narrow(work, 0, n), inp)
     for j in range(top):
         child = v + (1 << j)
         if child < p:
@@ -142,8 +142,8 @@ def gather_binomial(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
         yield send(t, work, (v - (1 << top) + root) % p, top)
     elif root != 0:
         # work holds relative ranks 0 .. p-1, i.e. real ranks root .. p-1, 0 .. root-1
-        A.copy_(A.narrow(out, root * n, (p - root) * n), A.narrow(work, 0, (p - root) * n))
-        A.copy_(A.narrow(out, 0, root * n), A.narrow(work, (p - root) * n, root * n))
+        copy(t, A.narrow(out, root * n, (p - root) * n), A.narrow(work, 0, (p - root) * n))
+        copy(t, A.narrow(out, 0, root * n), A.narrow(work, (p - root) * n, root * n))
 
 
 def scatter_linear(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
@@ -152,7 +152,7 @@ def scatter_linear(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
     n = A.numel(out)
     if r == root:
         check_numel(inp, p * n, "inp")
-        A.copy_(out, A.narrow(inp, r * n, n))
+        copy(t, out, A.narrow(inp, r * n, n))
     if p == 1 or n == 0:
         return
     if r != root:
@@ -173,7 +173,7 @@ def scatter_binomial(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
         check_numel(inp, p * n, "inp")
     if p == 1 or n == 0:
         if r == root:
-            A.copy_(out, A.narrow(inp, r * n, n))
+            copy(t, out, A.narrow(inp, r * n, n))
         return
     v, top = _tree(p, r, root)
     size = min(1 << top, p - v)
@@ -185,8 +185,8 @@ def scatter_binomial(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
             work = inp
         else:
             work = scratch(t, inp, p * n)
-            A.copy_(A.narrow(work, 0, (p - root) * n), A.narrow(inp, root * n, (p - root) * n))
-            A.copy_(A.narrow(work, (p - root) * n, root * n), A.narrow(inp, 0, root * n))
+            copy(t, A.narrow(work, 0, (p - root) * n), A.narrow(inp, root * n, (p - root) * n))
+            copy(t, A.narrow(work, (p - root) * n, root * n), A.narrow(inp, 0, root * n))
     else:
         work = scratch(t, out, size * n)
         yield recv(t, work, (v - (1 << top) + root) % p, top)
@@ -196,4 +196,4 @@ def scatter_binomial(t: Transport, inp: Any, out: Any, root: int) -> Algorithm:
             count = min(1 << j, p - child)
             dest = (child + root) % p
             yield send(t, A.narrow(work, (1 << j) * n, count * n), dest, j, dest if count == 1 else None)
-    A.copy_(out, A.narrow(work, 0, n))
+    copy(t, out, A.narrow(work, 0, n))

@@ -64,7 +64,7 @@ class Observer:
 
 
 class Timed:
-    """A transport with a clock that charges local work, reductions and new scratch memory (declared by
+    """A transport with a clock that charges local work, reductions, copies and new scratch memory (declared by
     subclassing): the simulator's."""
 
     def reduced(self, nbytes: int) -> None:
@@ -73,6 +73,10 @@ class Timed:
 
     def allocated(self, nbytes: int) -> None:
         """Charge this rank for a new scratch buffer of ``nbytes`` (see :func:`~._chunks.scratch`)."""
+        raise NotImplementedError
+
+    def copied(self, nbytes: int) -> None:
+        """Charge this rank for copying ``nbytes`` between its own buffers (see :func:`~._chunks.copy`)."""
         raise NotImplementedError
 
 
