@@ -15,8 +15,8 @@ Two optional terms make a calibrated model (:mod:`simdist.calibrate`):
 - ``gamma``, seconds per byte a reduction combines; the simulator charges a rank
   ``nbytes * gamma`` each time an algorithm reduces ``nbytes`` into its buffer. With
   ``host_cores`` set, a host runs at most that many reductions at once: a reduction
-  starts when its rank is ready and one of its host's cores is free (the one free
-  first), so ``k`` ranks of one host that reduce ``n`` bytes together finish after
+  starts when its rank is ready and one of its host's cores is free (of those free by
+  then, the one freed last; else the one free first), so ``k`` ranks of one host that reduce ``n`` bytes together finish after
   ``ceil(k / host_cores) * n * gamma``.
 - ``fresh_memory``, seconds per byte of a new buffer of at least ``fresh_from`` bytes
   (default :data:`FRESH_BYTES`) that an algorithm allocates for scratch or a collective
@@ -29,7 +29,11 @@ Two optional terms make a calibrated model (:mod:`simdist.calibrate`):
   all_gather's and all_to_all's lists, reduce_scatter's ``input_list``) copies them into
   or out of one flat buffer. A collective that stages ``f`` bytes in new buffers and
   copies ``c`` bytes starts its messages ``fresh(f) + c * memcpy`` seconds after it is
-  called on that rank (:attr:`CollectiveCall.staged` and ``copied``).
+  called on that rank (:attr:`CollectiveCall.staged` and ``copied``). The algorithms'
+  own copies (Bruck's packing, a rank's own block put in place; through
+  :func:`simdist.algorithms._chunks.copy`) cost ``nbytes * memcpy`` each.
+- With ``host_cores`` set, a rank's reductions, its algorithms' copies and the page faults
+  of their scratch all run on its host's cores (:meth:`Topology.compute`).
 - ``check_overhead``, seconds per round of the check that the socket backend runs before
   every collective's data moves (its ranks all-gather 16-byte digests of their calls in
   ``ceil(log2 p)`` rounds, :mod:`simdist.backends.socket._checked`): a collective of ``p`` ranks
@@ -104,13 +108,13 @@ class Topology:
         gamma: seconds per byte reduced (0: reductions are free).
         fresh_memory: seconds per byte of a new buffer of ``fresh_from`` bytes or more (0: free).
         fresh_from: the smallest new buffer, in bytes, charged ``fresh_memory`` (``FRESH_BYTES``).
-        memcpy: seconds per byte a rank copies between its own buffers to stage lists (0: free).
+        memcpy: seconds per byte a rank copies between its own buffers, staging lists or inside algorithms (0: free).
         check_overhead: seconds per round of the cross-rank check before a collective (0: none).
         call_overhead: seconds a rank spends on a collective outside its messages and the check (0: none).
         rank_bandwidth: bytes per second one rank sends and receives together (``None``: unlimited).
         host_bandwidth: bytes per second one host moves for all its ranks (``None``: unlimited).
         host_overhead: seconds of a host's time per message (0: none).
-        host_cores: reductions one host runs at once (``None``: every rank reduces in parallel).
+        host_cores: reductions, copies and page faults one host runs at once (``None``: every rank in parallel).
         ranks_per_host: ranks per host for ``host_bandwidth`` (``None``: every rank on one host).
     """
 
