@@ -206,7 +206,7 @@ class Trace:
             )
         except struct.error as exc:
             raise ValueError(f"an event field is out of range or of the wrong type: {exc}") from None
-        if t_end > self._end:  # (max() without the call)
+        if t_end > self._end:  # noqa: PLR1730 - max() costs a call per event
             self._end = t_end
         self._events = None
         index = self._base + len(self._rows) // _SIZE - 1

@@ -665,7 +665,7 @@ class Engine:
                 s.src, "message", call.op, s.group, s.dst, s.tag, s.nbytes, start, arrival, run.coll_id, s.step,
                 s.chunk, s.call_site, call.algorithm,
             )
-        done = r.t_post if r.t_post > arrival else arrival
+        done = r.t_post if r.t_post > arrival else arrival  # noqa: FURB136 - max() costs a call per message
         if run is None:
             if not s.done:
                 self._finish_post(s, arrival)
