@@ -93,3 +93,24 @@ def test_raw_torch_state_round_trips_like_the_public_api():
         assert [_torch_draws() for _ in range(30)] == expected
     finally:
         gen.set_state(saved)
+
+
+def _draws_around_a_collective(rank: int, drawing: tuple) -> list | None:
+    dist.init_process_group("gloo")
+    out = [_all_draws()] if rank in drawing else None
+    t = torch.zeros(1)
+    dist.all_reduce(t)  # every rank waits here: the others run and draw meanwhile
+    if out is not None:
+        out.append(_all_draws())
+    dist.destroy_process_group()
+    return out
+
+
+def test_ranks_of_a_world_larger_than_the_kept_seeds_draw_their_own_sequences():
+    """Past ``SEEDS_KEPT`` ranks, each rank seeds the generators itself: the same draws as a plain process."""
+    n = _isolation.SEEDS_KEPT + 3
+    drawing = (0, 1, 700, n - 2, n - 1)
+    res = simdist.simulate(_draws_around_a_collective, n, (drawing,), detail="collectives", leaks="ignore", seed=5)
+    for rank in drawing:
+        assert res.values[rank] == _alone(rank, 2), f"rank {rank}"
+    assert all(res.values[r] is None for r in range(n) if r not in drawing)

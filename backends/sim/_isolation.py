@@ -333,9 +333,12 @@ class _RngState:
             _TORCH.set_state(self.torch)
 
 
-@functools.lru_cache(maxsize=1024)
-def _seed_states(rank: int) -> _RngState:
-    """The generator states right after seeding each generator with ``rank`` (shared: never changed)."""
+SEEDS_KEPT = 1024
+"""How many ranks' seeded states a process keeps (the runs of an exploration reuse them); larger worlds seed in place."""
+
+
+def _fresh_states(rank: int) -> _RngState:
+    """Seed each generator with ``rank``: their states right after (the generators are left so)."""
     random.seed(rank)
     np.random.seed(rank)
     torch.default_generator.manual_seed(rank)
@@ -346,8 +349,20 @@ def _seed_states(rank: int) -> _RngState:
     return state.capture()
 
 
-def _seeded(rank: int, gauss_pending: bool) -> _RngState:
-    """Install the states of each generator seeded with ``rank`` (as a rank starts); a copy of them, for the rank."""
+@functools.lru_cache(maxsize=SEEDS_KEPT)
+def _seed_states(rank: int) -> _RngState:
+    """The generator states right after seeding each generator with ``rank`` (shared: never changed)."""
+    return _fresh_states(rank)
+
+
+def _seeded(rank: int, gauss_pending: bool, world: int) -> _RngState:
+    """Install the states of each generator seeded with ``rank`` (as a rank starts); the rank's own copy of them.
+
+    In a world of more than ``SEEDS_KEPT`` ranks each rank seeds the generators itself: kept
+    states would only cycle through the cache.
+    """
+    if world > SEEDS_KEPT:
+        return _fresh_states(rank)
     seeded, state = _seed_states(rank), _RngState()
     for name in _RngState.__slots__:
         setattr(state, name, getattr(seeded, name))
@@ -367,7 +382,7 @@ def take_turn(engine: Any, rs: Any) -> None:
     if engine.aborting:
         return
     if rs.rng is None:
-        rs.rng = _seeded(rs.rank, _shared.gauss_pending)
+        rs.rng = _seeded(rs.rank, _shared.gauss_pending, engine.size)
     else:
         rs.rng.install(_shared.gauss_pending)
     _shared.gauss_pending = rs.rng.np_gauss
