@@ -16,8 +16,8 @@ Two optional terms make a calibrated model (:mod:`simdist.calibrate`):
   ``nbytes * gamma`` each time an algorithm reduces ``nbytes`` into its buffer. With
   ``host_cores`` set, a host runs at most that many reductions at once: a reduction
   starts when its rank is ready and one of its host's cores is free (of those free by
-  then, the one freed last; else the one free first), so ``k`` ranks of one host that reduce ``n`` bytes together finish after
-  ``ceil(k / host_cores) * n * gamma``.
+  then, the one freed last; else the one free first), so ``k`` ranks of one host that
+  reduce ``n`` bytes together finish after ``ceil(k / host_cores) * n * gamma``.
 - ``fresh_memory``, seconds per byte of a new buffer of at least ``fresh_from`` bytes
   (default :data:`FRESH_BYTES`) that an algorithm allocates for scratch or a collective
   allocates to stage its lists: such buffers come from the kernel untouched, and their
@@ -290,7 +290,7 @@ class Topology:
         return nbytes * self.fresh_memory if nbytes >= self.fresh_from else 0.0
 
     def copying(self, nbytes: int) -> float:
-        """Seconds a rank spends copying ``nbytes`` between its own buffers inside an algorithm (``memcpy`` a byte)."""
+        """Seconds a rank spends copying ``nbytes`` between its own buffers (``memcpy`` a byte)."""
         return nbytes * self.memcpy
 
     def setup(self, size: int, staged: tuple[int, ...], copied: int) -> float:
@@ -301,7 +301,7 @@ class Topology:
         (:meth:`fresh`), plus ``copied * memcpy``.
         """
         fixed = self.call_overhead + (size - 1).bit_length() * self.check_overhead if size > 1 else 0.0
-        return fixed + sum(self.fresh(n) for n in staged) + copied * self.memcpy
+        return fixed + sum(self.fresh(n) for n in staged) + self.copying(copied)
 
     def host(self, rank: int) -> int:
         """The host that ``rank`` runs on (0 for every rank unless ``ranks_per_host`` is set)."""

@@ -53,7 +53,8 @@ def same(a, b) -> bool:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", [1, 4, 64, 100])
 def test_values_from_bytes_are_the_packed_list(dtype, n):
-    from simdist.backends.sim._record import LIMIT, _values
+    from simdist.backends.sim._record import LIMIT
+    from simdist.backends.sim._record import _snapshot_values as _values
 
     buf = sample(dtype, n)
     expected = _packed(A.snapshot(buf, LIMIT))
@@ -63,7 +64,7 @@ def test_values_from_bytes_are_the_packed_list(dtype, n):
 
 
 def test_empty_and_numpy_buffers_take_the_list_path():
-    from simdist.backends.sim._record import _values
+    from simdist.backends.sim._record import _snapshot_values as _values
 
     assert A.values_view(torch.zeros(0)) is None and _values(torch.zeros(0)) == []
     assert _values(torch.ones(3, requires_grad=True)) == array("d", [1.0, 1.0, 1.0])
@@ -71,7 +72,7 @@ def test_empty_and_numpy_buffers_take_the_list_path():
 
 
 def test_a_trace_of_byte_snapshots_reads_and_deduplicates_as_one_of_lists():
-    from simdist.backends.sim._record import _values
+    from simdist.backends.sim._record import _snapshot_values as _values
 
     bufs = [torch.arange(4.0), torch.arange(4.0), torch.tensor([1.0, -0.0, math.nan]), torch.arange(70)]
     a, b = Trace(), Trace()

@@ -142,7 +142,7 @@ class Recorder(Observer, Timed):
         self._record(kind, None, None, 0, self.t.run.t, None, values)
 
     def _values(self, start: int, end: int) -> list | array:
-        """The recorded values ``head[start:end]``, as :func:`_values` gives them."""
+        """The recorded values ``head[start:end]``, as :func:`_snapshot_values` gives them (from the view kept)."""
         if self.exact is None:
             return A.snapshot(A.narrow(self.head, start, end - start), LIMIT)
         return _array(self.exact[0], self.exact[1][start:end])
@@ -157,7 +157,7 @@ class Recorder(Observer, Timed):
                                           step, chunk, None, call.algorithm, snapshot, hold=hold)
 
 
-def _values(buf: Any) -> list | array:
+def _snapshot_values(buf: Any) -> list | array:
     """The leading ``LIMIT`` values of ``buf`` as the trace stores them (``Trace.record``'s ``snapshot``).
 
     An ``array`` read from the buffer's memory where :func:`simdist._arrays.values_view` can
