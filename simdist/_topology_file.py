@@ -14,8 +14,9 @@ runs on, and simdist ships reference files for common clusters (:data:`REFERENCE
                                        or more: its page faults (default 0)
       "fresh_from": 33554432,          bytes: the smallest new buffer charged fresh_memory
                                        (default 131072)
-      "memcpy": 5.2e-11,               seconds per byte a rank copies to stage a collective's
-                                       lists (default 0)
+      "memcpy": 5.2e-11,               seconds per byte a rank copies between its own buffers:
+                                       staging a collective's lists, the algorithms' own
+                                       copies (default 0)
       "check_overhead": 1.1e-04,       seconds per round of the socket backend's cross-rank
                                        check before each collective (default 0)
       "call_overhead": 7e-05,          seconds a rank spends on each collective outside its
