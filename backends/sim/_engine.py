@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from functools import partial
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from simdist import _arrays as A
 from simdist import algorithms
@@ -28,9 +28,15 @@ from simdist._world import set_thread_world
 from simdist.algorithms import Timed
 
 from . import _isolation, _threads
+from ._events import TraceRecorder
 from ._messages import CollectiveRun, Post, Waitable
 from ._report import deadlock_error
 from ._strategies import Hooks
+
+if TYPE_CHECKING:
+    from simdist._algorithmic import CollectiveCall
+
+    from ._group import SimGroup
 
 __all__ = ["Engine", "Abort"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
@@ -179,9 +185,7 @@ class Engine:
         self.cpu_time = cpu_time
         self.cuda_as_cpu = cuda_as_cpu
         self.gpus_per_node = gpus_per_node
-        self.environ: dict[str, str] = {}  # the environment each rank's copy starts as (set by _isolation.enter)
-        self.torch_store: Any = None  # the store torch's rendezvous gives the ranks (set by _isolation.enter)
-        self.user_trace: Any = None  # the caller's sys.settrace function, blind to simdist (set by _isolation.enter)
+        self.setup = _isolation.RunSetup({}, None, None)  # what the ranks start from (from _isolation.enter)
         self.algorithms = dict(algorithms or {})
         self.pin_core = _isolation.pin_target() if pin_cpu else None
         self.timeout = timeout
@@ -198,6 +202,7 @@ class Engine:
         self.footprint: set = set()  # what the running rank touched since the last selection (see Strategy.observe)
         self.hooks = Hooks(strategy)
         self.trace = Trace(meta={"world_size": size, "detail": detail, "topology": topology.name})
+        self.events = TraceRecorder(self.trace)  # every event of the run is written through it
         self.sends: dict[tuple, dict[int, deque]] = {}
         self.recvs: dict[tuple, list[Post]] = {}
         self.ready: deque = deque()
@@ -221,7 +226,7 @@ class Engine:
         A timeout, or any exception in the caller while it waits (``KeyboardInterrupt``),
         stops the run: every rank thread has ended before this raises.
         """
-        _isolation.enter(self)
+        self.setup = _isolation.enter(self)
         try:
             try:
                 self.topology.reset()
@@ -319,6 +324,11 @@ class Engine:
         if all(rs.done or not rs.started for rs in self.ranks):
             for rs in self.ranks:
                 rs.world = None
+
+    def stream_trace(self, path: Any) -> None:
+        """Write the run's trace to ``path`` as the run goes (:class:`Trace`'s ``stream``; before :meth:`run`)."""
+        self.trace = Trace(meta=self.trace.meta, stream=path)
+        self.events = TraceRecorder(self.trace)
 
     def now(self, rs: RankState) -> float:
         """Rank ``rs``'s virtual time in seconds (with ``cpu_time``, plus its CPU time since its last switch)."""
@@ -654,19 +664,9 @@ class Engine:
             ready = r.t_post
         start, arrival = self.topology.transfer(s.src, s.dst, s.nbytes, ready)
         r.source = s.src
-        run = s.run
-        if run is None:
-            self.trace.record(
-                s.src, "message", s.kind, s.group, s.dst, s.tag, s.nbytes, start, arrival, None, None, None, s.call_site
-            )
-        else:
-            call = run.call
-            self.trace.record(
-                s.src, "message", call.op, s.group, s.dst, s.tag, s.nbytes, start, arrival, run.coll_id, s.step,
-                s.chunk, s.call_site, call.algorithm,
-            )
+        self.events.message(s, start, arrival)
         done = r.t_post if r.t_post > arrival else arrival  # noqa: FURB136 - max() costs a call per message
-        if run is None:
+        if s.run is None:
             if not s.done:
                 self._finish_post(s, arrival)
             self._finish_post(r, done)
@@ -680,10 +680,7 @@ class Engine:
         if p.on_done is not None:
             p.on_done()
         if p.run is None:  # a user's send or receive: its span on the rank's lane
-            self.trace.record(
-                p.owner, p.kind, p.kind, p.group, p.dst if p.kind == "send" else p.source, p.tag, p.nbytes, p.t_post,
-                t, None, None, None, p.call_site,
-            )
+            self.events.span(p, t)
         self.complete(p, t)
 
     # --- collectives -------------------------------------------------------------------
@@ -694,7 +691,8 @@ class Engine:
             gs = self.groups[gid] = _GroupState(gid, ranks)
         return gs
 
-    def start_collective(self, me: RankState, group: Any, call: Any, instant: bool = False) -> CollectiveRun:
+    def start_collective(self, me: RankState, group: SimGroup, call: CollectiveCall, instant: bool = False
+                         ) -> CollectiveRun:
         """Join the next collective on ``group``; check it against the other ranks' calls."""
         gs = self.group_state(group.group_id, group.ranks)
         self.footprint.add(("group", group.group_id))
@@ -723,7 +721,7 @@ class Engine:
             self.ready.append(run)
         return run
 
-    def _check(self, inst: _Instance, rank: int, call: Any, group: Any) -> None:
+    def _check(self, inst: _Instance, rank: int, call: CollectiveCall, group: SimGroup) -> None:
         first_rank, first = inst.first
         a, b = (first_rank, first.signature, first.call_site), (rank, call.signature, call.call_site)
         err = mismatch_error(group.group_id, inst.seq, a, b)
@@ -781,21 +779,12 @@ class Engine:
             if h.t_done > run.t:
                 run.t = h.t_done
         if self.record_steps and run.call.snapshot is not None:
-            call = run.call
-            self.trace.record(
-                run.rank, "step", call.op, run.group.group_id, None, None, 0, run.t, run.t, run.coll_id, run.step,
-                None, None, call.algorithm, A.snapshot(call.snapshot),
-            )
+            self.events.step(run, "step", run.step, run.t, A.snapshot(run.call.snapshot))
         run.step += 1
 
     def _end_run(self, run: CollectiveRun, t: float) -> None:
-        call = run.call
-        call.finish()
-        if call.op != "new_group":
-            self.trace.record(
-                run.rank, "collective", call.op, run.group.group_id, None, None, call.nbytes, run.t0, t, run.coll_id,
-                None, None, call.call_site, call.algorithm,
-            )
+        run.call.finish()
+        self.events.collective(run, t)
         self.complete(run, t)
 
 

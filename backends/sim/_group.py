@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from simdist import _arrays as A
 from simdist._algorithmic import AlgorithmicGroup, CollectiveCall
@@ -15,6 +15,9 @@ from simdist._world import World
 from ._buffers import BufferCheck
 from ._messages import Post, Waitable
 from ._record import recorded
+
+if TYPE_CHECKING:
+    from ._engine import Engine, RankState
 
 __all__ = ["SimGroup", "SimWorld", "SimWork"]
 
@@ -87,7 +90,7 @@ class SimGroup(AlgorithmicGroup):
 
     backend = "sim"
 
-    def __init__(self, engine: Any, me: Any, rank: int, ranks: Sequence[int], group_id: int):
+    def __init__(self, engine: Engine, me: RankState, rank: int, ranks: Sequence[int], group_id: int):
         super().__init__(rank, ranks, group_id)
         self.engine = engine
         self.me = me
@@ -102,6 +105,7 @@ class SimGroup(AlgorithmicGroup):
             from ._engine import Abort
 
             raise Abort
+        src: int | None
         if kind == "send":
             buf, back = None, None  # (staged below, unless a checked send carries the check's copy)
             src, dst = me.rank, self.ranks[peer]
@@ -166,7 +170,7 @@ class SimWorld(World):
     buffer races; ``open_checks`` holds the checks of those not settled yet, by work key.
     """
 
-    def __init__(self, engine: Any, me: Any, check_buffers: bool = False):
+    def __init__(self, engine: Engine, me: RankState, check_buffers: bool = False):
         self.engine = engine
         self.me = me
         self.rank = me.rank
@@ -214,15 +218,15 @@ class SimWorld(World):
             outputs=[],
             call_site=user_call_site(),
         )
-        run = self.engine.start_collective(self.me, self.default_group, call, instant=True)
+        group = self.default_group
+        assert isinstance(group, SimGroup), "a sync runs between init_process_group and destroy_process_group"
+        run = self.engine.start_collective(self.me, group, call, instant=True)
         self.engine.wait(self.me, [run], op)
 
     def compute(self, seconds: float, call_site: str, op: str = "compute") -> None:
         """Advance this rank's virtual clock by ``seconds`` of annotated computation (``op`` names it)."""
         me = self.me
-        self.engine.trace.record(
-            me.rank, "compute", op, 0, None, None, 0, me.clock, me.clock + seconds, None, None, None, call_site
-        )
+        self.engine.events.compute(me.rank, op, me.clock, seconds, call_site)
         me.clock += seconds
 
     def destroy(self, group) -> None:

@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -61,6 +61,9 @@ from simdist import _torch_cuda, _torch_spawn
 from simdist._callsite import user_tracer
 
 from . import _threads
+
+if TYPE_CHECKING:
+    from ._engine import Engine, RankState
 
 __all__ = ["abandon", "end_turn", "enter", "enter_thread", "held", "leave", "leave_thread", "pin_target",
            "take_turn"]
@@ -90,8 +93,17 @@ class _Shared:
 _shared = _Shared()
 
 
-def enter(engine: Any) -> None:
-    """Set up process-wide isolation for the run of ``engine`` (the first run installs the stand-ins)."""
+class RunSetup(NamedTuple):
+    """What :func:`enter` gives a run for its rank threads (:func:`enter_thread`)."""
+
+    environ: dict[str, str]  # the environment each rank's copy starts as
+    torch_store: Any  # the store torch's rendezvous gives the ranks
+    user_trace: Any  # the caller's sys.settrace function, blind to simdist (or None)
+
+
+def enter(engine: Engine) -> RunSetup:
+    """Set up process-wide isolation for the run of ``engine`` (the first run installs the stand-ins): what its
+    rank threads start from."""
     rank = getattr(_local, "rank", None)
     if rank is not None:
         raise RuntimeError(
@@ -105,12 +117,12 @@ def enter(engine: Any) -> None:
         _torch_spawn.install()
         if engine.cuda_as_cpu:
             _torch_cuda.install()
-        engine.environ = _environ_copy(_shared.saved[4])  # what each rank's copy starts as
-    engine.torch_store = _torch_bridge.new_store()
-    engine.user_trace = user_tracer(sys.gettrace())  # Hypothesis's explain phase also sees the ranks' lines
+        environ = _environ_copy(_shared.saved[4])
+    # Hypothesis's explain phase also sees the ranks' lines through the caller's tracer
+    return RunSetup(environ, _torch_bridge.new_store(), user_tracer(sys.gettrace()))
 
 
-def leave(engine: Any) -> None:
+def leave(engine: Engine) -> None:
     """Undo :func:`enter` (the last run puts back what the process had before the first)."""
     with _shared.setup:
         _torch_spawn.uninstall()
@@ -370,7 +382,7 @@ def _seeded(rank: int, gauss_pending: bool, world: int) -> _RngState:
     return state
 
 
-def take_turn(engine: Any, rs: Any) -> None:
+def take_turn(engine: Engine, rs: RankState) -> None:
     """Wait for the turn, unless it came with the baton, then install rank ``rs``'s generator states.
 
     A rank of a run that is failing unwinds with whatever states are installed.
@@ -388,7 +400,7 @@ def take_turn(engine: Any, rs: Any) -> None:
     _shared.gauss_pending = rs.rng.np_gauss
 
 
-def end_turn(rs: Any, to: Any = None, done: bool = False) -> None:
+def end_turn(rs: RankState, to: RankState | None = None, done: bool = False) -> None:
     """Save rank ``rs``'s generator states and give up the turn: it is about to pass the baton to ``to``.
 
     Within its run's time slice the turn goes with the baton to ``to``; after it (or without
@@ -444,15 +456,15 @@ def _start_intra_op_pool() -> None:
         _pool_started = True
 
 
-def enter_thread(engine: Any, rs: Any) -> None:
+def enter_thread(engine: Engine, rs: RankState) -> None:
     """Make the calling thread rank ``rs`` of ``engine``'s run (its environment, prefix, torch world, core)."""
     from simdist import _torch_bridge
 
     _local.rank = rs.rank
-    _local.environ = dict(engine.environ)
+    _local.environ = dict(engine.setup.environ)
     _local.prefix = f"[rank {rs.rank}] " if engine.prefix_output else None
     _local.at_start = True
-    _torch_bridge.enter_rank(engine.torch_store)
+    _torch_bridge.enter_rank(engine.setup.torch_store)
     if getattr(_local, "core", False) is False:  # a new thread (a pooled one is set up by its first run)
         _threads.one_thread()
         _local.core = None
@@ -461,11 +473,11 @@ def enter_thread(engine: Any, rs: Any) -> None:
         _local.core = engine.pin_core
     if engine.cuda_as_cpu:
         _torch_cuda.enter_thread(engine.gpus_per_node, functools.partial(engine.now, rs))
-    if engine.user_trace is not None:
-        sys.settrace(engine.user_trace)
+    if engine.setup.user_trace is not None:
+        sys.settrace(engine.setup.user_trace)
 
 
-def leave_thread(engine: Any, rs: Any) -> None:
+def leave_thread(engine: Engine, rs: RankState) -> None:
     from simdist import _torch_bridge
 
     _torch_bridge.leave_rank()
@@ -473,7 +485,7 @@ def leave_thread(engine: Any, rs: Any) -> None:
     torch.set_grad_enabled(True)  # as on a new thread: a pooled thread's next run starts the same
     if engine.cuda_as_cpu:
         _torch_cuda.leave_thread()
-    if engine.user_trace is not None:
+    if engine.setup.user_trace is not None:
         sys.settrace(None)
 
 

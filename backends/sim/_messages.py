@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from simdist._algorithmic import CollectiveCall
+
+    from ._group import SimGroup
 
 __all__ = ["Waitable", "Post", "CollectiveRun"]
 
@@ -119,7 +124,7 @@ class CollectiveRun(Waitable):
 
     __slots__ = ("call", "group", "rank", "gen", "seq", "coll_id", "t", "t0", "step", "waiting", "pending", "ctx")
 
-    def __init__(self, call: Any, group: Any, rank: int, seq: int, coll_id: int, t: float):
+    def __init__(self, call: CollectiveCall, group: SimGroup, rank: int, seq: int, coll_id: int, t: float):
         super().__init__()
         self.call = call
         self.group = group

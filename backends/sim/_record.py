@@ -83,8 +83,8 @@ class Recorder(Observer, Timed):
         if span is not None:
             before = self._values(span[0], span[1])
         handle = self.t.irecv(buf, peer, tag, chunk=chunk)
-        self.pending[id(handle)] = self._record("received", self.t.ranks[peer], tag, handle.nbytes, 0.0, chunk, None,
-                                                hold=True)
+        self.pending[id(handle)] = self.t.engine.events.received(self.t.run, self.t.ranks[peer], tag, handle.nbytes,
+                                                                 chunk)
         if span is not None:
             self.hidden[id(handle)] = (span[0], before)
         return handle
@@ -128,7 +128,7 @@ class Recorder(Observer, Timed):
         if index is None:
             return
         self.hidden.pop(id(handle), None)
-        self.t.engine.trace.update(index, step=self.steps, t_start=handle.t_done, t_end=handle.t_done)
+        self.t.engine.events.received_in(index, self.steps, handle.t_done)
 
     def _snapshot(self) -> None:
         if self.view is not None:
@@ -139,22 +139,14 @@ class Recorder(Observer, Timed):
                 values[start : start + len(before)] = before
         else:
             return
-        self._record(kind, None, None, 0, self.t.run.t, None, values)
+        run = self.t.run
+        self.t.engine.events.step(run, kind, self.steps, run.t, values)
 
     def _values(self, start: int, end: int) -> list | array:
         """The recorded values ``head[start:end]``, as :func:`_snapshot_values` gives them (from the view kept)."""
         if self.exact is None:
             return A.snapshot(A.narrow(self.head, start, end - start), LIMIT)
         return _array(self.exact[0], self.exact[1][start:end])
-
-    def _record(self, kind: str, peer: int | None, tag: int | None, nbytes: int, t: float, chunk: int | None,
-                snapshot: Any, hold: bool = False) -> int:
-        """Add an event of this rank's part in the collective to the trace; its index."""
-        run = self.t.run
-        call = run.call
-        step = None if hold else self.steps
-        return self.t.engine.trace.record(self.t.me, kind, call.op, self.t.gid, peer, tag, nbytes, t, t, run.coll_id,
-                                          step, chunk, None, call.algorithm, snapshot, hold=hold)
 
 
 def _snapshot_values(buf: Any) -> list | array:

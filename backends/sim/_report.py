@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simdist._errors import DeadlockError
 
 from ._messages import CollectiveRun, Post
 
+if TYPE_CHECKING:
+    from ._engine import Engine, RankState
+
 __all__ = ["deadlock_error", "leaks", "undestroyed"]
 
 
-def _group_names(engine: Any) -> dict[int, str]:
+def _group_names(engine: Engine) -> dict[int, str]:
     """The names the program gave its groups (``new_group(..., group_desc=...)``), by group id."""
     return {g.group_id: g.group_desc for rs in engine.ranks if rs.world is not None
             for g in rs.world.groups if g.group_desc}  # fmt: skip
@@ -21,7 +24,7 @@ def _group(gid: int | None, names: dict[int, str]) -> str:
     return f"group {names.get(gid, gid)}"
 
 
-def _blocked_entry(engine: Any, rs: Any, missing_of: dict[tuple[int, int], list[int] | None]
+def _blocked_entry(engine: Engine, rs: RankState, missing_of: dict[tuple[int, int], list[int] | None]
                    ) -> tuple[dict, list[int]]:
     """What ``rs`` is blocked on, and the ranks it waits for.
 
@@ -61,7 +64,7 @@ def _blocked_entry(engine: Any, rs: Any, missing_of: dict[tuple[int, int], list[
     return entry, sorted(set(w for w in waits if w is not None))
 
 
-def _line(entry: dict, engine: Any, names: dict[int, str]) -> str:
+def _line(entry: dict, engine: Engine, names: dict[int, str]) -> str:
     op, rank, group = entry["op"], entry["rank"], _group(entry["group"], names)
     if op in ("send", "recv"):
         peer = "any" if entry["peer"] is None else entry["peer"]
@@ -80,7 +83,7 @@ def _line(entry: dict, engine: Any, names: dict[int, str]) -> str:
     return text
 
 
-def _unmatched(engine: Any, names: dict[int, str]) -> tuple[list[str], list[str]]:
+def _unmatched(engine: Engine, names: dict[int, str]) -> tuple[list[str], list[str]]:
     """Every unmatched message described, and the lines the report shows of them.
 
     The program's own sends and receives are shown one a line; the messages inside a
@@ -100,7 +103,7 @@ def _unmatched(engine: Any, names: dict[int, str]) -> tuple[list[str], list[str]
     return every, shown
 
 
-def deadlock_error(engine: Any) -> DeadlockError:
+def deadlock_error(engine: Engine) -> DeadlockError:
     """The DeadlockError describing the engine's current state (no rank can run)."""
     import networkx as nx  # (only a deadlock needs it: a first simulation in a process does not wait for it)
 
@@ -140,7 +143,7 @@ def deadlock_error(engine: Any) -> DeadlockError:
     return DeadlockError("\n".join(parts), graph=graph, blocked=blocked, unmatched=unmatched, cycle=cycle)
 
 
-def leaks(engine: Any) -> list[str]:
+def leaks(engine: Engine) -> list[str]:
     """What a finished run left behind: unmatched messages, never-waited works, groups not destroyed."""
     out = [f"unmatched {p.describe()}" for by_src in engine.sends.values() for q in by_src.values() for p in q]
     out += [f"unmatched {p.describe()}" for waiting in engine.recvs.values() for p in waiting]
@@ -148,6 +151,6 @@ def leaks(engine: Any) -> list[str]:
     return out
 
 
-def undestroyed(engine: Any) -> list[int]:
+def undestroyed(engine: Engine) -> list[int]:
     """The ranks whose default process group was never destroyed."""
     return [rs.rank for rs in engine.ranks if rs.world is not None and rs.world.initialized]

@@ -282,7 +282,7 @@ def simulate(
 def _result(engine: Engine, leaks: str, trace_file: Any) -> SimResult:
     """Run ``engine`` to the end: its ``SimResult``, or the run's error (leaks and buffer races checked)."""
     if trace_file is not None:
-        engine.trace = Trace(meta=engine.trace.meta, stream=trace_file)
+        engine.stream_trace(trace_file)
     if engine.size >= LARGE_WORLD:
         futexes_for(engine.size)
     try:

@@ -1,0 +1,91 @@
+"""The simulator's one trace recorder: a method per kind of event, the only code that writes rows.
+
+The engine, its groups and the step recorder (:mod:`._record`) report what happened here,
+in their own terms (a matched message, a finished collective, a step's snapshot); this
+module decides which event fields that makes (:class:`simdist._trace.Event`). Like an
+instrument of trio's run loop, it only observes: nothing here changes the run.
+
+Kinds written: ``send``/``recv`` (a user's point-to-point call, on its rank's lane),
+``message`` (bytes moving between two ranks, of a user's call or of a collective),
+``collective`` (one rank's part of a collective, from its call to its end), ``step``
+and ``work`` (a rank's data at a step boundary of a collective, with ``record_steps``),
+``received`` (the step in which a rank's receive of a collective completed) and
+``compute`` (annotated computation).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from simdist._trace import Trace
+
+    from ._messages import CollectiveRun, Post
+
+__all__ = ["TraceRecorder"]
+
+
+class TraceRecorder:
+    """Writes the events of one simulated run into ``trace``."""
+
+    __slots__ = ("_record", "trace")
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self._record = trace.record
+
+    def message(self, s: Post, start: float, arrival: float) -> None:
+        """The send ``s`` matched a receive: its bytes left at ``start`` and arrived at ``arrival``."""
+        run = s.run
+        if run is None:
+            self._record(
+                s.src, "message", s.kind, s.group, s.dst, s.tag, s.nbytes, start, arrival, None, None, None, s.call_site
+            )
+        else:
+            call = run.call
+            self._record(
+                s.src, "message", call.op, s.group, s.dst, s.tag, s.nbytes, start, arrival, run.coll_id, s.step,
+                s.chunk, s.call_site, call.algorithm,
+            )
+
+    def span(self, p: Post, t_end: float) -> None:
+        """A user's send or receive ``p`` completed at ``t_end``: its span on its rank's lane."""
+        peer = p.dst if p.kind == "send" else p.source
+        self._record(
+            p.owner, p.kind, p.kind, p.group, peer, p.tag, p.nbytes, p.t_post, t_end, None, None, None, p.call_site
+        )
+
+    def collective(self, run: CollectiveRun, t_end: float) -> None:
+        """Rank ``run.rank``'s part of a collective ended at ``t_end`` (``new_group`` records none)."""
+        call = run.call
+        if call.op != "new_group":
+            self._record(
+                run.rank, "collective", call.op, run.group.group_id, None, None, call.nbytes, run.t0, t_end,
+                run.coll_id, None, None, call.call_site, call.algorithm,
+            )
+
+    def step(self, run: CollectiveRun, kind: str, step: int | None, t: float, values: Any) -> None:
+        """A snapshot of ``run``'s data at time ``t`` after its first ``step`` waits (``kind`` ``'step'`` or
+        ``'work'``; ``values``: the leading values, as :meth:`Trace.record` takes a snapshot)."""
+        call = run.call
+        self._record(
+            run.rank, kind, call.op, run.group.group_id, None, None, 0, t, t, run.coll_id, step, None, None,
+            call.algorithm, values,
+        )
+
+    def received(self, run: CollectiveRun, peer: int, tag: int, nbytes: int, chunk: int | None) -> int:
+        """``run`` posted a receive from global rank ``peer``: its ``received`` event, held until
+        :meth:`received_in` gives its step; the event's index."""
+        call = run.call
+        return self._record(
+            run.rank, "received", call.op, run.group.group_id, peer, tag, nbytes, 0.0, 0.0, run.coll_id, None, chunk,
+            None, call.algorithm, hold=True,
+        )
+
+    def received_in(self, index: int, step: int, t: float) -> None:
+        """The receive of event ``index`` (:meth:`received`) completed at ``t``, in the wait of step ``step``."""
+        self.trace.update(index, step=step, t_start=t, t_end=t)
+
+    def compute(self, rank: int, op: str, t_start: float, seconds: float, call_site: str | None) -> None:
+        """Rank ``rank`` computed for ``seconds`` of virtual time from ``t_start`` (``op`` names it)."""
+        self._record(rank, "compute", op, 0, None, None, 0, t_start, t_start + seconds, None, None, None, call_site)
