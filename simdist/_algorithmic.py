@@ -2,15 +2,21 @@
 
 The simulator and the socket backend share this class. It stages arrays into flat
 buffers, packs list arguments, picks an algorithm and describes the call as a
-:class:`CollectiveCall`; the backend only decides how messages travel
-(:meth:`AlgorithmicGroup._run_collective`).
+:class:`CollectiveCall`: plain data (the algorithm, its arguments as a typed tuple, the
+steps that finish the call), which the backend runs, deciding only how messages travel
+(:meth:`AlgorithmicGroup._run_collective`). A tensor passed to ``simdist.all_reduce``
+is staged into ``CollectiveCall.args``, handed to ``CollectiveCall.function`` by
+:meth:`CollectiveCall.start` with the backend's transport, and written back by the
+steps of ``CollectiveCall.finish``.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from functools import partial
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -18,7 +24,18 @@ from . import _arrays as A
 from . import algorithms
 from ._group import Options, ProcessGroup
 from ._reduce_op import ReduceOp
-from ._work import Work, chain
+from ._work import Work
+from .algorithms._args import (
+    AllGatherArgs,
+    AllReduceArgs,
+    AllToAllArgs,
+    BarrierArgs,
+    BroadcastArgs,
+    GatherArgs,
+    ReduceArgs,
+    ReduceScatterArgs,
+    ScatterArgs,
+)
 
 __all__ = ["AlgorithmicGroup", "CollectiveCall"]
 
@@ -30,14 +47,18 @@ class CollectiveCall:
     Attributes:
         op: the collective's name (``'all_reduce'``).
         algorithm: the chosen algorithm's name.
+        function: the algorithm (``simdist.algorithms.get(op, algorithm)``), called as
+            ``function(transport, *args)``; ``None`` for a call that moves no data of its own.
+        args: the algorithm's arguments after the transport, a typed tuple of
+            :mod:`simdist.algorithms._args` (its buffers are the staged, flat ones); every rank's
+            together give :func:`simdist.algorithms.oneshot.run` the results at once.
         signature: the fields that must agree on every rank (dtype, shape, op, root, ...).
-        start: makes the algorithm's generator for a Transport.
-        oneshot: computes every rank's result at once from all ranks' calls (fast mode).
         nbytes: the size the cost model charges for.
-        finish: run once the data is in place (write-backs, the division of AVG).
         outputs: what ``Work.result()`` returns.
+        finish: the steps that run, in order, once the data is in place (the division of AVG,
+            write-backs into the caller's arrays).
         snapshot: the flat buffer whose values the trace may record after each step.
-        args: the staged buffers, read by ``oneshot`` across ranks.
+        call_site: the user's ``file:line``.
         staged: the bytes of each new flat buffer this rank allocates around the algorithm to
             hold list arguments (the simulator charges their first touch, ``Topology.setup``).
         copied: the bytes this rank copies between list arguments and those buffers.
@@ -45,17 +66,26 @@ class CollectiveCall:
 
     op: str
     algorithm: str
+    function: Callable[..., Iterator[list]] | None
+    args: NamedTuple | tuple
     signature: dict[str, Any]
-    start: Callable[[Any], Any]
-    oneshot: Callable[[list["CollectiveCall"]], None]
     nbytes: int
-    finish: Callable[[], None]
     outputs: list
+    finish: list[Callable[[], None]] = field(default_factory=list)
     snapshot: Any = None
-    args: dict[str, Any] = field(default_factory=dict)
     call_site: str | None = None
     staged: tuple[int, ...] = ()
     copied: int = 0
+
+    def start(self, transport: Any) -> Iterator[list]:
+        """The algorithm's generator on ``transport``: the handles of each step it waits for."""
+        assert self.function is not None, f"{self.op} moves no data of its own"
+        return self.function(transport, *self.args)
+
+    def complete(self) -> None:
+        """Run the :attr:`finish` steps: the call's results are then in the caller's arrays."""
+        for step in self.finish:
+            step()
 
 
 class AlgorithmicGroup(ProcessGroup):
@@ -88,156 +118,90 @@ class AlgorithmicGroup(ProcessGroup):
         sig.update(extra)
         return sig
 
-    def _call(self, op, opts, x, nbytes, make, oneshot, finish, outputs, snapshot, args, equal_counts=True,
-              staged=(), copied=0, **extra):
+    def _call(self, op: str, opts: Options, x: Any, nbytes: int, args: NamedTuple, finish: list, outputs: list,
+              snapshot: Any, equal_counts: bool = True, staged: tuple[int, ...] = (), copied: int = 0,
+              **extra: Any) -> Work:
+        """Start this rank's part of collective ``op`` on the staged buffers ``args``: its Work.
+
+        ``finish`` lists the steps after the algorithm (``None`` entries skipped); ``extra`` adds fields to
+        the signature that every rank must agree on; ``staged``/``copied`` are what the list arguments cost.
+        """
         algo = self._pick(op, opts, nbytes, equal_counts)
-        if op == "all_to_all" and algo == "bruck":
-            _check_bruck(args["send"], args["recv"])
-        fn = algorithms.get(op, algo)
+        if isinstance(args, AllToAllArgs) and algo == "bruck":
+            _check_bruck(args.send, args.recv)
         call = CollectiveCall(
             op=op,
             algorithm=algo,
-            signature=self._signature(op, algo, opts, x, **extra),
-            start=lambda t: make(fn, t),
-            oneshot=oneshot,
-            nbytes=nbytes,
-            finish=finish,
-            outputs=outputs,
-            snapshot=snapshot,
+            function=algorithms.get(op, algo),
             args=args,
+            signature=self._signature(op, algo, opts, x, **extra),
+            nbytes=nbytes,
+            outputs=outputs,
+            finish=[step for step in finish if step is not None],
+            snapshot=snapshot,
             call_site=opts.call_site,
             staged=staged,
             copied=copied,
         )
         return self._run_collective(call, opts)
 
+    def _averaged(self, red: ReduceOp, buf: Any, here: bool = True) -> tuple[ReduceOp, Callable[[], None] | None]:
+        """The op the algorithm runs for ``red``, and the step that finishes it: ``AVG`` runs as ``SUM``, then
+        ``buf`` is divided by the group's size (on this rank if ``here``: a reduce's root)."""
+        if red is not ReduceOp.AVG:
+            return red, None
+        return ReduceOp.SUM, (partial(A.average_, buf, self.size) if here else None)
+
     # --- collectives -------------------------------------------------------------
+    # (the reduce op was checked against the array by the public API, for every backend)
 
     def all_reduce(self, tensor: Any, opts: Options) -> Work:
-        red = opts.op or ReduceOp.SUM
-        A.check_reduce_op(tensor, red)
         buf, back = A.stage_out(tensor)
-        base = ReduceOp.SUM if red is ReduceOp.AVG else red
-        avg = (lambda: A.average_(buf, self.size)) if red is ReduceOp.AVG else None
-        return self._call(
-            "all_reduce",
-            opts,
-            tensor,
-            A.nbytes(buf),
-            make=lambda fn, t: fn(t, buf, base),
-            oneshot=lambda calls: algorithms.oneshot.all_reduce([c.args["buf"] for c in calls], base),
-            finish=chain(avg, back),
-            outputs=[tensor],
-            snapshot=buf,
-            args={"buf": buf},
-        )
+        op, avg = self._averaged(opts.op or ReduceOp.SUM, buf)
+        return self._call("all_reduce", opts, tensor, A.nbytes(buf), AllReduceArgs(buf, op), [avg, back], [tensor],
+                          snapshot=buf)
 
     def broadcast(self, tensor: Any, opts: Options) -> Work:
         buf, back = A.stage_out(tensor)
-        root = opts.root
-        return self._call(
-            "broadcast",
-            opts,
-            tensor,
-            A.nbytes(buf),
-            make=lambda fn, t: fn(t, buf, root),
-            oneshot=lambda calls: algorithms.oneshot.broadcast([c.args["buf"] for c in calls], root),
-            finish=chain(back),
-            outputs=[tensor],
-            snapshot=buf,
-            args={"buf": buf},
-        )
+        return self._call("broadcast", opts, tensor, A.nbytes(buf), BroadcastArgs(buf, opts.root), [back], [tensor],
+                          snapshot=buf)
 
     def reduce(self, tensor: Any, opts: Options) -> Work:
-        red = opts.op or ReduceOp.SUM
-        A.check_reduce_op(tensor, red)
         buf, back = A.stage_out(tensor)
-        root = opts.root
-        base = ReduceOp.SUM if red is ReduceOp.AVG else red
-        avg = None
-        if red is ReduceOp.AVG and self.rank == root:
-            avg = lambda: A.average_(buf, self.size)  # noqa: E731
-        return self._call(
-            "reduce",
-            opts,
-            tensor,
-            A.nbytes(buf),
-            make=lambda fn, t: fn(t, buf, base, root),
-            oneshot=lambda calls: algorithms.oneshot.reduce([c.args["buf"] for c in calls], base, root),
-            finish=chain(avg, back),
-            outputs=[tensor],
-            snapshot=buf,
-            args={"buf": buf},
-        )
+        op, avg = self._averaged(opts.op or ReduceOp.SUM, buf, here=self.rank == opts.root)
+        return self._call("reduce", opts, tensor, A.nbytes(buf), ReduceArgs(buf, op, opts.root), [avg, back],
+                          [tensor], snapshot=buf)
 
     def all_gather(self, output_list: list, tensor: Any, opts: Options) -> Work:
         inp = A.stage_in(tensor)
         out = A.zeros(inp, A.numel(inp) * self.size)
         split = A.split_into(out, output_list)
-        return self._gathered("all_gather", opts, tensor, inp, out, split, output_list, _staging([out], [out]))
+        return self._gathered(opts, tensor, inp, out, [split], output_list, _staging([out], [out]))
 
     def all_gather_into_tensor(self, output: Any, input: Any, opts: Options) -> Work:
         inp = A.stage_in(input)
         out, back = A.stage_out(output)
-        return self._gathered("all_gather", opts, input, inp, out, chain(back), [output], {})
+        return self._gathered(opts, input, inp, out, [back], [output], {})
 
-    def _gathered(self, op, opts, x, inp, out, finish, outputs, staging):
-        return self._call(
-            op,
-            opts,
-            x,
-            A.nbytes(inp) * self.size,
-            make=lambda fn, t: fn(t, inp, out),
-            oneshot=lambda calls: algorithms.oneshot.all_gather(
-                [c.args["inp"] for c in calls], [c.args["out"] for c in calls]
-            ),
-            finish=finish,
-            outputs=outputs,
-            snapshot=out,
-            args={"inp": inp, "out": out},
-            **staging,
-        )
+    def _gathered(self, opts: Options, x: Any, inp: Any, out: Any, finish: list, outputs: list,
+                  staging: dict) -> Work:
+        return self._call("all_gather", opts, x, A.nbytes(inp) * self.size, AllGatherArgs(inp, out), finish,
+                          outputs, snapshot=out, **staging)
 
     def gather(self, tensor: Any, gather_list: list | None, opts: Options) -> Work:
         root = opts.root
         inp = A.stage_in(tensor)
         out = A.zeros(inp, A.numel(inp) * self.size) if self.rank == root else None
-        finish = A.split_into(out, gather_list) if out is not None else chain()
-        return self._call(
-            "gather",
-            opts,
-            tensor,
-            A.nbytes(inp) * self.size,
-            make=lambda fn, t: fn(t, inp, out, root),
-            oneshot=lambda calls: algorithms.oneshot.gather(
-                [c.args["inp"] for c in calls], calls[root].args["out"], root
-            ),
-            finish=finish,
-            outputs=list(gather_list or []),
-            snapshot=out if out is not None else inp,
-            args={"inp": inp, "out": out},
-            **_staging([out], [out]),
-        )
+        finish = [A.split_into(out, gather_list)] if out is not None else []
+        return self._call("gather", opts, tensor, A.nbytes(inp) * self.size, GatherArgs(inp, out, root), finish,
+                          list(gather_list or []), snapshot=out if out is not None else inp, **_staging([out], [out]))
 
     def scatter(self, tensor: Any, scatter_list: list | None, opts: Options) -> Work:
         root = opts.root
         out, back = A.stage_out(tensor)
         inp = A.concat(scatter_list) if self.rank == root else None
-        return self._call(
-            "scatter",
-            opts,
-            tensor,
-            A.nbytes(out) * self.size,
-            make=lambda fn, t: fn(t, inp, out, root),
-            oneshot=lambda calls: algorithms.oneshot.scatter(
-                calls[root].args["inp"], [c.args["out"] for c in calls], root
-            ),
-            finish=chain(back),
-            outputs=[tensor],
-            snapshot=out,
-            args={"inp": inp, "out": out},
-            **_staging([inp], [inp]),
-        )
+        return self._call("scatter", opts, tensor, A.nbytes(out) * self.size, ScatterArgs(inp, out, root), [back],
+                          [tensor], snapshot=out, **_staging([inp], [inp]))
 
     def reduce_scatter(self, output: Any, input_list: list, opts: Options) -> Work:
         # Outputs may differ in size between ranks (uneven counts); the counts, which every
@@ -249,29 +213,12 @@ class AlgorithmicGroup(ProcessGroup):
     def reduce_scatter_tensor(self, output: Any, input: Any, opts: Options) -> Work:
         return self._reduce_scatter(output, A.stage_in(input), [A.numel(output)] * self.size, opts, {})
 
-    def _reduce_scatter(self, output, inp, counts, opts, staging, **extra):
-        red = opts.op or ReduceOp.SUM
-        A.check_reduce_op(output, red)
+    def _reduce_scatter(self, output: Any, inp: Any, counts: list[int], opts: Options, staging: dict,
+                        **extra: Any) -> Work:
         out, back = A.stage_out(output)
-        base = ReduceOp.SUM if red is ReduceOp.AVG else red
-        avg = (lambda: A.average_(out, self.size)) if red is ReduceOp.AVG else None
-        return self._call(
-            "reduce_scatter",
-            opts,
-            output,
-            A.nbytes(inp),
-            make=lambda fn, t: fn(t, inp, out, counts, base),
-            oneshot=lambda calls: algorithms.oneshot.reduce_scatter(
-                [c.args["inp"] for c in calls], [c.args["out"] for c in calls], counts, base
-            ),
-            finish=chain(avg, back),
-            outputs=[output],
-            snapshot=out,
-            args={"inp": inp, "out": out},
-            counts=tuple(counts),
-            **staging,
-            **extra,
-        )
+        op, avg = self._averaged(opts.op or ReduceOp.SUM, out)
+        return self._call("reduce_scatter", opts, output, A.nbytes(inp), ReduceScatterArgs(inp, out, counts, op),
+                          [avg, back], [output], snapshot=out, counts=tuple(counts), **staging, **extra)
 
     def all_to_all(self, output_list: list, input_list: list, opts: Options) -> Work:
         inp = A.concat(input_list)
@@ -282,7 +229,8 @@ class AlgorithmicGroup(ProcessGroup):
         # a rank cannot see the other ranks' lists, so lists never count as equal.
         split = A.split_into(out, output_list)
         staging = _staging([inp, out], [inp, out])
-        return self._all_to_all(output_list[0], inp, out, send, recv, split, output_list, opts, False, staging)
+        return self._all_to_all(output_list[0], AllToAllArgs(inp, out, send, recv), [split], output_list, opts,
+                                False, staging)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts) -> Work:
         inp = A.stage_in(input)
@@ -294,46 +242,16 @@ class AlgorithmicGroup(ProcessGroup):
         send = A.split_counts(input, input_split_sizes, self.size)
         recv = A.split_counts(output, output_split_sizes, self.size)
         equal = output_split_sizes is None and input_split_sizes is None
-        return self._all_to_all(output, inp, out, send, recv, chain(back), [output], opts, equal, staging)
+        return self._all_to_all(output, AllToAllArgs(inp, out, send, recv), [back], [output], opts, equal, staging)
 
-    def _all_to_all(self, x, inp, out, send, recv, finish, outputs, opts, equal, staging):
-        return self._call(
-            "all_to_all",
-            opts,
-            x,
-            A.nbytes(inp),
-            make=lambda fn, t: fn(t, inp, out, send, recv),
-            oneshot=lambda calls: algorithms.oneshot.all_to_all(
-                [c.args["inp"] for c in calls],
-                [c.args["out"] for c in calls],
-                [c.args["send"] for c in calls],
-                [c.args["recv"] for c in calls],
-            ),
-            finish=finish,
-            outputs=outputs,
-            snapshot=out,
-            args={"inp": inp, "out": out, "send": send, "recv": recv},
-            equal_counts=equal,
-            shape=None,
-            **staging,
-        )
+    def _all_to_all(self, x: Any, args: AllToAllArgs, finish: list, outputs: list, opts: Options, equal: bool,
+                    staging: dict) -> Work:
+        return self._call("all_to_all", opts, x, A.nbytes(args.inp), args, finish, outputs, snapshot=args.out,
+                          equal_counts=equal, shape=None, **staging)
 
     def barrier(self, opts: Options) -> Work:
-        scratch = _BARRIER_SCRATCH
-        return self._call(
-            "barrier",
-            opts,
-            scratch,
-            0,
-            make=lambda fn, t: fn(t, scratch),
-            oneshot=lambda calls: None,
-            finish=chain(),
-            outputs=[],
-            snapshot=None,
-            args={},
-            dtype=None,
-            shape=None,
-        )
+        return self._call("barrier", opts, _BARRIER_SCRATCH, 0, BarrierArgs(_BARRIER_SCRATCH), [], [], snapshot=None,
+                          dtype=None, shape=None)
 
 
 def _staging(new: Sequence[Any], copied: Sequence[Any]) -> dict[str, Any]:

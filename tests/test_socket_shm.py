@@ -34,7 +34,11 @@ def shm_mappings() -> int:
 
 
 def dev_shm() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    """Named shared memory on this machine, less multiprocessing's semaphores (``sem.mp-*``), which any
+    Python process on a busy machine creates and unlinks while a test runs."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    return {name for name in os.listdir("/dev/shm") if not name.startswith("sem.mp-")}
 
 
 def _payload(nbytes: int, seed: int) -> np.ndarray:

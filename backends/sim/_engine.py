@@ -30,6 +30,7 @@ from simdist.algorithms import Timed
 from . import _isolation, _threads
 from ._events import TraceRecorder
 from ._messages import CollectiveRun, Post, Waitable
+from ._record import recorded
 from ._report import deadlock_error
 from ._strategies import Hooks
 
@@ -717,7 +718,8 @@ class Engine:
             setup = self.topology.setup(group.size, call.staged, call.copied)  # the check, staging lists
             if setup:
                 run.t += setup
-            run.gen = call.start(_Transport(self, run))
+            transport = _Transport(self, run)
+            run.gen = recorded(call, transport) if self.record_steps else call.start(transport)
             self.ready.append(run)
         return run
 
@@ -732,7 +734,7 @@ class Engine:
         runs = [inst.runs[i] for i in range(len(inst.runs))]
         call = runs[0].call
         try:
-            call.oneshot([r.call for r in runs])
+            algorithms.oneshot.run(call.op, [r.call.args for r in runs])
         except (ValueError, TypeError) as exc:
             self.fail(CollectiveMismatchError(f"{call.op} #{inst.coll_id}: {exc}"))
         start = max(r.t0 for r in runs)
@@ -748,7 +750,6 @@ class Engine:
         if run.waiting:
             self._step_done(run)
         gen = run.gen
-        quiet = not self.record_steps or run.call.snapshot is None  # (then _step_done records no step)
         while True:
             try:
                 handles = next(gen)
@@ -760,7 +761,7 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - an algorithm's failure belongs to its rank
                 self.fail(RankError(run.rank, exc))
             run.waiting = handles
-            if not handles and quiet:  # a step with nothing to wait for: _step_done, short
+            if not handles:  # a step with nothing to wait for: _step_done, short
                 run.step += 1
                 continue
             pending = 0
@@ -774,16 +775,15 @@ class Engine:
             self._step_done(run)
 
     def _step_done(self, run: CollectiveRun) -> None:
-        """Every message of ``run``'s current step has completed: advance its clock, record the step."""
+        """Every message of ``run``'s current step has completed: advance its clock (steps are recorded by
+        :mod:`._record`'s transport)."""
         for h in run.waiting:
             if h.t_done > run.t:
                 run.t = h.t_done
-        if self.record_steps and run.call.snapshot is not None:
-            self.events.step(run, "step", run.step, run.t, A.snapshot(run.call.snapshot))
         run.step += 1
 
     def _end_run(self, run: CollectiveRun, t: float) -> None:
-        run.call.finish()
+        run.call.complete()
         self.events.collective(run, t)
         self.complete(run, t)
 

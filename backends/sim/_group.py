@@ -14,7 +14,6 @@ from simdist._world import World
 
 from ._buffers import BufferCheck
 from ._messages import Post, Waitable
-from ._record import recorded
 
 if TYPE_CHECKING:
     from ._engine import Engine, RankState
@@ -151,8 +150,6 @@ class SimGroup(AlgorithmicGroup):
             from ._engine import Abort
 
             raise Abort
-        if engine.record_steps:
-            call = recorded(call)
         run = engine.start_collective(me, self, call)
         work = SimWork(self, run, call.op, call.outputs, track=bool(opts.async_op))
         if opts.async_op:
@@ -207,17 +204,8 @@ class SimWorld(World):
         """Wait until every rank of the world reaches the same call (checked like a collective)."""
         from simdist._callsite import user_call_site
 
-        call = CollectiveCall(
-            op=op,
-            algorithm="none",
-            signature=signature,
-            start=None,
-            oneshot=lambda calls: None,
-            nbytes=0,
-            finish=lambda: None,
-            outputs=[],
-            call_site=user_call_site(),
-        )
+        call = CollectiveCall(op=op, algorithm="none", function=None, args=(), signature=signature, nbytes=0,
+                              outputs=[], call_site=user_call_site())
         group = self.default_group
         assert isinstance(group, SimGroup), "a sync runs between init_process_group and destroy_process_group"
         run = self.engine.start_collective(self.me, group, call, instant=True)

@@ -37,24 +37,11 @@ LIMIT = 64
 """Leading values recorded per snapshot (as ``simdist._arrays.snapshot``)."""
 
 
-def recorded(call: CollectiveCall) -> CollectiveCall:
-    """``call``, made to run through a :class:`Recorder` (its own per-call object, changed in place:
-    the engine then records no snapshots itself)."""
-    call.start, call.snapshot = _Start(call.start, call.snapshot).start, None
-    return call
-
-
-class _Start:
-    """Makes the recorded generator of one rank's call, given the engine's transport."""
-
-    __slots__ = ("buf", "make")
-
-    def __init__(self, make: Any, buf: Any):
-        self.make, self.buf = make, buf
-
-    def start(self, transport: Any) -> Iterator[list]:
-        rec = Recorder(transport, self.buf)
-        return rec.run(self.make(rec))
+def recorded(call: CollectiveCall, transport: Any) -> Iterator[list]:
+    """``call``'s algorithm on the engine's ``transport``, each of its steps recorded by a :class:`Recorder`."""
+    assert call.function is not None, f"{call.op} moves no data of its own"
+    rec = Recorder(transport, call.snapshot)
+    return rec.run(call.function(rec, *call.args))
 
 
 class Recorder(Observer, Timed):

@@ -75,7 +75,7 @@ class SocketGroup(AlgorithmicGroup):
                     raise
                 report = recorder.report(self.group_id, self.ranks, seq, call.op)
                 raise DistTimeoutError(f"{report}\n({exc})") from exc
-            call.finish()
+            call.complete()
             if entry is not None:
                 recorder.complete(entry, call.algorithm)
 

@@ -26,6 +26,7 @@ __all__ = [
     "all_to_all",
     "gather",
     "scatter",
+    "run",
 ]
 
 
@@ -134,3 +135,33 @@ def scatter(inp_at_root: Any, outs: Sequence[Any], root: int) -> None:
     A.copy_(whole, inp_at_root)
     for i, out in enumerate(outs):
         A.copy_(out, A.narrow(whole, i * n, n))
+
+
+def run(op: str, args: Sequence[Any]) -> None:
+    """Every rank's result of collective ``op`` at once: ``args[i]`` is group rank ``i``'s typed tuple
+    (:mod:`simdist.algorithms._args`), what its algorithm would be called with.
+
+    ``barrier`` (and ``new_group``, a simulator's synchronisation) move no data.
+
+    Raises:
+        ValueError: ``op`` is not a collective, or the ranks' counts disagree.
+    """
+    first = args[0]
+    if op == "all_reduce":
+        all_reduce([a.buf for a in args], first.op)
+    elif op == "broadcast":
+        broadcast([a.buf for a in args], first.root)
+    elif op == "reduce":
+        reduce([a.buf for a in args], first.op, first.root)
+    elif op == "all_gather":
+        all_gather([a.inp for a in args], [a.out for a in args])
+    elif op == "gather":
+        gather([a.inp for a in args], args[first.root].out, first.root)
+    elif op == "scatter":
+        scatter(args[first.root].inp, [a.out for a in args], first.root)
+    elif op == "reduce_scatter":
+        reduce_scatter([a.inp for a in args], [a.out for a in args], first.counts, first.op)
+    elif op == "all_to_all":
+        all_to_all([a.inp for a in args], [a.out for a in args], [a.send for a in args], [a.recv for a in args])
+    elif op not in ("barrier", "new_group"):
+        raise ValueError(f"op={op!r} is not a collective that oneshot computes")
