@@ -22,6 +22,7 @@ SURFACES = [
     ("simdist._api", None),  # None: every function of the module's __all__
     ("simdist.backends.sim._runner", ["simulate"]),
     ("simdist._launch", ["spawn"]),
+    ("simdist.testing", None),
 ]
 
 
