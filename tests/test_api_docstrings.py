@@ -23,6 +23,7 @@ SURFACES = [
     ("simdist.backends.sim._runner", ["simulate"]),
     ("simdist._launch", ["spawn"]),
     ("simdist.testing", None),
+    ("simdist.visualize", None),
 ]
 
 
