@@ -3,7 +3,9 @@
 Every function resolves the world, then the group, checks its arguments, then calls
 the group. Collectives wait for their Work unless ``async_op=True``, exactly like
 torch. On a rank outside ``group`` an operation warns (``UserWarning``, as torch), does
-nothing and returns ``None``.
+nothing and returns ``None``. A collective's ``algorithm=`` picks one of simdist's
+algorithms (``simdist.algorithms``) on the ``sim`` and ``socket`` backends; library
+backends (NCCL, torch's) choose their own.
 Ranks named by ``src``/``dst``/``peer`` are *global* ranks; ``group_src``/``group_dst``
 name ranks within ``group``.
 """
@@ -887,7 +889,9 @@ def all_reduce(
 
     ``tensor`` is overwritten on every rank of ``group`` with the reduction of all the group's
     tensors (element-wise). Unlike torch, ``op`` may also be torch's ``ReduceOp`` or a name
-    (``"max"``), and ``algorithm`` picks the simulator's and socket backend's algorithm.
+    (``"max"``), and ``algorithm`` picks one of simdist's algorithms on the ``sim`` and
+    ``socket`` backends (NCCL and torch's backends choose their own and warn once that it is
+    ignored).
 
     Args:
         tensor: input and output: a writable torch tensor or numpy array, the same dtype and
@@ -898,7 +902,8 @@ def all_reduce(
         async_op: return a ``Work`` at once instead of waiting; ``tensor`` holds the result after
             ``work.wait()``.
         algorithm: a name from ``simdist.algorithms`` (``"ring"``, ``"recursive_doubling"``, ...);
-            ``None`` lets the backend choose by size.
+            ``None``: the one of lowest alpha-beta cost for the size (``simulate``'s
+            ``algorithms`` may set another default).
 
     Returns:
         A ``Work`` if ``async_op``, else ``None``; ``None`` on a rank outside ``group``.
