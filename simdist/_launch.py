@@ -30,6 +30,38 @@ def spawn(
     ``join``, ``daemon`` and ``start_method`` are torch's; simulated ranks are threads that
     always run to completion inside ``spawn``, so ``join=False`` is refused. For process
     backends ``start_method=None`` picks ``forkserver`` where it exists, else ``spawn``.
+    Unlike torch's, it returns the ranks' return values.
+
+    Args:
+        fn: the program of one rank, called as ``fn(rank, *args)``; for process backends it
+            must be picklable (a module-level function) unless ``start_method="fork"``.
+        args: the arguments after ``rank``.
+        nprocs: the number of ranks.
+        join: must be ``True`` (the default).
+        daemon: torch's; for process backends, whether the rank processes are daemons.
+        start_method: torch's; for process backends, the ``multiprocessing`` start method.
+        backend: ``"sim"`` (default), or a process backend's name.
+        options: for ``"sim"``, :func:`simulate`'s keyword arguments (``seed``, ``topology``,
+            ...); for process backends only ``timeout`` (seconds).
+
+    Returns:
+        Each rank's return value, by rank (``simulate(...).values`` for ``"sim"``).
+
+    Raises:
+        ValueError: ``join=False``, an unknown backend, or one that cannot launch ranks.
+        TypeError: an option the process backend does not take.
+        RankError: the first rank that failed, its exception as ``__cause__``.
+        DeadlockError, CollectiveMismatchError: on the simulator, as :func:`simulate` raises them.
+
+    Example:
+        >>> import simdist, torch
+        >>> def fn(rank, world_size):
+        ...     simdist.init_process_group("gloo", rank=rank, world_size=world_size)
+        ...     t = torch.tensor([rank])
+        ...     simdist.all_reduce(t, op=simdist.ReduceOp.MAX)
+        ...     return int(t)
+        >>> simdist.spawn(fn, args=(4,), nprocs=4, backend="sim")
+        [3, 3, 3, 3]
     """
     if not join:
         raise ValueError("join=False is not supported: spawn returns once every rank has finished")

@@ -96,8 +96,26 @@ def buffer_table(trace: Trace, step: int | None = None, collective_id: int | Non
     input encoding, so cells can be coloured by chunk or by origin rank; for other
     traces ``ranks``/``origin`` are empty and ``chunk`` is ``None``.
 
+    Args:
+        trace: a trace recorded with ``record_steps=True`` (as :func:`collective_run` records).
+        step: the round, from 0 (before any message); ``None`` for the result.
+        collective_id: the collective; default the first with messages.
+
+    Returns:
+        A ``BufferTable``: one ``Row`` per rank (its ``cells``: ``value``, ``chunk``, ``ranks``
+        (the origin ranks summed into it), ``origin``), with ``op``, ``algorithm``, ``step``,
+        ``rounds``.
+
     Raises:
         ValueError: if ``step`` is negative.
+
+    Example:
+        >>> from simdist.visualize import buffer_table, collective_run
+        >>> trace = collective_run("all_reduce", "ring", 4, 64).trace
+        >>> [cell.ranks for cell in buffer_table(trace, 3).rows[0].cells][:4]   # chunk 1 summed on rank 0
+        [(0,), (0,), (0, 1, 2, 3), (0, 1, 2, 3)]
+        >>> {cell.value for row in buffer_table(trace).rows for cell in row.cells}   # 1 + 2 + 4 + 8
+        {15.0}
     """
     if step is not None and (not isinstance(step, int) or step < 0):
         raise ValueError(f"step={step!r} must be a round number >= 0 (0: the inputs) or None (the result)")

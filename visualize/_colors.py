@@ -27,6 +27,19 @@ def rank_colors(n: int) -> list[str]:
 
     The first 16 are colour-blind friendly and pairwise distinct (see :data:`PALETTE`);
     ranks beyond 16 get golden-angle hues.
+
+    Args:
+        n: the number of ranks.
+
+    Returns:
+        ``n`` colours as ``'#RRGGBB'``.
+
+    Example:
+        >>> from simdist.visualize import rank_colors
+        >>> rank_colors(3)
+        ['#0072B2', '#E69F00', '#009E73']
+        >>> rank_colors(40)[:3] == rank_colors(3)
+        True
     """
     if n < 0:
         raise ValueError(f"n={n!r} must be non-negative")
@@ -39,6 +52,17 @@ def chunk_colors(n: int) -> list[str]:
     In the ring and recursive algorithms chunk ``i`` is the block that rank ``i`` owns
     (reduce_scatter leaves it there, all_gather starts it there), so one colour per index
     makes "this chunk belongs to that rank" visible across views.
+
+    Args:
+        n: the number of chunks.
+
+    Returns:
+        ``n`` colours as ``'#RRGGBB'``.
+
+    Example:
+        >>> from simdist.visualize import chunk_colors, rank_colors
+        >>> chunk_colors(3) == rank_colors(3)
+        True
     """
     return rank_colors(n)
 

@@ -107,6 +107,18 @@ def crossovers(sizes: Sequence[int], times: dict[str, Sequence[float]]) -> list[
     Ties go to the algorithm listed first in ``times``. For example, with sizes
     ``[1, 2, 3]`` and ``{"a": [1, 2, 3], "b": [2, 2, 2]}`` the fastest is a, a, b: one
     crossover, ``Crossover(below=2, above=3, before="a", after="b")``.
+
+    Args:
+        sizes: the sizes, ascending.
+        times: algorithm -> its time at each size.
+
+    Returns:
+        One ``Crossover`` (``below``, ``above``, ``before``, ``after``) per change of the fastest.
+
+    Example:
+        >>> from simdist.visualize import crossovers
+        >>> crossovers([1, 2, 3], {"a": [1, 2, 3], "b": [2, 2, 2]})
+        [Crossover(below=2, above=3, before='a', after='b')]
     """
     names = list(times)
     if not names:
@@ -129,8 +141,27 @@ def compare_algorithms(
     run's makespan; the model evaluates ``simdist.algorithms.cost`` with the topology's
     ``alpha``/``beta`` (``Topology.alpha_beta``) and ``gamma``. Sizes are sorted and deduplicated.
 
+    Args:
+        op: a collective of ``simdist.algorithms``.
+        world: the number of ranks.
+        sizes: message sizes in bytes (the cost model's ``n``).
+        topology: a name from ``simdist.TOPOLOGIES`` or a topology file.
+        seed: the scheduler's seed.
+
+    Returns:
+        A ``Comparison``: ``sizes``, ``alpha``, ``beta``, one ``Curve`` per algorithm
+        (``simulated`` and ``model`` times per size, ``formula``), ``crossovers``.
+
     Raises:
         ValueError: for an unknown op, no sizes or a negative size.
+
+    Example:
+        >>> from simdist.visualize import compare_algorithms
+        >>> cmp = compare_algorithms("all_reduce", 4, [1 << 20, 64, 64])
+        >>> cmp.sizes, [curve.algorithm for curve in cmp.curves][:2]
+        ((64, 1048576), ['ring', 'ring_pipelined'])
+        >>> cmp.curves[0].formula
+        '2(p-1)·α + 2(p-1)/p·n·β + (p-1)/p·n·γ'
     """
     if op not in ALGORITHMS:
         raise ValueError(f"op={op!r} is not a collective; expected one of {sorted(ALGORITHMS)}")
@@ -174,9 +205,20 @@ def _slowest_pair(topo, world: int) -> tuple[int, float, float]:
 def formula_symbols(formula: str) -> list[str]:
     """The symbols of :data:`SYMBOLS` that ``formula`` uses, in :data:`SYMBOLS` order.
 
+    Args:
+        formula: a cost formula as ``simdist.algorithms`` writes it.
+
+    Returns:
+        The symbols it uses.
+
     Raises:
         ValueError: if ``formula`` holds a name that is not a symbol (``'lg'`` outside
             ``⌈lg p⌉``/``⌊lg p⌋``, an unknown letter).
+
+    Example:
+        >>> from simdist.visualize import formula_symbols
+        >>> formula_symbols("⌈lg p⌉·α + n·β")
+        ['α', 'β', 'n', '⌈lg p⌉']
     """
     found = set(_TOKEN.findall(formula))
     unknown = found - set(SYMBOLS)
@@ -186,7 +228,19 @@ def formula_symbols(formula: str) -> list[str]:
 
 
 def size_label(nbytes: float) -> str:
-    """``nbytes`` in binary units: ``16 B``, ``1 KiB``, ``4 MiB``, ``1.5 KiB``."""
+    """``nbytes`` in binary units: ``16 B``, ``1 KiB``, ``4 MiB``, ``1.5 KiB``.
+
+    Args:
+        nbytes: a number of bytes.
+
+    Returns:
+        The label.
+
+    Example:
+        >>> from simdist.visualize import size_label
+        >>> size_label(16), size_label(1536), size_label(4 << 20)
+        ('16 B', '1.5 KiB', '4 MiB')
+    """
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
             return f"{nbytes / scale:.3g} {unit}"
@@ -206,7 +260,19 @@ def _spread(values: list[int]) -> str:
 
 
 def segments(cmp: Comparison) -> list[int]:
-    """``S``, the segments per block of the pipelined rings, at each of ``cmp``'s sizes."""
+    """``S``, the segments per block of the pipelined rings, at each of ``cmp``'s sizes.
+
+    Args:
+        cmp: a :func:`compare_algorithms`.
+
+    Returns:
+        One int per size of ``cmp``.
+
+    Example:
+        >>> from simdist.visualize import compare_algorithms, segments
+        >>> segments(compare_algorithms("all_reduce", 4, [64, 1 << 20]))
+        [1, 1]
+    """
     return [max(1, -(-n // (cmp.world * SEGMENT_BYTES))) for n in cmp.sizes]
 
 
@@ -216,6 +282,19 @@ def symbol_table(cmp: Comparison, slowest: bool = False) -> list[dict[str, str]]
     Values are those the model lines use at ``cmp``'s world and sizes: α, β of ranks 0
     and 1, or of the slowest pair with ``slowest``; γ is 0 because the simulator charges
     no time for reducing.
+
+    Args:
+        cmp: a :func:`compare_algorithms`.
+        slowest: use the slowest pair's α, β.
+
+    Returns:
+        Rows of ``{"symbol", "meaning", "value here"}``.
+
+    Example:
+        >>> from simdist.visualize import compare_algorithms, symbol_table
+        >>> rows = symbol_table(compare_algorithms("all_reduce", 4, [64, 1 << 20]))
+        >>> rows[0]["symbol"], rows[0]["value here"]
+        ('α', '2 µs (ranks 0 and 1)')
     """
     used = {s for c in cmp.curves for s in formula_symbols(c.formula)} | {"α", "β", "p", "n"}
     p = cmp.world
@@ -241,7 +320,20 @@ def symbol_table(cmp: Comparison, slowest: bool = False) -> list[dict[str, str]]
 
 
 def coincident(cmp: Comparison, rel: float = 1e-9) -> list[tuple[str, ...]]:
-    """Groups of two or more algorithms whose simulated times agree (within ``rel``) at every size."""
+    """Groups of two or more algorithms whose simulated times agree (within ``rel``) at every size.
+
+    Args:
+        cmp: a :func:`compare_algorithms`.
+        rel: the relative tolerance.
+
+    Returns:
+        The groups of algorithm names, each in ``cmp``'s order.
+
+    Example:
+        >>> from simdist.visualize import coincident, compare_algorithms
+        >>> coincident(compare_algorithms("all_reduce", 4, [64, 1 << 20]))
+        [('ring', 'ring_pipelined')]
+    """
     groups: list[list[Curve]] = []
     for c in cmp.curves:
         for g in groups:
@@ -257,6 +349,19 @@ def model_ratios(cmp: Comparison, slowest: bool = False) -> dict[str, tuple[floa
     """Algorithm -> (least, greatest) simulated time ÷ model time over the sizes (model > 0 only).
 
     ``slowest`` picks the model with the slowest pair's α, β instead of ranks 0 and 1's.
+
+    Args:
+        cmp: a :func:`compare_algorithms`.
+        slowest: use the slowest pair's α, β.
+
+    Returns:
+        ``{algorithm: (least ratio, greatest ratio)}``.
+
+    Example:
+        >>> from simdist.visualize import compare_algorithms, model_ratios
+        >>> least, greatest = model_ratios(compare_algorithms("all_reduce", 4, [64, 1 << 20]))["ring"]
+        >>> round(least, 9), round(greatest, 9)                 # the formula is exact on a switch
+        (1.0, 1.0)
     """
     out = {}
     for c in cmp.curves:
@@ -268,7 +373,22 @@ def model_ratios(cmp: Comparison, slowest: bool = False) -> dict[str, tuple[floa
 
 def model_sides(cmp: Comparison, slowest: bool = False, within: float = 0.01) -> tuple[list[str], ...]:
     """``(above, below, on)``: algorithms with a point more than ``within`` (relative) above their model line,
-    with every point more than ``within`` below it, and the rest (on the line at some size, never above)."""
+    with every point more than ``within`` below it, and the rest (on the line at some size, never above).
+
+    Args:
+        cmp: a :func:`compare_algorithms`.
+        slowest: use the slowest pair's α, β.
+        within: the relative tolerance.
+
+    Returns:
+        ``(above, below, on)``, three lists of algorithm names.
+
+    Example:
+        >>> from simdist.visualize import compare_algorithms, model_sides
+        >>> above, below, on = model_sides(compare_algorithms("all_reduce", 4, [64, 1 << 20]))
+        >>> above, below, sorted(on)
+        ([], [], ['binomial', 'rabenseifner', 'recursive_doubling', 'ring', 'ring_pipelined'])
+    """
     ratios = model_ratios(cmp, slowest)
     above = [a for a, (_, hi) in ratios.items() if hi > 1 + within]
     below = [a for a, (_, hi) in ratios.items() if hi < 1 - within]

@@ -76,8 +76,25 @@ def _step(rank: int, widths: tuple[int, ...], cap_mb: float) -> tuple:
 def ddp_run(world: int, widths: Sequence[int], bucket_cap_mb: float, topology: Any = None, seed: int = 0) -> DdpRun:
     """One DDP step of ``nn.Sequential(Linear(widths[0], widths[1]), ...)`` on ``world`` simulated ranks.
 
+    Args:
+        world: the number of ranks (at least 2).
+        widths: the layer widths (at least two, positive).
+        bucket_cap_mb: DDP's bucket cap in MB (positive).
+        topology: a topology for ``simulate``; default ``'switch'``.
+        seed: the scheduler's seed.
+
+    Returns:
+        A ``DdpRun``: ``world``, ``trace``, ``buckets`` (parameter names per bucket), ``sizes``,
+        ``ready``.
+
     Raises:
         ValueError: for a world below 2, fewer than two widths or a non-positive width or cap.
+
+    Example:
+        >>> from simdist.visualize import ddp_run
+        >>> run = ddp_run(2, [4, 8, 2], bucket_cap_mb=0.0001)    # a tiny cap: two buckets
+        >>> run.world, len(run.buckets)
+        (2, 2)
     """
     if isinstance(world, bool) or not isinstance(world, int) or world < 2:
         raise ValueError(f"world={world!r} must be an int of at least 2")
@@ -176,9 +193,22 @@ def _rank_bars(run: DdpRun, rank: int) -> tuple[list[DdpBar], tuple[float, float
 def ddp_gantt(run: DdpRun) -> DdpGantt:
     """The Gantt chart of ``run``: on each rank, construction, each gradient and each bucket's all-reduce.
 
+    Args:
+        run: a :func:`ddp_run`.
+
+    Returns:
+        A ``DdpGantt``: ``bars`` per rank, ``buckets``, ``backward``, ``overlapped``,
+        ``construction``, ``duration``.
+
     Raises:
         ValueError: when the trace does not hold one backward event per gradient and one
             all-reduce of each bucket's size per bucket on every rank.
+
+    Example:
+        >>> from simdist.visualize import ddp_gantt, ddp_run
+        >>> g = ddp_gantt(ddp_run(2, [4, 8, 2], bucket_cap_mb=0.0001))
+        >>> g.world, len(g.buckets)
+        (2, 2)
     """
     bars: list[DdpBar] = []
     backward, overlapped, construction = {}, {}, {}

@@ -56,6 +56,18 @@ def graph_figure(g: nx.MultiDiGraph) -> Any:
 
     Topology links are drawn faintly, each arrow in its sender's colour and labelled
     with its chunk; parallel messages between one pair are offset sideways.
+
+    Args:
+        g: a :func:`step_graph`.
+
+    Returns:
+        A ``plotly.graph_objects.Figure``, titled with the op, algorithm and round.
+
+    Example:
+        >>> from simdist.visualize import collective_run, graph_figure, step_graph
+        >>> fig = graph_figure(step_graph(collective_run("all_reduce", "ring", 4, 64).trace, 1))
+        >>> fig.layout.title.text
+        'all_reduce (ring), round 1 of 6'
     """
     go = _go()
     fig = go.Figure()
@@ -153,6 +165,18 @@ def buffer_figure(table: BufferTable) -> Any:
     Reduced data (all_reduce, reduce, reduce_scatter) is coloured by chunk, paler while
     fewer ranks' inputs are summed in (the text says how many); moved data is coloured
     by the rank it came from. Rows rebuilt from the inputs are marked.
+
+    Args:
+        table: a :func:`buffer_table`.
+
+    Returns:
+        A ``plotly.graph_objects.Figure`` (one heatmap), titled with the op, algorithm and round.
+
+    Example:
+        >>> from simdist.visualize import buffer_figure, buffer_table, collective_run
+        >>> fig = buffer_figure(buffer_table(collective_run("all_reduce", "ring", 4, 64).trace, 1))
+        >>> fig.layout.title.text, fig.data[0].type
+        ('all_reduce (ring) after round 1', 'heatmap')
     """
     go = _go()
     palette: list[str] = []
@@ -210,6 +234,19 @@ def timeline_figure(tl: Timeline) -> Any:
 
     Span bars are coloured by rank; messages in their sender's colour; messages that
     shared a link in flight (contention) are drawn thick and red.
+
+    Args:
+        tl: a :func:`timeline`.
+
+    Returns:
+        A ``plotly.graph_objects.Figure``: a bar trace per rank, then a scatter trace of
+        arrows per sender.
+
+    Example:
+        >>> from simdist.visualize import collective_run, timeline, timeline_figure
+        >>> fig = timeline_figure(timeline(collective_run("all_reduce", "ring", 4, 64).trace))
+        >>> fig.layout.title.text, [trace.name for trace in fig.data][:2]
+        ('timeline on switch: 24 messages', ['rank 0', 'rank 1'])
     """
     go = _go()
     colors = rank_colors(tl.world)
@@ -294,6 +331,19 @@ def comparison_figure(cmp: Comparison, slowest: bool = False) -> Any:
     :func:`coincident` finds identical are shifted sideways by a factor of
     ``COINCIDENT_SHIFT`` each, so every one shows (the hover gives the true size). Sizes are
     labelled in binary units, times in µs/ms; dotted lines mark simulated crossovers.
+
+    Args:
+        cmp: a :func:`compare_algorithms`.
+        slowest: draw the model with the slowest pair's α, β instead of ranks 0 and 1's.
+
+    Returns:
+        A ``plotly.graph_objects.Figure``: per algorithm its simulated curve, then its model line.
+
+    Example:
+        >>> from simdist.visualize import compare_algorithms, comparison_figure
+        >>> fig = comparison_figure(compare_algorithms("all_reduce", 4, [64, 1 << 20]))
+        >>> [trace.name for trace in fig.data][:2]
+        ['ring', 'ring (model)']
     """
     go = _go()
     colors = rank_colors(len(cmp.curves))
@@ -415,6 +465,19 @@ def wait_for_figure(g: nx.DiGraph, width: int = 720) -> Any:
     figure grows taller) so that no two texts overlap.
     ``fig.layout.meta["boxes"]`` lists every text box ``(x, y, w, h)`` in px of the plot
     area, as estimated for the layout.
+
+    Args:
+        g: a :func:`wait_for` graph.
+        width: the figure's width in px.
+
+    Returns:
+        A ``plotly.graph_objects.Figure`` titled with the cycle; ``layout.meta["boxes"]`` as above.
+
+    Example:
+        >>> from simdist.visualize import run_scenario, wait_for, wait_for_figure
+        >>> fig = wait_for_figure(wait_for(run_scenario("head-to-head sends")))
+        >>> fig.layout.title.text, fig.layout.width
+        ('wait-for graph: cycle 0 → 1 → 0', 720)
     """
     go = _go()
     g = nx.DiGraph(g)
@@ -498,6 +561,20 @@ def ddp_lanes(g: DdpGantt, merge: bool = True) -> tuple[list[tuple[int, ...]], d
     once; an all-reduce takes the first lane free at its start, the construction bar the
     first. With ``merge``, ranks whose bars have identical labels and times share one group
     (only the first rank's bars are placed); otherwise every rank has its own.
+
+    Args:
+        g: a :func:`ddp_gantt`.
+        merge: let ranks with identical bars share one row group.
+
+    Returns:
+        ``(groups, y, depth)``: the row groups (tuples of ranks), each placed bar's y, and the
+        number of collective lanes per group.
+
+    Example:
+        >>> from simdist.visualize import ddp_gantt, ddp_lanes, ddp_run
+        >>> groups, y, depth = ddp_lanes(ddp_gantt(ddp_run(2, [4, 8, 2], bucket_cap_mb=0.0001)))
+        >>> groups, depth                          # both ranks' bars agree: one group
+        ([(0, 1)], 2)
     """
     per_rank: dict[int, list[DdpBar]] = {r: [] for r in range(g.world)}
     for bar in g.bars:
@@ -554,6 +631,22 @@ def ddp_figure(g: DdpGantt, show_construction: bool = False, contention: Timelin
     share one row group, labelled with their ranks. With ``contention`` (the run's
     :func:`timeline`), each message that shared a link with another in flight is a red line
     between the two ranks' first collective lanes.
+
+    Args:
+        g: a :func:`ddp_gantt`.
+        show_construction: draw DDP's construction as a grey bar per rank.
+        contention: the run's :func:`timeline`, to mark messages that shared a link.
+        merge: let ranks with identical bars share one row group.
+
+    Returns:
+        A ``plotly.graph_objects.Figure``: per bucket its all-reduce bars and its gradients' bars,
+        then the end-of-backward line.
+
+    Example:
+        >>> from simdist.visualize import ddp_figure, ddp_gantt, ddp_run
+        >>> fig = ddp_figure(ddp_gantt(ddp_run(2, [4, 8, 2], bucket_cap_mb=0.0001)))
+        >>> [trace.name for trace in fig.data]
+        ['bucket 0: 1.bias, 1.weight, 0.bias', 'bucket 0 gradients', 'bucket 1: 0.weight', 'bucket 1 gradients', 'end of backward']
     """
     go = _go()
     groups, y, depth = ddp_lanes(g, merge and contention is None)

@@ -19,7 +19,19 @@ __all__ = ["world_of", "collectives", "steps", "positions", "step_graph", "wait_
 
 
 def world_of(trace: Trace) -> int:
-    """The number of ranks of ``trace``: its metadata's, else one more than the highest rank seen."""
+    """The number of ranks of ``trace``: its metadata's, else one more than the highest rank seen.
+
+    Args:
+        trace: a ``simdist.Trace``.
+
+    Returns:
+        The world size.
+
+    Example:
+        >>> from simdist.visualize import collective_run, world_of
+        >>> world_of(collective_run("all_reduce", "ring", 4, 64).trace)
+        4
+    """
     meta = trace.meta.get("visualize") or {}
     if "world" in meta:
         return int(meta["world"])
@@ -28,7 +40,19 @@ def world_of(trace: Trace) -> int:
 
 
 def collectives(trace: Trace) -> list[int]:
-    """The collective ids that have messages in ``trace``, ascending."""
+    """The collective ids that have messages in ``trace``, ascending.
+
+    Args:
+        trace: a ``simdist.Trace``.
+
+    Returns:
+        The ids (``Event.collective_id``) of the collectives that sent messages.
+
+    Example:
+        >>> from simdist.visualize import collective_run, collectives
+        >>> collectives(collective_run("broadcast", "binomial", 4, 64).trace)
+        [0]
+    """
     return sorted({e.collective_id for e in trace.events if e.kind == "message" and e.collective_id is not None})
 
 
@@ -45,6 +69,18 @@ def steps(trace: Trace, collective_id: int | None = None) -> list[int]:
     Round ``k`` holds the messages that could go at the ``k``-th hop: a message's round
     is one more than the latest round among the messages its sender received, or sent
     in an earlier step, before sending it (see :func:`simdist.visualize.round_of`).
+
+    Args:
+        trace: a ``simdist.Trace``, recorded with ``record_steps=True`` for exact rounds.
+        collective_id: the collective; default the first with messages.
+
+    Returns:
+        ``[1, 2, ..., R]``; ``[]`` when the collective sent no message.
+
+    Example:
+        >>> from simdist.visualize import collective_run, steps
+        >>> steps(collective_run("all_reduce", "ring", 4, 64).trace)   # reduce-scatter 3 + all-gather 3
+        [1, 2, 3, 4, 5, 6]
     """
     cid = _default_collective(trace, collective_id)
     return list(range(1, round_of(trace, cid).count + 1))
@@ -70,6 +106,18 @@ def positions(topology: Any, world: int) -> dict[Any, tuple[float, float]]:
     Ranks lie on a circle (switch, ring, fully_connected; a switch in the middle), or one
     small circle per node on a larger circle (two_level; each node's switch at its
     centre, the spine in the middle). Other graphs get a seeded spring layout.
+
+    Args:
+        topology: a name from ``simdist.TOPOLOGIES``, a ``Topology`` or a networkx graph.
+        world: the number of ranks.
+
+    Returns:
+        Positions keyed by rank (``0 .. world-1``) and by switch name.
+
+    Example:
+        >>> from simdist.visualize import positions
+        >>> {node: (round(x, 3), round(y, 3)) for node, (x, y) in positions("switch", 4).items()}
+        {0: (0.0, 1.0), 1: (1.0, 0.0), 2: (0.0, -1.0), 3: (-1.0, -0.0), 'switch': (0.0, 0.0)}
     """
     topo = as_topology(topology, world)
     ranks = _circle(max(world, 1))
@@ -112,6 +160,15 @@ def step_graph(trace: Trace, step: int, topology: Any = None, collective_id: int
         step: the round, from 1 (see :func:`steps`).
         topology: a name, Topology or graph; default the run's (``'switch'`` if unknown).
         collective_id: default the first collective with messages.
+
+    Returns:
+        A ``networkx.MultiDiGraph`` as described above.
+
+    Example:
+        >>> from simdist.visualize import collective_run, step_graph
+        >>> g = step_graph(collective_run("all_reduce", "ring", 4, 64).trace, 1)
+        >>> sorted(g.edges()), g.graph["rounds"]      # round 1 of a ring: each rank sends right
+        ([(0, 1), (1, 2), (2, 3), (3, 0)], 6)
     """
     world = world_of(trace)
     topo = _topology(topology, trace, world)
@@ -214,8 +271,27 @@ def wait_for(err: DeadlockError) -> nx.DiGraph:
     (what ``b`` must call to release ``a``: ``recv(src=0)``) and ``in_cycle`` (on
     ``err.cycle``). ``g.graph["cycle"]`` is ``err.cycle``.
 
+    Args:
+        err: a ``DeadlockError`` of the simulator.
+
+    Returns:
+        A ``networkx.DiGraph`` with the attributes above.
+
     Raises:
         ValueError: if ``err`` carries no graph.
+
+    Example:
+        >>> import simdist, torch
+        >>> from simdist.visualize import wait_for
+        >>> def both_receive(rank):                # each waits for the other: a deadlock
+        ...     simdist.init_process_group("gloo")
+        ...     simdist.recv(torch.zeros(1), src=1 - rank)
+        >>> try:
+        ...     simdist.simulate(both_receive, 2)
+        ... except simdist.DeadlockError as err:
+        ...     g = wait_for(err)
+        >>> sorted(g.edges(data="waits_for"))
+        [(0, 1, 'send(dst=0)'), (1, 0, 'send(dst=1)')]
     """
     if err.graph is None:
         raise ValueError("err carries no wait-for graph (err.graph is None)")

@@ -85,8 +85,22 @@ def round_of(trace: Trace, collective_id: int | None) -> Rounds:
     with ``record_steps=True``. Without them a receive is not known to precede anything,
     and a message's round is the number of steps in which its sender sent before it, plus one.
 
+    Args:
+        trace: a ``simdist.Trace`` (with ``'received'`` events for exact rounds).
+        collective_id: the collective.
+
+    Returns:
+        A ``Rounds``: ``count`` (the number of rounds), ``of`` (event index -> round),
+        ``waited``.
+
     Raises:
         ValueError: if the trace's messages depend on each other in a cycle.
+
+    Example:
+        >>> from simdist.visualize import collective_run, round_of
+        >>> rounds = round_of(collective_run("all_reduce", "recursive_doubling", 8, 64).trace, 0)
+        >>> rounds.count                                       # log2(8) rounds
+        3
     """
     msgs, waits = _matched(trace.events, collective_id).get(collective_id, ([], {}))
     return _rounds(trace.events, collective_id, msgs, waits)
@@ -154,6 +168,18 @@ def message_rounds(trace: Trace) -> list[int | None]:
     """The round (:func:`round_of`) of every event of ``trace`` that is a collective's message, else ``None``.
 
     Aligned with ``trace.events``; each collective's rounds start at 1.
+
+    Args:
+        trace: a ``simdist.Trace``.
+
+    Returns:
+        One entry per event of ``trace``: its round, or ``None``.
+
+    Example:
+        >>> from simdist.visualize import collective_run, message_rounds
+        >>> rounds = message_rounds(collective_run("broadcast", "binomial", 4, 64).trace)
+        >>> sorted(r for r in rounds if r is not None)          # 1 message, then 2
+        [1, 2, 2]
     """
     out: list[int | None] = [None] * len(trace.events)
     for cid, (msgs, waits) in _matched(trace.events).items():

@@ -174,7 +174,19 @@ class CodeResult:
 
 
 def code_allowed() -> bool:
-    """Whether this process was started with ``SIMDIST_ALLOW_CODE=1``."""
+    """Whether this process was started with ``SIMDIST_ALLOW_CODE=1``.
+
+    The app runs pasted code (:func:`run_code`) only when this is ``True``.
+
+    Returns:
+        ``True`` if the environment variable ``SIMDIST_ALLOW_CODE`` is ``"1"``.
+
+    Example:
+        >>> import os
+        >>> from simdist.visualize import code_allowed
+        >>> code_allowed() == (os.environ.get("SIMDIST_ALLOW_CODE") == "1")
+        True
+    """
     return os.environ.get(ALLOW_ENV) == "1"
 
 
@@ -203,6 +215,29 @@ def run_code(source: str, world: int, *, timeout: float = 20.0, memory_mb: int =
     ``cpu_seconds`` (default twice ``timeout``, at least 10) CPU time; ``memory_mb`` the
     address space; ``file_mb`` the size of any file written; ``open_files`` the
     descriptors. Raises ``TypeError``/``ValueError`` for a bad argument.
+
+    Args:
+        source: Python source that defines ``main(rank)``.
+        world: the number of ranks, 1 to 64.
+        timeout: wall-clock seconds (positive).
+        memory_mb: the child's address space in MiB.
+        cpu_seconds: the child's CPU seconds; default twice ``timeout``, at least 10.
+        file_mb: the largest file the child may write, in MiB.
+        open_files: the most file descriptors the child may hold.
+
+    Returns:
+        A ``CodeResult``: ``ok``; ``values`` (each rank's return value as its ``repr``) and
+        ``trace_json``, or ``error`` (the text of what went wrong); ``network_isolated``.
+
+    Raises:
+        TypeError: ``source`` is not a str.
+        ValueError: ``world`` is not an int from 1 to 64, or a limit is not positive.
+
+    Example:
+        >>> from simdist.visualize import run_code
+        >>> res = run_code("def main(rank): return rank * 10", 2)
+        >>> res.ok, res.values
+        (True, ('0', '10'))
     """
     if not isinstance(source, str):
         raise TypeError(f"source must be a str, got {type(source).__name__}")

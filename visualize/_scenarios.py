@@ -113,6 +113,22 @@ def run_scenario(name: str, **options: Any) -> Any:
     """The ``DeadlockError`` of scenario ``name``: its program run on the simulator (seed 0, as it runs itself).
 
     ``options`` go to :func:`simdist.simulate`.
+
+    Args:
+        name: a key of ``SCENARIOS`` (``"head-to-head sends"``, ...).
+        options: :func:`simdist.simulate`'s keyword arguments.
+
+    Returns:
+        The ``DeadlockError`` (``cycle``, ``graph``, ``schedule``, ...).
+
+    Raises:
+        ValueError: ``name`` is not a scenario.
+
+    Example:
+        >>> from simdist.visualize import run_scenario
+        >>> err = run_scenario("head-to-head sends")          # both ranks send first
+        >>> type(err).__name__, err.cycle
+        ('DeadlockError', [0, 1])
     """
     sc = _scenario(name)
     try:
@@ -123,7 +139,22 @@ def run_scenario(name: str, **options: Any) -> Any:
 
 
 def scenario_source(name: str) -> str:
-    """The text of scenario ``name``'s ``program.py`` (line 1 first, as its call sites count)."""
+    """The text of scenario ``name``'s ``program.py`` (line 1 first, as its call sites count).
+
+    Args:
+        name: a key of ``SCENARIOS``.
+
+    Returns:
+        The program's source text.
+
+    Raises:
+        ValueError: ``name`` is not a scenario.
+
+    Example:
+        >>> from simdist.visualize import scenario_source
+        >>> scenario_source("head-to-head sends").splitlines()[7]
+        '    dist.send(t, dst=1 - rank)  # both send first'
+    """
     return _scenario(name).source
 
 
@@ -141,7 +172,22 @@ class Blocked:
 
 
 def where_blocked(g: nx.DiGraph, source: str) -> list[Blocked]:
-    """Each rank of the wait-for graph ``g`` (:func:`wait_for`) with the line of ``source`` it is blocked at."""
+    """Each rank of the wait-for graph ``g`` (:func:`wait_for`) with the line of ``source`` it is blocked at.
+
+    Args:
+        g: the :func:`wait_for` graph of a deadlock.
+        source: the program's text, to quote its lines.
+
+    Returns:
+        One ``Blocked`` (``rank``, ``line``, ``code``, ``call``, ``waits``) per rank, by rank.
+
+    Example:
+        >>> from simdist.visualize import run_scenario, scenario_source, wait_for, where_blocked
+        >>> name = "head-to-head sends"
+        >>> b = where_blocked(wait_for(run_scenario(name)), scenario_source(name))[0]
+        >>> b.rank, b.line, b.call, b.waits
+        (0, 8, 'send(dst=1)', 'rank 1 to call recv(src=0)')
+    """
     lines = source.splitlines()
     out = []
     for n in sorted(g.nodes):

@@ -15,7 +15,20 @@ __all__ = ["Span", "Arrow", "LinkUse", "Contention", "Timeline", "lanes", "messa
 
 
 def lanes(trace: Trace) -> dict[int, list[Event]]:
-    """Each rank's spans (collectives, sends, receives, computation), ordered by start time."""
+    """Each rank's spans (collectives, sends, receives, computation), ordered by start time.
+
+    Args:
+        trace: a ``simdist.Trace``.
+
+    Returns:
+        ``{rank: [Event, ...]}`` for every rank with a span (messages are not spans).
+
+    Example:
+        >>> from simdist.visualize import collective_run, lanes
+        >>> spans = lanes(collective_run("all_reduce", "ring", 4, 64).trace)
+        >>> sorted(spans), [(e.kind, e.op) for e in spans[0]]
+        ([0, 1, 2, 3], [('collective', 'all_reduce')])
+    """
     out: dict[int, list[Event]] = defaultdict(list)
     for e in trace.events:
         if e.kind in ("collective", "send", "recv", "compute"):
@@ -24,7 +37,21 @@ def lanes(trace: Trace) -> dict[int, list[Event]]:
 
 
 def messages_by_step(trace: Trace, collective_id: int) -> dict[int, list[Event]]:
-    """The messages of one collective, grouped by communication round (from 1; see :func:`round_of`)."""
+    """The messages of one collective, grouped by communication round (from 1; see :func:`round_of`).
+
+    Args:
+        trace: a ``simdist.Trace``.
+        collective_id: the collective (see :func:`collectives`).
+
+    Returns:
+        ``{round: [message Event, ...]}``, rounds ascending.
+
+    Example:
+        >>> from simdist.visualize import collective_run, messages_by_step
+        >>> by_round = messages_by_step(collective_run("all_reduce", "ring", 4, 64).trace, 0)
+        >>> {k: len(msgs) for k, msgs in by_round.items()}     # four messages a round
+        {1: 4, 2: 4, 3: 4, 4: 4, 5: 4, 6: 4}
+    """
     out: dict[int, list[Event]] = defaultdict(list)
     for i, k in sorted(round_of(trace, collective_id).of.items()):
         out[k].append(trace.events[i])
@@ -127,6 +154,21 @@ def timeline(trace: Trace, topology: Any = None) -> Timeline:
     Each message is routed on ``topology`` (default: the run's, else ``'switch'``) to
     find the directed links it used; two messages whose flights on one link overlap are
     reported in ``contention`` (messages in different collectives included).
+
+    Args:
+        trace: a ``simdist.Trace``.
+        topology: a name, ``Topology`` or graph to route messages on; default the run's.
+
+    Returns:
+        A ``Timeline``: ``world``, ``lanes`` (spans per rank), ``arrows`` (one per message),
+        ``links`` (each link's uses), ``contention`` (overlapping flights on a link),
+        ``duration``, ``topology``.
+
+    Example:
+        >>> from simdist.visualize import collective_run, timeline
+        >>> tl = timeline(collective_run("all_reduce", "ring", 4, 64).trace)
+        >>> tl.world, len(tl.arrows), len(tl.contention)     # a ring on a switch: no contention
+        (4, 24, 0)
     """
     world = world_of(trace)
     topo = _topology(topology, trace, world)

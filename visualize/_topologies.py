@@ -16,6 +16,17 @@ def topology_choices(directory: str | Path = ".") -> list[str]:
     A file is offered by its path (``simulate(topology=path)`` loads it), e.g. the
     ``simdist-topology.json`` that ``simdist calibrate`` writes; JSON files that are not
     topology files are left out.
+
+    Args:
+        directory: where to look for topology files.
+
+    Returns:
+        The names and paths, ``'switch'`` first.
+
+    Example:
+        >>> from simdist.visualize import topology_choices
+        >>> topology_choices("/nonexistent")[0]
+        'switch'
     """
     names = sorted(TOPOLOGIES, key=lambda n: (n != "switch", n))
     files = []

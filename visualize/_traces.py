@@ -24,7 +24,19 @@ __all__ = ["TraceSummary", "LoadedTraces", "trace_clock", "summarize", "load_tra
 
 def trace_clock(trace: Trace) -> str:
     """``'real'`` for a trace of a real run (its metadata names a clock in real seconds, or a
-    backend other than the simulator), else ``'virtual'`` (the simulator's)."""
+    backend other than the simulator), else ``'virtual'`` (the simulator's).
+
+    Args:
+        trace: a ``simdist.Trace``.
+
+    Returns:
+        ``'real'`` or ``'virtual'``.
+
+    Example:
+        >>> from simdist.visualize import collective_run, trace_clock
+        >>> trace_clock(collective_run("all_reduce", "ring", 4, 64).trace)
+        'virtual'
+    """
     meta = trace.meta
     if str(meta.get("clock", "")).startswith("real"):
         return "real"
@@ -68,7 +80,20 @@ class TraceSummary:
 
 
 def summarize(trace: Trace) -> TraceSummary:
-    """The :class:`TraceSummary` of ``trace``."""
+    """The :class:`TraceSummary` of ``trace``.
+
+    Args:
+        trace: a ``simdist.Trace``.
+
+    Returns:
+        A ``TraceSummary`` (``clock``, ``ranks``, ``collectives``, ``messages``, ``duration``);
+        ``describe()`` says it in words.
+
+    Example:
+        >>> from simdist.visualize import collective_run, summarize
+        >>> summarize(collective_run("all_reduce", "ring", 4, 64).trace).describe()
+        'simulated run (virtual time): 4 ranks, 1 collective, 24 messages'
+    """
     clock = trace_clock(trace)
     colls = {(e.group, e.collective_id) for e in trace.events if e.kind == "collective"}
     if clock == "virtual":
@@ -115,6 +140,20 @@ def load_traces(files: Sequence[tuple[str, bytes | str]]) -> LoadedTraces:
     A file is left out, with the reason, when it is not a simdist trace, when it records
     a rank another file already holds (the same file twice, or two runs), or when its clock
     differs from the first good file's (a simulated and a real run cannot share a timeline).
+
+    Args:
+        files: ``(file name, content)`` pairs; content as bytes or text (``Trace.to_json``).
+
+    Returns:
+        A ``LoadedTraces``: ``trace`` (``None`` if no file was good), ``names`` (the files
+        joined), ``problems`` (``(file name, why it was left out)``).
+
+    Example:
+        >>> from simdist.visualize import collective_run, load_traces
+        >>> text = collective_run("all_reduce", "ring", 4, 64).trace.to_json()
+        >>> loaded = load_traces([("run.json", text), ("notes.txt", "hello")])
+        >>> loaded.names, [name for name, why in loaded.problems]
+        (('run.json',), ['notes.txt'])
     """
     good: list[tuple[str, Trace]] = []
     problems: list[tuple[str, str]] = []
@@ -143,7 +182,19 @@ def load_traces(files: Sequence[tuple[str, bytes | str]]) -> LoadedTraces:
 
 def trace_figure(trace: Trace) -> Any:
     """The timeline figure of ``trace`` (:func:`timeline_figure`) titled by :meth:`TraceSummary.describe`,
-    its axis saying which clock: virtual µs for a simulated run, real (wall-clock) ms for a real one."""
+    its axis saying which clock: virtual µs for a simulated run, real (wall-clock) ms for a real one.
+
+    Args:
+        trace: a ``simdist.Trace``, simulated or real.
+
+    Returns:
+        A ``plotly.graph_objects.Figure``.
+
+    Example:
+        >>> from simdist.visualize import collective_run, trace_figure
+        >>> trace_figure(collective_run("all_reduce", "ring", 4, 64).trace).layout.title.text
+        'simulated run (virtual time): 4 ranks, 1 collective, 24 messages'
+    """
     summary = summarize(trace)
     fig = timeline_figure(timeline(trace))
     if summary.clock == "real":

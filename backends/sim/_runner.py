@@ -229,9 +229,33 @@ def simulate(
             ``SimResult.trace`` then reads the file when its events are asked for. For long runs at
             thousands of ranks.
 
+    Returns:
+        A ``SimResult``: ``values`` (each rank's return value, by rank), ``trace``, ``schedule``
+        (the replay token), ``choices``, ``leaks``, ``points``, ``option_counts``, and
+        ``time`` (the virtual makespan). The same arguments give the same result every time.
+
     Raises:
         DeadlockError, CollectiveMismatchError, RankError, DistTimeoutError, BufferRaceError:
-        each with ``.schedule``, the replay token of the failing run.
+            each with ``.schedule``, the replay token of the failing run. A rank's own
+            exception arrives as ``RankError`` (its ``rank``; the exception as ``__cause__``).
+        DistError: with ``leaks='error'``, what the run left behind.
+        TypeError, ValueError: a bad argument, named with its value.
+
+    Example:
+        >>> import simdist, torch
+        >>> def fn(rank, n):
+        ...     simdist.init_process_group("gloo")
+        ...     t = torch.full((n,), rank + 1)
+        ...     simdist.all_reduce(t)
+        ...     simdist.destroy_process_group()
+        ...     return t.tolist()
+        >>> res = simdist.simulate(fn, 3, args=(4,), topology="switch")
+        >>> res.values
+        [[6, 6, 6, 6], [6, 6, 6, 6], [6, 6, 6, 6]]
+        >>> simdist.simulate(fn, 3, args=(4,), schedule=res.schedule).values == res.values
+        True
+        >>> res.schedule
+        'random:0@world=3'
     """
     _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout, gpus_per_node)
     if test is not None and (not isinstance(test, str) or not test):

@@ -83,8 +83,34 @@ def explain(fn: Callable, nprocs: int, token: Any, args: tuple = (), **options: 
     The replay may fail (that is usually why one asks); its error is not raised. ``options``
     go to :func:`simdist.simulate` (``detail``, ``eager_limit``, ...), as for the run that made the token.
 
+    Args:
+        fn: the program of one rank, called as ``fn(rank, *args)``.
+        nprocs: the number of ranks.
+        token: a replay token, a ``Schedule`` or a list of choices.
+        args: the arguments after ``rank``.
+        options: :func:`simdist.simulate`'s keyword arguments, as in the run that made ``token``.
+
+    Returns:
+        One line per non-zero choice; ``[]`` when the token made no decision of its own.
+
     Raises:
         ValueError: ``token`` is not a replay token, or was made for another world size.
+
+    Example:
+        >>> import simdist, torch
+        >>> import simdist.testing as sdt
+        >>> def gather_any(rank):
+        ...     simdist.init_process_group("gloo")
+        ...     t = torch.tensor([rank])
+        ...     if rank == 0:
+        ...         simdist.recv(t)
+        ...         simdist.recv(t)
+        ...     else:
+        ...         simdist.send(t, 0)
+        >>> sdt.explain(gather_any, 3, "choices:0,1@world=3")
+        ["rank 2 ran before rank 1 at step 1: rank 0's recv at ...:5 matched rank 2's send at ...:8"]
+        >>> sdt.explain(gather_any, 3, [0])
+        []
     """
     from simdist.backends.sim import simulate
     from simdist.backends.sim._strategies import check_world, make_strategy

@@ -88,6 +88,51 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
     (:func:`simdist.testing.explain`). The runs before a failure and the shrinking replays
     record no step snapshots unless ``record_steps`` is given (no one reads their traces);
     the error raised comes from replaying the minimal schedule with ``options`` as given.
+
+    Args:
+        fn: the program of one rank, called as ``fn(rank, *args)``.
+        nprocs: the number of ranks.
+        args: the arguments after ``rank``.
+        strategy: ``'pct'`` (default), ``'random'`` or ``'exhaustive'``.
+        max_runs: the most runs (default 100, or ``--simdist-max-schedules``).
+        depth: PCT's depth (a positive int).
+        seed: the exploration's seed (a non-negative int; ``None`` is 0).
+        progress: draw a progress line on stderr (default: when stderr is a terminal).
+        preemption_bound: with ``'exhaustive'``, the most non-zero choices per schedule.
+        reduction: with ``'exhaustive'``, skip reorderings of independent steps.
+        check: ``check(values)`` after each run; raising or returning ``False`` fails it.
+        options: :func:`simdist.simulate`'s keyword arguments (``detail``, ``topology``, ...).
+
+    Returns:
+        An :class:`ExploreSummary` (``runs``, ``interleavings``, ``complete``, ...) when every
+        run passed.
+
+    Raises:
+        DeadlockError, CollectiveMismatchError, RankError, CheckError, ...: the first failure,
+            shrunk to its minimal schedule (``.schedule``) and replayed once.
+        NondeterminismError: the failure did not repeat when replayed.
+        ValueError: a bad ``strategy``, ``depth``, ``max_runs``, ``seed`` or
+            ``preemption_bound``.
+        TypeError: ``reduction`` is not a bool, or ``check`` not callable.
+
+    Example:
+        >>> import simdist, torch
+        >>> import simdist.testing as sdt
+        >>> def in_order(rank):                 # wrongly expects rank 1's message first
+        ...     simdist.init_process_group("gloo")
+        ...     t = torch.tensor([rank])
+        ...     if rank > 0:
+        ...         simdist.send(t, dst=0)
+        ...     else:
+        ...         got = [simdist.recv(t) for _ in range(simdist.get_world_size() - 1)]
+        ...         assert got == sorted(got), f"rank {got[0]} came first"
+        >>> try:
+        ...     sdt.explore(in_order, 3, max_runs=20)
+        ... except simdist.RankError as err:
+        ...     print(err.__cause__, "| minimal schedule:", err.schedule)
+        rank 2 came first | minimal schedule: choices:0,1@world=3...
+        >>> print(sdt.explore(in_order, 2, strategy="exhaustive"))       # one sender: no race
+        4 runs (exhaustive, every schedule), 4 distinct interleavings (2 not equivalent), no failure
     """
     from simdist._pytest_plugin import OPTIONS
 
@@ -180,14 +225,38 @@ def spmd(nprocs: Any = 2, *, args: tuple = (), strategy: str = "pct", max_runs: 
     ``nprocs`` is a world size or an iterable of them (each explored in turn). The test
     fails with the minimal failing schedule's error (``check(values)`` as in :func:`explore`);
     ``pytest --simdist-replay TOKEN`` replays one schedule (at the token's world size only),
-    ``--simdist-max-schedules N`` changes how many are tried.
+    ``--simdist-max-schedules N`` changes how many are tried. The test takes no arguments and
+    keeps ``fn``'s name and docstring, so pytest collects it; ``test.spmd_function`` is ``fn``.
 
-    Example::
+    Args:
+        nprocs: a world size, or an iterable of them.
+        args: the arguments after ``rank``.
+        strategy: ``'pct'`` (default), ``'random'`` or ``'exhaustive'``.
+        max_runs: the most runs per world size.
+        depth: PCT's depth.
+        seed: the exploration's seed.
+        check: ``check(values)`` after each run.
+        options: :func:`simdist.simulate`'s keyword arguments.
 
-        @simdist.testing.spmd(nprocs=[2, 3, 4])
-        def test_ring(rank):
-            dist.init_process_group("gloo")
-            ...
+    Returns:
+        The decorator; it returns the test function.
+
+    Raises:
+        ValueError: ``nprocs`` is not a positive int or an iterable of them.
+        TypeError: ``check`` is not callable.
+
+    Example:
+        >>> import simdist, torch
+        >>> import simdist.testing as sdt
+        >>> @sdt.spmd(nprocs=[2, 3], max_runs=5)
+        ... def test_broadcast(rank):
+        ...     simdist.init_process_group("gloo")
+        ...     t = torch.tensor([rank])
+        ...     simdist.broadcast(t, src=0)
+        ...     assert int(t) == 0
+        >>> test_broadcast()                        # passes: 5 schedules at 2 ranks, 5 at 3
+        >>> test_broadcast.__name__
+        'test_broadcast'
     """
     worlds = [nprocs] if isinstance(nprocs, int) else list(nprocs)
     if not worlds or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in worlds):

@@ -190,6 +190,42 @@ def run(fn: Callable, nprocs: int, *, args: tuple = (), seed: int | None = None,
     :class:`~simdist.testing.CheckError`. What a passing run leaves behind (never-waited
     works, unmatched messages) is a ``LeakWarning``; ``leaks='ignore'`` or ``'error'`` as
     for :func:`simdist.simulate`.
+
+    Args:
+        fn: the program of one rank, called as ``fn(rank, *args)``.
+        nprocs: the number of ranks.
+        args: the arguments after ``rank``.
+        seed: the strategy's seed; ``None`` draws one from Hypothesis's registered random.
+        strategy: ``'random'``, ``'round_robin'``, ``'pct'`` or a ``Strategy``.
+        schedule: a replay token or a list of choices (a :class:`Schedule`) to replay.
+        detail: ``'messages'`` or ``'collectives'``, as for :func:`simdist.simulate`.
+        topology: as for :func:`simdist.simulate`.
+        eager_limit: as for :func:`simdist.simulate`.
+        timeout: real seconds before the run raises ``DistTimeoutError``, or ``None``.
+        check: ``check(values)`` after the run; raising or returning ``False`` fails it.
+        options: more of :func:`simdist.simulate`'s keyword arguments; unlike ``simulate``,
+            ``check_buffers`` defaults to ``True`` (``BufferRaceError`` on early writes).
+
+    Returns:
+        The run's ``SimResult`` (``values`` by rank, ``trace``, ``schedule``, ...).
+
+    Raises:
+        DeadlockError, CollectiveMismatchError, RankError, BufferRaceError, DistTimeoutError:
+            as :func:`simdist.simulate`, after one replay, with ``.schedule`` set.
+        CheckError: ``check`` raised or returned ``False`` (``.values`` holds the values).
+        NondeterminismError: the failure did not repeat when its schedule was replayed.
+        TypeError: ``check`` is not callable.
+
+    Example:
+        >>> import simdist, torch
+        >>> import simdist.testing as sdt
+        >>> def ring_sum(rank):
+        ...     simdist.init_process_group("gloo")
+        ...     t = torch.tensor([float(rank)])
+        ...     simdist.all_reduce(t, algorithm="ring")
+        ...     return t.item()
+        >>> sdt.run(ring_sum, 4, check=lambda values: values == [6.0] * 4).values
+        [6.0, 6.0, 6.0, 6.0]
     """
     kwargs = dict(detail=detail, topology=topology, eager_limit=eager_limit, timeout=timeout, **options)
     kwargs.setdefault("leaks", "warn")
@@ -212,7 +248,42 @@ def run(fn: Callable, nprocs: int, *, args: tuple = (), seed: int | None = None,
 
 
 def replay(fn: Callable, nprocs: int, token: str, args: tuple = (), **options: Any) -> Any:
-    """Rerun exactly the interleaving of ``token`` (a failure's ``.schedule``): its ``SimResult``, or its error."""
+    """Rerun exactly the interleaving of ``token`` (a failure's ``.schedule``): its ``SimResult``, or its error.
+
+    The same ``fn``, world size and arguments under the same token make the same choices, so
+    the run returns the same values or raises the same error, every time. Failures are
+    replayed and explained as by :func:`run`, which does the work.
+
+    Args:
+        fn: the program of one rank, called as ``fn(rank, *args)``.
+        nprocs: the number of ranks; a token that records its world size (``@world=N``)
+            replays only at that size.
+        token: a replay token (``str``) or a :class:`Schedule`.
+        args: the arguments after ``rank``.
+        options: :func:`run`'s keyword arguments (``detail``, ``check``, ...), as in the run
+            that made the token.
+
+    Returns:
+        The run's ``SimResult``.
+
+    Raises:
+        TypeError: ``token`` is neither a str nor a ``Schedule``.
+        ValueError: ``token`` is not a replay token, or was made for another world size.
+        DeadlockError, RankError, CheckError, ...: the replayed run's failure, as :func:`run`.
+
+    Example:
+        >>> import simdist, torch
+        >>> import simdist.testing as sdt
+        >>> def first_sender(rank):            # rank 0 takes a message from any rank
+        ...     simdist.init_process_group("gloo")
+        ...     if rank > 0:
+        ...         return simdist.send(torch.tensor([rank]), dst=0)
+        ...     return [simdist.recv(torch.zeros(1, dtype=torch.int64)) for _ in range(2)]
+        >>> sdt.replay(first_sender, 3, "choices:0@world=3").values[0]    # no decision: rank 1 first
+        [1, 2]
+        >>> sdt.replay(first_sender, 3, "choices:0,1@world=3").values[0]  # one decision: rank 2 first
+        [2, 1]
+    """
     if isinstance(token, Schedule):
         token = token.token
     if not isinstance(token, str):

@@ -149,6 +149,42 @@ def minimize(fn: Callable, nprocs: int, args: tuple, err: DistError, options: di
     Replays ``fn`` on ``nprocs`` ranks with ``options`` (and ``check`` of the values, as in
     :func:`simdist.testing.explore`) at most ``budget`` times; see this module's docstring
     for the passes and what "simplest" means. ``err.choices`` is where it starts.
+
+    Args:
+        fn: the program of the failing run, called as ``fn(rank, *args)``.
+        nprocs: its number of ranks.
+        args: its arguments after ``rank``.
+        err: the failure to shrink: an error of a simulated run (it has ``.choices``).
+        options: :func:`simdist.simulate`'s keyword arguments of the failing run
+            (``detail``, ``eager_limit``, ...).
+        budget: the most replays (default ``MINIMIZE_RUNS``, 1000).
+        check: ``check(values)`` as in the failing run, if it had one.
+
+    Returns:
+        The error of the simplest failing schedule found: its ``.schedule`` is that schedule's
+        replay token, its ``.choices`` the choices. ``err`` itself if nothing simpler fails the
+        same way.
+
+    Raises:
+        ValueError: ``err`` has no scheduler choices (it did not come from a simulated run).
+
+    Example:
+        >>> import simdist, torch
+        >>> import simdist.testing as sdt
+        >>> def racy(rank):                    # rank 0 assumes rank 1's message comes first
+        ...     simdist.init_process_group("gloo")
+        ...     if rank > 0:
+        ...         return simdist.send(torch.tensor([rank]), dst=0)
+        ...     buf = torch.zeros(1, dtype=torch.int64)
+        ...     assert (simdist.recv(buf), simdist.recv(buf)) == (1, 2)
+        >>> try:
+        ...     simdist.simulate(racy, 3, seed=4)
+        ... except simdist.RankError as failure:
+        ...     err = failure
+        >>> err.schedule, err.choices
+        ('random:4@world=3', [0, 1, 0, 1, 1])
+        >>> sdt.minimize(racy, 3, (), err, {}).schedule
+        'choices:0,1@world=3'
     """
     return _minimize(fn, nprocs, args, err, options, budget, check)[0]
 

@@ -23,6 +23,23 @@ def schedules(max_choices: int = 200, max_option: int = 7) -> st.SearchStrategy[
     larger than the number of options wraps around). Hypothesis shrinks a list to fewer
     and smaller choices: towards fewer preemptions and a shorter prefix of decisions,
     after which every rank runs on undisturbed.
+
+    Args:
+        max_choices: the longest list (a non-negative int).
+        max_option: the largest choice (a non-negative int).
+
+    Returns:
+        A Hypothesis strategy of :class:`Schedule` (a list of ints), for ``run``'s ``schedule``.
+
+    Raises:
+        ValueError: ``max_choices`` or ``max_option`` is negative.
+
+    Example:
+        >>> from hypothesis import find, settings
+        >>> import simdist.testing as sdt
+        >>> quiet = settings(database=None, derandomize=True)
+        >>> find(sdt.schedules(max_option=3), lambda s: sum(s) >= 4, settings=quiet)   # shrunk
+        Schedule([1, 3])
     """
     if max_choices < 0 or max_option < 0:
         raise ValueError(f"max_choices={max_choices} and max_option={max_option} must be non-negative")
@@ -30,14 +47,43 @@ def schedules(max_choices: int = 200, max_option: int = 7) -> st.SearchStrategy[
 
 
 def world_sizes(min_size: int = 1, max_size: int = 8) -> st.SearchStrategy[int]:
-    """World sizes from ``min_size`` to ``max_size``; they shrink towards ``min_size``."""
+    """World sizes from ``min_size`` to ``max_size``; they shrink towards ``min_size``.
+
+    Args:
+        min_size: the smallest world (at least 1).
+        max_size: the largest world (at least ``min_size``).
+
+    Returns:
+        A Hypothesis strategy of ints.
+
+    Raises:
+        ValueError: not ``1 <= min_size <= max_size``.
+
+    Example:
+        >>> from hypothesis import find, settings
+        >>> import simdist.testing as sdt
+        >>> quiet = settings(database=None, derandomize=True)
+        >>> find(sdt.world_sizes(2, 8), lambda n: n % 2 == 1, settings=quiet)   # the smallest odd world
+        3
+    """
     if not 1 <= min_size <= max_size:
         raise ValueError(f"world_sizes({min_size}, {max_size}): expected 1 <= min_size <= max_size")
     return st.integers(min_size, max_size)
 
 
 def topologies() -> st.SearchStrategy[str]:
-    """Names of ``simdist.TOPOLOGIES`` (each builds a network for any world size); shrinks to ``'switch'``."""
+    """Names of ``simdist.TOPOLOGIES`` (each builds a network for any world size); shrinks to ``'switch'``.
+
+    Returns:
+        A Hypothesis strategy of topology names, for ``run``'s or ``simulate``'s ``topology``.
+
+    Example:
+        >>> from hypothesis import find, settings
+        >>> import simdist.testing as sdt
+        >>> quiet = settings(database=None, derandomize=True)
+        >>> find(sdt.topologies(), lambda name: True, settings=quiet)
+        'switch'
+    """
     from simdist._topology import TOPOLOGIES
 
     names = sorted(TOPOLOGIES, key=lambda n: (n != "switch", n))
@@ -80,6 +126,29 @@ def collective_inputs(draw: Any, op: str | None = None, world: int | None = None
     Per-rank tensors have the shape the op needs: for ``reduce_scatter_tensor`` and
     ``all_to_all_single`` a first dimension ``world`` times a drawn block; for
     ``scatter`` the root holds ``world`` tensors.
+
+    Args:
+        op: a name from ``COLLECTIVE_OPS``, or ``None`` to draw one.
+        world: the world size, or ``None`` to draw one from 1 to 8.
+        dtypes: the torch dtypes to draw from (default float32, float64, int64, int32).
+        max_elements: the most elements of one rank's tensor (before the ``world`` factor).
+
+    Returns:
+        A Hypothesis strategy of :class:`CollectiveInputs` (``op``, ``world``, ``dtype``,
+        ``shape``, ``root``, ``tensors``; ``input(rank)`` copies a rank's input).
+
+    Raises:
+        ValueError: ``op`` is not in ``COLLECTIVE_OPS`` (when the strategy draws).
+
+    Example:
+        >>> import torch
+        >>> from hypothesis import find, settings
+        >>> import simdist.testing as sdt
+        >>> quiet = settings(database=None, derandomize=True)
+        >>> case = find(sdt.collective_inputs(op="all_reduce", world=2, dtypes=(torch.int64,)),
+        ...             lambda c: c.shape == (2,) and sum(c.tensors[1]) > 0, settings=quiet)
+        >>> case.world, case.shape, case.tensors
+        (2, (2,), [tensor([0, 0]), tensor([0, 1])])
     """
     import torch
 
