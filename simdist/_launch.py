@@ -58,8 +58,8 @@ def enumerate_schedules(
     ``max_runs`` runs it stops with a ``UserWarning`` saying the search is incomplete.
     The first failing schedule raises its error (with its token).
     """
+    from simdist.backends.sim import next_schedule
     from simdist.backends.sim import simulate as run
-    from simdist.backends.sim._strategies import next_schedule
 
     if options.get("schedule") is not None or options.get("strategy") is not None:
         raise ValueError("enumerate_schedules chooses the schedules itself; do not pass schedule or strategy")
