@@ -30,20 +30,20 @@ def spawn(
     ``join``, ``daemon`` and ``start_method`` are torch's; simulated ranks are threads that
     always run to completion inside ``spawn``, so ``join=False`` is refused. For process
     backends ``start_method=None`` picks ``forkserver`` where it exists, else ``spawn``.
+    The backend is looked up in the registry and its world type starts the ranks
+    (``World.spawn``); a backend that cannot start them raises ``ValueError``.
     """
     if not join:
         raise ValueError("join=False is not supported: spawn returns once every rank has finished")
-    if backend == "sim":
-        from simdist.backends.sim import simulate
-
-        return simulate(fn, nprocs, args, **options).values
     from ._registry import backend_spec
+    from ._world import World
 
-    spec = backend_spec(backend)
-    launcher = getattr(spec.load(), "spawn", None)
-    if launcher is None:
-        raise ValueError(f"backend={backend!r} cannot launch ranks; use backend='sim'")
-    return launcher(fn, args=args, nprocs=nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
+    world_type = backend_spec(backend).load()  # ValueError naming the registered backends
+    if not (isinstance(world_type, type) and issubclass(world_type, World)):
+        raise ValueError(  # noqa: TRY004 - what is wrong is the backend named, as for a World that cannot launch
+            f"backend={backend!r} cannot launch ranks: it is registered as {world_type!r}, not a simdist World "
+            "subclass; use backend='sim'")
+    return world_type.spawn(fn, args, nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
 
 
 def enumerate_schedules(
