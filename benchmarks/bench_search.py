@@ -29,8 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _common import bench_main, markdown_table, median, profile_call, verdict
 from search_bugs import BUGS, WORLD
-from simdist.backends.sim import simulate
-from simdist.backends.sim._strategies import next_schedule
+from simdist.backends.sim import next_schedule, simulate
 
 from simdist._errors import DistError
 from simdist.testing._search import Search

@@ -51,7 +51,7 @@ from _common import (
 
 import simdist
 import simdist.testing as sdt
-from simdist.backends.sim._strategies import PCTStrategy
+from simdist.backends.sim import PCTStrategy
 from simdist.testing._explore import run_seed
 
 RATE_TARGET = 1000  # schedules/s (issue 18, item 3)

@@ -31,6 +31,8 @@ def spawn(
     always run to completion inside ``spawn``, so ``join=False`` is refused. For process
     backends ``start_method=None`` picks ``forkserver`` where it exists, else ``spawn``.
     Unlike torch's, it returns the ranks' return values.
+    The backend is looked up in the registry and its world type starts the ranks
+    (``World.spawn``); a backend that cannot start them raises ``ValueError``.
 
     Args:
         fn: the program of one rank, called as ``fn(rank, *args)``; for process backends it
@@ -65,17 +67,15 @@ def spawn(
     """
     if not join:
         raise ValueError("join=False is not supported: spawn returns once every rank has finished")
-    if backend == "sim":
-        from simdist.backends.sim import simulate
-
-        return simulate(fn, nprocs, args, **options).values
     from ._registry import backend_spec
+    from ._world import World
 
-    spec = backend_spec(backend)
-    launcher = getattr(spec.load(), "spawn", None)
-    if launcher is None:
-        raise ValueError(f"backend={backend!r} cannot launch ranks; use backend='sim'")
-    return launcher(fn, args=args, nprocs=nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
+    world_type = backend_spec(backend).load()  # ValueError naming the registered backends
+    if not (isinstance(world_type, type) and issubclass(world_type, World)):
+        raise ValueError(  # noqa: TRY004 - what is wrong is the backend named, as for a World that cannot launch
+            f"backend={backend!r} cannot launch ranks: it is registered as {world_type!r}, not a simdist World "
+            "subclass; use backend='sim'")
+    return world_type.spawn(fn, args, nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
 
 
 def enumerate_schedules(
@@ -90,8 +90,8 @@ def enumerate_schedules(
     ``max_runs`` runs it stops with a ``UserWarning`` saying the search is incomplete.
     The first failing schedule raises its error (with its token).
     """
+    from simdist.backends.sim import next_schedule
     from simdist.backends.sim import simulate as run
-    from simdist.backends.sim._strategies import next_schedule
 
     if options.get("schedule") is not None or options.get("strategy") is not None:
         raise ValueError("enumerate_schedules chooses the schedules itself; do not pass schedule or strategy")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ._errors import NotInitializedError
 from ._group import ProcessGroup
@@ -37,6 +37,15 @@ class World(ABC):
     @property
     def initialized(self) -> bool:
         return self.default_group is not None
+
+    @classmethod
+    def spawn(cls, fn: Callable, args: tuple, nprocs: int, *, daemon: bool, start_method: str | None,
+              backend: str, **options: Any) -> list:
+        """The values of ``fn(rank, *args)`` on ``nprocs`` ranks of this backend (what :func:`simdist.spawn` runs).
+
+        A backend that can start its ranks itself overrides this; here it raises ``ValueError``.
+        """
+        raise ValueError(f"backend={backend!r} cannot launch ranks; use backend='sim'")
 
     @abstractmethod
     def init(

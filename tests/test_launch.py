@@ -50,3 +50,52 @@ def test_init_outside_a_simulation_says_how_to_launch():
     how = r"simdist.spawn\(fn, args=\(world_size,\), nprocs=world_size, backend='sim'\)"
     with pytest.raises(RuntimeError, match=how):
         dist.init_process_group("gloo", rank=0, world_size=1)
+
+
+@pytest.fixture
+def registered():
+    """Register backends for one test: ``registered(name, target)``; they are removed afterwards."""
+    from simdist import _registry
+
+    names = []
+
+    def register(name: str, target: str) -> None:
+        simdist.register_backend(simdist.BackendSpec(name, target))
+        names.append(name)
+
+    yield register
+    for name in names:
+        _registry._REGISTRY.pop(name)
+
+
+def test_spawn_launches_through_the_registry_for_every_name(registered):
+    """'sim' is not special: the simulator's world registered under another name launches the same way."""
+    registered("sim-again", "simdist.backends.sim:SimWorld")
+    assert simdist.spawn(summed, args=(3,), nprocs=3, backend="sim-again", seed=1) == [6.0] * 3
+    with pytest.raises(TypeError, match="unexpected keyword"):  # its options still reach the simulator
+        simdist.spawn(summed, args=(3,), nprocs=3, backend="sim-again", no_such_option=1)
+
+
+def test_spawn_refuses_backends_that_cannot_launch(registered):
+    registered("no-launcher", "simdist._world:World")  # the base class: it cannot start ranks
+    registered("not-a-world", "os:getcwd")
+    with pytest.raises(ValueError, match=r"^backend='no-launcher' cannot launch ranks; use backend='sim'$"):
+        simdist.spawn(summed, args=(2,), nprocs=2, backend="no-launcher")
+    with pytest.raises(ValueError, match=r"backend='not-a-world' cannot launch ranks: it is registered as "
+                                         r"<built-in function getcwd>, not a simdist World subclass"):
+        simdist.spawn(summed, args=(2,), nprocs=2, backend="not-a-world")
+
+
+def test_each_backend_declares_spawn_on_its_world_class():
+    """The registered world types launch through a classmethod of their own class body, not a function
+    patched onto the class when the backend's package is imported."""
+    from simdist import _registry
+
+    declared = {}
+    for name in ("sim", "socket", "gloo", "torch-nccl", "mpi"):
+        world_type = _registry.backend_spec(name).load()
+        owner = next(c for c in world_type.__mro__ if "spawn" in vars(c))
+        assert isinstance(vars(owner)["spawn"], classmethod), (name, owner)
+        declared[name] = world_type.spawn.__qualname__
+    assert declared == {"sim": "SimWorld.spawn", "socket": "SocketWorld.spawn", "gloo": "TorchWorld.spawn",
+                        "torch-nccl": "TorchWorld.spawn", "mpi": "TorchWorld.spawn"}

@@ -45,3 +45,20 @@ def test_importing_simdist_imports_no_heavy_optional_library():
     code = "import sys, simdist; print(sorted(m for m in ('streamlit', 'cupy', 'plotly') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _init_and_name(rank, name):
+    simdist.init_process_group(name)
+    backend = simdist.get_backend()
+    simdist.destroy_process_group()
+    return backend
+
+
+def test_inside_a_simulation_names_are_checked_by_the_registry():
+    """torch's names and every registered name bind to the simulator; anything else gets the registry's error."""
+    for name in [*_registry.TORCH_NAMES, *_registry.backend_names()]:
+        assert simdist.simulate(_init_and_name, 2, (name,)).values == [name, name]
+    with pytest.raises(simdist.RankError) as caught:
+        simdist.simulate(_init_and_name, 2, ("torch-gloo",))  # not registered: torch's gloo is "gloo"
+    assert str(caught.value.__cause__) == (f"backend='torch-gloo' is not a known backend; expected one of "
+                                           f"{_registry.backend_names()}")

@@ -41,7 +41,7 @@ from hypothesis import HealthCheck, Verbosity, find, given, settings
 import simdist
 import simdist as dist
 import simdist.testing as sdt
-from simdist.backends.sim._strategies import decode_choices
+from simdist.testing import Schedule
 
 # Hypothesis normally draws at random and remembers failures in a database; for a lesson
 # with a fixed output it draws deterministically and forgets.
@@ -61,11 +61,11 @@ def show(err):
 
 
 def choices(token):
-    """The scheduler choices of a ``choices:`` token, without the implied trailing zeros."""
-    cs = list(decode_choices(token))
-    while cs and cs[-1] == 0:
-        cs.pop()
-    return cs
+    """The scheduler choices of a ``choices:`` token, without the implied trailing zeros.
+
+    ``Schedule.from_token`` reads a replay token back; ``.choices`` is its plain list.
+    """
+    return Schedule.from_token(token).choices
 
 
 # --- 1. A race on an any-source receive ----------------------------------------------------

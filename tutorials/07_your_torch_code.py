@@ -24,7 +24,6 @@ from torch import nn
 
 import simdist
 import simdist.testing as sdt
-from simdist.backends.sim._strategies import decode_choices
 
 WORLD = 3
 
@@ -112,7 +111,8 @@ def main():
     try:
         sdt.explore(parameter_server, WORLD, args=(WORLD,), strategy="pct", seed=0)
     except simdist.RankError as err:
-        print(f"explore: {type(err).__name__} on rank {err.rank}; minimal schedule {decode_choices(err.schedule)}")
+        shrunk = sdt.Schedule.from_token(err.schedule).choices
+        print(f"explore: {type(err).__name__} on rank {err.rank}; minimal schedule {shrunk}")
         print(f"the cause: {err.__cause__}")
     print("To rerun exactly this interleaving in a test: sdt.replay(parameter_server, 3, TOKEN, args=(3,))")
 

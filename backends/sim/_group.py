@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from simdist import _arrays as A
 from simdist._algorithmic import AlgorithmicGroup, CollectiveCall
 from simdist._entry import library_call
 from simdist._group import GroupMember, Options
-from simdist._registry import TORCH_NAMES, backend_names
+from simdist._registry import TORCH_NAMES, backend_spec
 from simdist._work import Work
 from simdist._world import World
 
@@ -157,9 +157,6 @@ class SimGroup(AlgorithmicGroup):
         return work
 
 
-_KNOWN = set(TORCH_NAMES) | {"socket", "torch-nccl", "torch-gloo"}
-
-
 class SimWorld(World):
     """The world one simulated rank lives in (one per rank thread).
 
@@ -177,11 +174,20 @@ class SimWorld(World):
         self.check_buffers = check_buffers
         self.open_checks: dict[int, BufferCheck] = {}
 
+    @classmethod
+    def spawn(cls, fn: Callable, args: tuple, nprocs: int, *, daemon: bool, start_method: str | None,
+              backend: str, **options: Any) -> list:
+        """The values of ``fn(rank, *args)`` on ``nprocs`` simulated ranks: ``options`` go to :func:`simulate`.
+
+        The ranks are threads that run to completion here, so ``daemon`` and ``start_method`` do not apply.
+        """
+        from ._runner import simulate
+
+        return simulate(fn, nprocs, args, **options).values
+
     def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
-        if backend is not None and backend not in _KNOWN and backend not in backend_names():
-            raise ValueError(
-                f"backend={backend!r} is not a known backend; expected one of {sorted(_KNOWN | set(backend_names()))}"
-            )
+        if backend is not None and backend not in TORCH_NAMES:
+            backend_spec(backend)  # every registered backend binds to the simulator; ValueError listing them
         if world_size not in (None, -1) and world_size != self.size:
             raise ValueError(f"world_size={world_size!r} but this simulation runs {self.size} ranks")
         if rank not in (None, -1) and rank != self.rank:

@@ -11,7 +11,5 @@ skip_directory(__file__)
 from ._spawn import spawn as spawn  # noqa: E402
 from ._world import SocketWorld as SocketWorld  # noqa: E402
 
-SocketWorld.spawn = staticmethod(spawn)
-
 __all__ = ["SocketWorld", "spawn"]
 

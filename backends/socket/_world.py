@@ -8,7 +8,7 @@ import ipaddress
 import os
 import socket
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 from urllib.parse import urlparse
 
 from simdist._errors import DistError
@@ -114,6 +114,14 @@ class SocketWorld(World):
     """This process's place among the ranks of a socket job."""
 
     process_world = True
+
+    @classmethod
+    def spawn(cls, fn: Callable, args: tuple, nprocs: int, *, daemon: bool, start_method: str | None,
+              backend: str, **options: Any) -> list:
+        """The values of ``fn(rank, *args)`` on ``nprocs`` processes of this machine (see :func:`._spawn.spawn`)."""
+        from ._spawn import spawn
+
+        return spawn(fn, args, nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
 
     def __init__(self) -> None:
         self.server: Any = None

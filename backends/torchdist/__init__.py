@@ -16,8 +16,4 @@ from ._world import MpiWorld as MpiWorld  # noqa: E402
 from ._world import TorchNcclWorld as TorchNcclWorld  # noqa: E402
 from ._world import TorchWorld as TorchWorld  # noqa: E402
 
-from simdist.backends.socket import spawn  # noqa: E402
-
-TorchWorld.spawn = staticmethod(spawn)
-
 __all__ = ["TorchGroup", "TorchWorld", "GlooWorld", "TorchNcclWorld", "MpiWorld"]

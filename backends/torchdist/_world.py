@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch.distributed as td
 
@@ -26,6 +26,14 @@ class TorchWorld(World):
     """Whether the process needs ``env://`` or ``init_method`` to find its peers (MPI's launcher does that)."""
     name = "?"
     torch_backend = "?"
+
+    @classmethod
+    def spawn(cls, fn: Callable, args: tuple, nprocs: int, *, daemon: bool, start_method: str | None,
+              backend: str, **options: Any) -> list:
+        """The values of ``fn(rank, *args)`` on ``nprocs`` processes, started as the socket backend starts its own."""
+        from simdist.backends.socket import spawn
+
+        return spawn(fn, args, nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
 
     def __init__(self) -> None:
         self.groups: list[TorchGroup] = []

@@ -38,7 +38,7 @@ class _Decision:
 
 def _recorder(inner: Any) -> Any:
     """A strategy that chooses as ``inner`` does and keeps every non-zero choice as a :class:`_Decision`."""
-    from simdist.backends.sim._strategies import Strategy
+    from simdist.backends.sim import Strategy
 
     class Recorder(Strategy):
         name = inner.name
@@ -112,8 +112,7 @@ def explain(fn: Callable, nprocs: int, token: Any, args: tuple = (), **options: 
         >>> sdt.explain(gather_any, 3, [0])
         []
     """
-    from simdist.backends.sim import simulate
-    from simdist.backends.sim._strategies import check_world, make_strategy
+    from simdist.backends.sim import check_world, make_strategy, simulate
 
     from ._run import Schedule
 

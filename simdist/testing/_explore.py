@@ -159,8 +159,7 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
         return ExploreSummary(1, 1, "replay", False)
     leaks = options.get("leaks", "warn")
     options["leaks"] = "ignore" if leaks == "warn" else leaks  # warned once below, not once per run
-    from simdist.backends.sim import RankPool
-    from simdist.backends.sim._isolation import held
+    from simdist.backends.sim import RankPool, held
 
     given = options.get("pool")
     with RankPool() if given is None else contextlib.nullcontext(given) as pool, held():
@@ -173,7 +172,7 @@ def _explore(fn: Callable, nprocs: int, args: tuple, strategy: str, runs_wanted:
              progress: bool | None, preemption_bound: int | None, reduction: bool, check: Callable | None, leaks: str,
              options: dict) -> ExploreSummary:
     """:func:`explore`'s search, its arguments checked and ``options`` complete."""
-    from simdist.backends.sim._strategies import PCTStrategy, RandomStrategy
+    from simdist.backends.sim import PCTStrategy, RandomStrategy
 
     show = sys.stderr.isatty() if progress is None else bool(progress)
     if strategy == "exhaustive":

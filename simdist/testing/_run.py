@@ -67,7 +67,7 @@ class Schedule(list):
     @classmethod
     def from_token(cls, token: str) -> Schedule:
         """The schedule of a ``choices:...`` replay token, with its world size and test."""
-        from simdist.backends.sim._strategies import decode_choices, split_token
+        from simdist.backends.sim import decode_choices, split_token
 
         schedule, world, test = split_token(token)
         if not schedule.startswith("choices:"):
@@ -83,7 +83,7 @@ class Schedule(list):
     @property
     def token(self) -> str:
         """The replay token: ``choices:0,2`` then ``@world=N`` and ``@test=NODEID`` where known."""
-        from simdist.backends.sim._strategies import encode_choices, make_token
+        from simdist.backends.sim import encode_choices, make_token
 
         return make_token(encode_choices(self), self.world, self.test)
 
@@ -148,7 +148,7 @@ def _replayed(token: str, nprocs: int, test: str | None) -> str:
     Inside a Hypothesis test a run at another world size is rejected (as ``assume`` would), so
     only the examples at the token's size run.
     """
-    from simdist.backends.sim._strategies import split_token
+    from simdist.backends.sim import split_token
 
     _, world, made_for = split_token(token)
     if made_for is not None and test is not None and made_for != test:
@@ -167,7 +167,7 @@ def _replayed(token: str, nprocs: int, test: str | None) -> str:
 def replay_worlds(worlds: list[int]) -> list[int]:
     """The world sizes of ``worlds`` that ``pytest --simdist-replay`` replays: the token's, if it is among them."""
     from simdist._pytest_plugin import OPTIONS
-    from simdist.backends.sim._strategies import split_token
+    from simdist.backends.sim import split_token
 
     world = None if OPTIONS["replay"] is None else split_token(OPTIONS["replay"])[1]
     return [world] if world in worlds else worlds

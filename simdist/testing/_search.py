@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from simdist.backends.sim._strategies import Strategy
+from simdist.backends.sim import Strategy
 
 __all__ = ["RunRecord", "Search", "SearchRun", "SearchStrategy", "preemptions", "signature"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
