@@ -50,10 +50,10 @@ def _describe(exc: BaseException) -> dict:
 
 
 def _worker(rank: int, size: int, port: int, secret: bytes, timeout: float, conn) -> None:
-    from simdist.backends.socket import _peers
+    from simdist.backends.socket import _links
     from simdist.backends.socket._store import StoreClient
 
-    _peers._LINGER = LINGER  # a close() that waited for its linger would take a minute, not a moment
+    _links.LINGER = LINGER  # a close() that waited for its linger would take a minute, not a moment
     store = StoreClient("127.0.0.1", port, SECRET, timeout=timeout)
     net = PeerNetwork(rank, size, store, secret, timeout=timeout)
     conn.send(("ok", os.getpid()))

@@ -39,13 +39,14 @@ from ._frames import (
     send_frame,
 )
 
-__all__ = ["HELLO", "HELLO_MAGIC", "Goodbye", "connect", "hung_up", "offer_ring", "read_back", "read_hello",
-           "write_ring"]
+__all__ = ["HELLO", "HELLO_MAGIC", "LINGER", "Goodbye", "connect", "hung_up", "offer_ring", "read_back",
+           "read_hello", "write_ring"]
 
 log = logging.getLogger(__name__)
 
 HELLO = struct.Struct("!4sII")  # magic, rank, world size: the first bytes after the handshake
 HELLO_MAGIC = b"SDPH"
+LINGER = 5.0  # seconds a goodbye waits for the peer to take the last frames (and to close)
 _RDHUP = getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR
 
 

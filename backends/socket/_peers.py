@@ -54,30 +54,18 @@ from typing import Any
 from simdist import _arrays as A
 from simdist._errors import DistError, DistTimeoutError, PeerLostError, ProtocolError
 
-from . import _shm
-from ._accept import Acceptor, frame_deadline
+from . import _links, _shm
+from ._accept import Acceptor
 from ._failures import FAILING, POLL_S
-from ._frames import (
-    CLOSE,
-    DATA,
-    HEADER_SIZE,
-    KINDS,
-    SHM,
-    SHM_OPEN,
-    Header,
-    decode_header,
-    encode_header,
-    recv_exact_into,
-    send_frame,
-)
+from ._frames import CLOSE, DATA, encode_header, send_frame
 from ._links import Goodbye, connect, hung_up, offer_ring, read_back, read_hello, write_ring
-from ._matching import CHUNK, Mailbox, Message, mismatch
+from ._matching import Mailbox, Message, mismatch
+from ._receiving import Receiver
 
 __all__ = ["Handle", "PeerNetwork", "PeerTransport"]
 
 log = logging.getLogger(__name__)
 
-_LINGER = 5.0  # seconds close() waits for a peer to take the last frames
 _MAX_TAG = (1 << 63) - 1
 _MAX_CTX = (1 << 64) - 1
 _PROBE_INTERVAL = 0.25  # seconds between checks of idle connections while a wait blocks
@@ -580,7 +568,7 @@ class PeerNetwork:
             sock, p.outbound = p.outbound, None
         try:
             if p.send_failure is None:
-                sock.settimeout(min(self.timeout, _LINGER))
+                sock.settimeout(min(self.timeout, _links.LINGER))
                 send_frame(sock, encode_header(CLOSE, 0, self._farewell, 0, self.rank), peer=p.rank)
                 sock.shutdown(socket.SHUT_WR)
                 while sock.recv(4096):
@@ -612,108 +600,7 @@ class PeerNetwork:
                 self._rejected.append(f"{addr}: {type(exc).__name__}: {exc}")
 
     def _serve(self, conn: socket.socket, p: _Peer) -> None:
-        self._receive_loop(p, conn)
-
-    def _receive_loop(self, p: _Peer, conn: socket.socket) -> None:
-        head = bytearray(HEADER_SIZE)
-        view = memoryview(head)
-        stream = _Stream(conn, p.rank)
-        current: Handle | Message | None = None
-        try:
-            while True:
-                conn.settimeout(None)  # idle between frames: no deadline
-                recv_exact_into(conn, view, peer=p.rank)
-                h = decode_header(head)
-                deadline = time.monotonic() + frame_deadline(h.nbytes, self.timeout)
-                if h.src != p.rank:
-                    raise ProtocolError(f"a frame from rank {p.rank} claims to come from rank {h.src}")
-                if h.kind == CLOSE:
-                    with self._cond:
-                        if h.tag == FAILING:
-                            self._lose(p, (PeerLostError, f"rank {p.rank} failed (it said so in its goodbye)"),
-                                       receiving=True)
-                        reason = f"rank {p.rank} closed its peer network (an orderly goodbye)"
-                        self._fail_receives(p, (PeerLostError, reason + " before this receive matched"))
-                    try:
-                        conn.settimeout(min(self.timeout, _LINGER))
-                        while conn.recv(4096):
-                            pass
-                    except OSError:
-                        pass
-                    return
-                if h.kind == SHM_OPEN:
-                    reader = _shm.RingReader.accept(conn, h, self.rank, p.rank, p.back_lock, deadline, self._shm)
-                    p.reader = reader or p.reader
-                    continue
-                source = self._source(h, stream, p)
-                with self._cond:
-                    current = self._mail.arrive(p.rank, (h.ctx, h.tag), h.nbytes)
-                if isinstance(current, Message):
-                    self._receive_unexpected(source, current, deadline)
-                elif current.nbytes != h.nbytes:
-                    _discard(source, h.nbytes, deadline)
-                    with self._cond:
-                        self._fail(current, (ProtocolError, mismatch(h.nbytes, current, p.rank)), p.rank)
-                else:
-                    source.read_into(current.view, deadline)
-                    self._complete(current)
-                current = None
-        except Exception as exc:  # noqa: BLE001 - every failure becomes the peer's receive failure
-            if self._closed:
-                failure = (DistError, "the peer network was closed")
-            elif isinstance(exc, PeerLostError):
-                where = "" if current is None else (
-                    f", in the middle of a {h.nbytes}-byte message (ctx {h.ctx}, tag {h.tag})")
-                reason = f"rank {p.rank}'s connection ended without a goodbye{where}"
-                failure = (PeerLostError, f"{reason} (the process exited or died): {exc}")
-            elif isinstance(exc, DistError):
-                failure = (type(exc), str(exc))
-            else:
-                failure = (DistError, f"{type(exc).__name__}: {exc}")
-            with self._cond:
-                if isinstance(current, Handle):
-                    self._fail(current, failure, p.rank)
-                elif isinstance(current, Message):
-                    if current.op is not None:
-                        self._fail(current.op, failure, p.rank)
-                    else:
-                        self._mail.forget(current, (h.ctx, h.tag))
-                if self._closed:
-                    self._fail_receives(p, failure)
-                else:
-                    self._lose(p, failure, receiving=True)
-
-    def _source(self, h: Header, stream: _Stream, p: _Peer) -> _Stream | _shm.RingReader:
-        """Where the payload of frame ``h`` from ``p`` comes from: the connection (DATA) or ``p``'s ring (SHM)."""
-        if h.kind == DATA:
-            return stream
-        if h.kind == SHM and p.reader is not None:
-            p.reader.begin(h.nbytes)
-            return p.reader
-        raise ProtocolError(f"rank {p.rank} sent a {KINDS[h.kind]} frame where a message was due"
-                            + (" (it offered no shared ring)" if h.kind == SHM else ""))
-
-    def _receive_unexpected(self, source: _Stream | _shm.RingReader, msg: Message, deadline: float) -> None:
-        """Read an unexpected payload in chunks; once a receive matches it, read the rest straight in."""
-        got = 0
-        while got < msg.nbytes:
-            op = msg.op  # set under the lock by irecv; seen here at the next chunk at the latest
-            if op is not None and op.nbytes == msg.nbytes:
-                source.read_into(op.view[got:], deadline)
-                self._mail.unload(msg, op.view)
-                with self._cond:
-                    msg.arrived = True
-                self._complete(op)
-                return
-            chunk = self._mail.piece(min(msg.nbytes - got, CHUNK), got)
-            source.read_into(chunk, deadline)
-            msg.chunks.append(chunk)
-            got += len(chunk)
-        with self._cond:
-            msg.arrived = True
-            op = msg.op
-        if op is not None:
-            self._deliver(msg, op)
+        Receiver(self, p, conn).run()
 
     def _fail_receives(self, p: _Peer, failure: tuple[type, str]) -> None:
         """No more frames will come from ``p``: fail its posted receives, and later ones (the lock is held)."""
@@ -758,7 +645,7 @@ class PeerNetwork:
             for p in self._peers:
                 if p.queue is not None:
                     p.queue.put(_STOP)
-        deadline = time.monotonic() + min(self.timeout, _LINGER) + 1.0
+        deadline = time.monotonic() + min(self.timeout, _links.LINGER) + 1.0
         for p in self._peers:
             if p.sender is not None:
                 p.sender.join(max(0.0, deadline - time.monotonic()))
@@ -786,27 +673,6 @@ class PeerNetwork:
                 p.ring.close()
             if p.reader is not None:
                 p.reader.close()
-
-
-class _Stream:
-    """The payload of a DATA frame: the bytes that follow its header on the connection."""
-
-    __slots__ = ("conn", "peer")
-
-    def __init__(self, conn: socket.socket, peer: int):
-        self.conn, self.peer = conn, peer
-
-    def read_into(self, view: memoryview, deadline: float) -> None:
-        recv_exact_into(self.conn, view, peer=self.peer, deadline=deadline)
-
-
-def _discard(source: _Stream | _shm.RingReader, nbytes: int, deadline: float) -> None:
-    """Read and drop ``nbytes`` payload bytes (a frame no buffer can take) by ``deadline``."""
-    scratch = memoryview(bytearray(min(nbytes, 1 << 20)))
-    while nbytes:
-        n = min(nbytes, len(scratch))
-        source.read_into(scratch[:n], deadline)
-        nbytes -= n
 
 
 class PeerTransport:
