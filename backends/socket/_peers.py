@@ -2,17 +2,29 @@
 
 A :class:`PeerNetwork` listens on ``host:0`` and publishes its address in the store
 under ``peer/{rank}``. The first send to a peer connects to the peer's address,
-authenticates (:mod:`._auth`) and says hello with its rank; from then on that
-connection carries this rank's frames to the peer. Each accepted connection gets a
-receiver thread that reads the peer's frames. So every pair of ranks talks over two
-connections, one per direction, and an algorithm can send and receive at once.
+authenticates (:mod:`._auth`) and says hello with its rank (:mod:`._links`); from then
+on that connection carries this rank's frames to the peer. Each accepted connection gets
+a receiver thread that reads the peer's frames (:mod:`._receiving`). So every pair of
+ranks talks over two connections, one per direction, and an algorithm can send and
+receive at once.
+
+This module keeps what ties the parts together: posting, completion, waiting, lost
+peers and closing, all under the network's one lock (``PeerNetwork._cond``). The parts:
+
+==================  ===============================================================
+:mod:`._links`      connecting, the hello, what a peer writes back on the
+                    connection this rank sends on, the shared-ring offer
+:mod:`._sending`    writing one peer's frames in posting order, and the goodbye
+:mod:`._receiving`  reading one peer's frames and delivering them
+:mod:`._matching`   the posted and unexpected tables and their rules
+==================  ===============================================================
 
 Sending: a send of up to ``_INLINE_MAX`` bytes to a peer with nothing else queued or
 being written (and a connection already made) is written by the calling thread inside
 :meth:`PeerNetwork.isend`, which saves the hand-off to another thread. Every other send
 goes to the peer's sender thread, in posting order. Both write through
-:meth:`PeerNetwork._write` under the peer's send lock, so frames never interleave and a
-send never overtakes one posted before it.
+:meth:`._sending.Sender.write` under the peer's send lock, so frames never interleave and
+a send never overtakes one posted before it.
 
 Shared memory: a send of at least ``_shm.MIN_BYTES`` to a peer on the same host (and in the
 same pid namespace) puts its payload in a shared ring the two ranks map (:mod:`._shm`); the
@@ -23,7 +35,7 @@ payloads stay on TCP (other hosts, ``SIMDIST_SHM=0``).
 Matching: messages from one peer with one ``(ctx, tag)`` match receives in the order
 both were posted. A receive posted before its frame arrives is filled straight from
 the socket (no copy); a frame that arrives first is kept as an *unexpected* message
-and copied when the receive is posted.
+and copied when the receive is posted (:class:`._matching.Mailbox`).
 
 Accepting: through :class:`._accept.Acceptor`, which bounds connections before they have
 authenticated (a cap on handshakes, a fixed deadline for the handshake and the hello,
@@ -57,10 +69,11 @@ from simdist._errors import DistError, DistTimeoutError, PeerLostError, Protocol
 from . import _links, _shm
 from ._accept import Acceptor
 from ._failures import FAILING, POLL_S
-from ._frames import CLOSE, DATA, encode_header, send_frame
-from ._links import Goodbye, connect, hung_up, offer_ring, read_back, read_hello, write_ring
+from ._frames import CLOSE, encode_header
+from ._links import hung_up, read_hello
 from ._matching import Mailbox, Message, mismatch
 from ._receiving import Receiver
+from ._sending import STOP, Sender
 
 __all__ = ["Handle", "PeerNetwork", "PeerTransport"]
 
@@ -74,8 +87,7 @@ _PROBE_INTERVAL = 0.25  # seconds between checks of idle connections while a wai
 # latency of a small all_reduce between two processes, 300 -> 600-750 us)
 _BLOCKED_S = 0.05
 _EXPLAIN_TRIES, _EXPLAIN_GAP_S = 4, 0.1  # reads of the failure records that may explain a failed wait
-_INLINE_MAX = 1 << 20  # bytes: larger sends always go to the sender thread (see _write)
-_STOP = object()
+_INLINE_MAX = 1 << 20  # bytes: larger sends always go to the sender thread (see Sender.write)
 _PEEK_BYTES = 1 << 16  # what a probe peeks at: more than the credits a ring can owe (``SLOTS`` frames)
 
 
@@ -187,6 +199,7 @@ class PeerNetwork:
         self._secret = secret
         self._cond = threading.Condition(threading.Lock())
         self._peers = [_Peer(p) for p in range(world_size)]
+        self._senders = [Sender(self, p) for p in self._peers]
         self._mail = Mailbox(world_size)  # the posted and unexpected tables, guarded by ``_cond``
         self._closed = False
         self._farewell = 0  # the tag of the goodbye (CLOSE) frames: FAILING when this rank failed
@@ -258,12 +271,12 @@ class PeerNetwork:
             if not inline:
                 if p.queue is None:
                     p.queue = SimpleQueue()
-                    p.sender = self._start(lambda: self._send_loop(p), f"simdist-peers-send:{self.rank}->{peer}")
+                    p.sender = self._start(self._senders[peer].run, f"simdist-peers-send:{self.rank}->{peer}")
                 op.state = "queued"
                 p.queue.put(op)
                 return op
         try:
-            self._write(p, op)
+            self._senders[peer].write(op)
         finally:
             p.send_lock.release()
         return op
@@ -487,97 +500,6 @@ class PeerNetwork:
             lines.append("incoming connections rejected: " + "; ".join(self._rejected))
         return "\n".join(lines)
 
-    # -- sending ----------------------------------------------------------------------
-
-    def _send_loop(self, p: _Peer) -> None:
-        """The sender thread of ``p``: write each queued send in order; at ``_STOP``, say goodbye."""
-        while True:
-            op = p.queue.get()
-            with p.send_lock:
-                if op is _STOP:
-                    if p.outbound is not None:
-                        self._goodbye(p)
-                    return
-                self._write(p, op)
-
-    def _write(self, p: _Peer, op: Handle) -> None:
-        """Write the frame of send ``op`` to ``p``, connecting first if need be, then complete or
-        fail ``op``; the caller holds ``p.send_lock``.
-
-        The one way a frame goes out, from the sender thread and from :meth:`isend` alike.
-        A failure fails ``op`` and every later send to ``p``; a broken connection (or a
-        goodbye waiting on it) also marks ``p`` lost. A large payload keeps the caller
-        here until the kernel has taken it, which is why :meth:`isend` writes only sends of
-        up to ``_INLINE_MAX`` bytes itself.
-        """
-        with self._cond:
-            if p.send_failure is not None:
-                p.unsent -= 1
-                self._fail(op, p.send_failure, p.rank)
-                return
-            op.state = "connecting" if p.outbound is None else "sending"
-        sock = p.outbound
-        try:
-            if sock is None:
-                sock = connect(self._store, self._secret, self.rank, self.world_size, p.rank, self.timeout)
-                p.poller = select.poll()
-                p.poller.register(sock, select.POLLIN)
-                with self._cond:
-                    p.outbound = sock
-                    op.state = "sending"
-            while p.poller.poll(0):
-                read_back(sock, p.rank, p.ring)
-            if op.nbytes >= _shm.MIN_BYTES and self._shm and p.ring is None:
-                with self._cond:
-                    self._rings += 1
-                    room = self._rings <= _shm.MAX_RINGS
-                p.ring = offer_ring(sock, self.rank, p.rank) if room else False
-            if op.nbytes >= _shm.MIN_BYTES and p.ring:
-                write_ring(sock, p.ring, self.rank, p.rank, op)
-            else:
-                send_frame(sock, encode_header(DATA, op.ctx, op.tag, op.nbytes, self.rank), op.view, peer=p.rank)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes the peer's send failure
-            if isinstance(exc, DistError):
-                failure = (type(exc), str(exc))
-            elif isinstance(exc, (Goodbye, OSError)):
-                failure = (PeerLostError, str(exc))
-            else:
-                failure = (DistError, f"{type(exc).__name__}: {exc}")
-            with self._cond:
-                p.unsent -= 1
-                if isinstance(exc, PeerLostError):
-                    self._lose(p, failure, receiving=False)
-                elif p.send_failure is None:
-                    p.send_failure = failure
-                self._fail(op, p.send_failure, p.rank)
-                p.outbound = None
-            if sock is not None:
-                sock.close()
-            return
-        with self._cond:
-            p.unsent -= 1
-            op.view = None
-            op.state = "done"
-            op.done = True
-            self._cond.notify_all()
-
-    def _goodbye(self, p: _Peer) -> None:
-        """CLOSE on ``p.outbound``, end of stream, then wait (briefly) until the peer has read
-        everything; the caller holds ``p.send_lock``."""
-        with self._cond:
-            sock, p.outbound = p.outbound, None
-        try:
-            if p.send_failure is None:
-                sock.settimeout(min(self.timeout, _links.LINGER))
-                send_frame(sock, encode_header(CLOSE, 0, self._farewell, 0, self.rank), peer=p.rank)
-                sock.shutdown(socket.SHUT_WR)
-                while sock.recv(4096):
-                    pass
-        except (DistError, OSError):
-            pass
-        finally:
-            sock.close()
-
     # -- receiving --------------------------------------------------------------------
 
     def _authenticate(self, conn: socket.socket, seconds: float) -> _Peer:
@@ -644,7 +566,7 @@ class PeerNetwork:
                 self._fail(op, failure, op.peer)
             for p in self._peers:
                 if p.queue is not None:
-                    p.queue.put(_STOP)
+                    p.queue.put(STOP)
         deadline = time.monotonic() + min(self.timeout, _links.LINGER) + 1.0
         for p in self._peers:
             if p.sender is not None:
