@@ -14,8 +14,8 @@ offer, its goodbye) is read before each frame (:func:`._links.read_back`).
 Locking: a sender holds no state of its own. The peer's sending state (its connection,
 ring, count of unsent sends and send failure) is written under the network's lock
 (``PeerNetwork._cond``) where other threads read it, and the connection is written only
-by the holder of ``p.send_lock``; sends complete and fail through the network (``_fail``,
-``_lose``).
+by the holder of ``p.send_lock``. A send completes under the network's lock and fails through
+the network (``_fail``, ``_lose``).
 """
 
 from __future__ import annotations
