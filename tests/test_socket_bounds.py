@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from simdist.backends.socket import _accept, _auth
 from simdist.backends.socket import _frames as F
-from simdist.backends.socket import _peers as P
+from simdist.backends.socket import _links as L
 from simdist.backends.socket._auth import ServerBusy
 from simdist.backends.socket._peers import PeerNetwork
 from simdist.backends.socket._store import (
@@ -70,7 +70,7 @@ def peer_port(net: PeerNetwork) -> int:
 def raw_peer(net: PeerNetwork, rank: int, world: int) -> socket.socket:
     """A connection to ``net`` that passed the handshake and said hello as ``rank`` of ``world``."""
     sock = authenticated(peer_port(net))
-    sock.sendall(P._HELLO.pack(P._HELLO_MAGIC, rank, world))
+    sock.sendall(L.HELLO.pack(L.HELLO_MAGIC, rank, world))
     return sock
 
 

@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from simdist.backends.socket import _auth
 from simdist.backends.socket import _frames as F
-from simdist.backends.socket import _peers as P
+from simdist.backends.socket import _links as L
 from simdist.backends.socket import _store as S
 from simdist.backends.socket._accept import REFUSAL_LOG_INTERVAL_S
 from simdist.backends.socket._peers import PeerNetwork
@@ -374,16 +374,16 @@ def _listener(job: Job) -> int:
 
 
 def _hello(rank: int, world: int) -> bytes:
-    return P._HELLO.pack(P._HELLO_MAGIC, rank, world)
+    return L.HELLO.pack(L.HELLO_MAGIC, rank, world)
 
 
 def _claims_a_free_rank(stream: bytes) -> bool:
     """Whether ``stream`` starts with a hello rank 0 of the job might accept (a rank that is not
     rank 0 itself, nor rank 2, whose connection on the ring exists)."""
-    if len(stream) < P._HELLO.size:
+    if len(stream) < L.HELLO.size:
         return False
-    magic, rank, world = P._HELLO.unpack(stream[: P._HELLO.size])
-    return magic == P._HELLO_MAGIC and world == WORLD and rank not in (0, 2) and rank < world
+    magic, rank, world = L.HELLO.unpack(stream[: L.HELLO.size])
+    return magic == L.HELLO_MAGIC and world == WORLD and rank not in (0, 2) and rank < world
 
 
 @pytest.mark.timeout(300)

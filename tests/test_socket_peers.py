@@ -50,10 +50,10 @@ def _describe(exc: BaseException) -> dict:
 
 
 def _worker(rank: int, size: int, port: int, secret: bytes, timeout: float, conn) -> None:
-    from simdist.backends.socket import _peers
+    from simdist.backends.socket import _links
     from simdist.backends.socket._store import StoreClient
 
-    _peers._LINGER = LINGER  # a close() that waited for its linger would take a minute, not a moment
+    _links.LINGER = LINGER  # a close() that waited for its linger would take a minute, not a moment
     store = StoreClient("127.0.0.1", port, SECRET, timeout=timeout)
     net = PeerNetwork(rank, size, store, secret, timeout=timeout)
     conn.send(("ok", os.getpid()))
@@ -693,13 +693,13 @@ class DictStore:
 
 def _raw_peer(net: PeerNetwork, rank: int, world: int) -> socket.socket:
     """A raw connection to ``net`` that passed the handshake and said hello as ``rank``."""
-    from simdist.backends.socket import _peers
     from simdist.backends.socket._auth import client_handshake
+    from simdist.backends.socket._links import HELLO, HELLO_MAGIC
 
     host, port = net.address.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=30)
     client_handshake(sock, SECRET, 30)
-    sock.sendall(_peers._HELLO.pack(_peers._HELLO_MAGIC, rank, world))
+    sock.sendall(HELLO.pack(HELLO_MAGIC, rank, world))
     return sock
 
 

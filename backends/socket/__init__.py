@@ -1,7 +1,8 @@
 """The socket backend (``backend="socket"``): real processes over TCP, one machine or many.
 
 Pieces so far: the rendezvous store with HMAC-authenticated connections (``_store``,
-``_auth``) and the framed peer transport (``_frames``, ``_peers``).
+``_auth``) and the framed peer transport (``_frames``, ``_peers``, with ``_links``, ``_sending``,
+``_receiving`` and ``_matching``).
 """
 
 from simdist._callsite import skip_directory

@@ -2,17 +2,29 @@
 
 A :class:`PeerNetwork` listens on ``host:0`` and publishes its address in the store
 under ``peer/{rank}``. The first send to a peer connects to the peer's address,
-authenticates (:mod:`._auth`) and says hello with its rank; from then on that
-connection carries this rank's frames to the peer. Each accepted connection gets a
-receiver thread that reads the peer's frames. So every pair of ranks talks over two
-connections, one per direction, and an algorithm can send and receive at once.
+authenticates (:mod:`._auth`) and says hello with its rank (:mod:`._links`); from then
+on that connection carries this rank's frames to the peer. Each accepted connection gets
+a receiver thread that reads the peer's frames (:mod:`._receiving`). So every pair of
+ranks talks over two connections, one per direction, and an algorithm can send and
+receive at once.
+
+This module keeps what ties the parts together: posting, completion, waiting, lost
+peers and closing, all under the network's one lock (``PeerNetwork._cond``). The parts:
+
+==================  ===============================================================
+:mod:`._links`      connecting, the hello, what a peer writes back on the
+                    connection this rank sends on, the shared-ring offer
+:mod:`._sending`    writing one peer's frames in posting order, and the goodbye
+:mod:`._receiving`  reading one peer's frames and delivering them
+:mod:`._matching`   the posted and unexpected tables and their rules
+==================  ===============================================================
 
 Sending: a send of up to ``_INLINE_MAX`` bytes to a peer with nothing else queued or
 being written (and a connection already made) is written by the calling thread inside
 :meth:`PeerNetwork.isend`, which saves the hand-off to another thread. Every other send
 goes to the peer's sender thread, in posting order. Both write through
-:meth:`PeerNetwork._write` under the peer's send lock, so frames never interleave and a
-send never overtakes one posted before it.
+:meth:`._sending.Sender.write` under the peer's send lock, so frames never interleave and
+a send never overtakes one posted before it.
 
 Shared memory: a send of at least ``_shm.MIN_BYTES`` to a peer on the same host (and in the
 same pid namespace) puts its payload in a shared ring the two ranks map (:mod:`._shm`); the
@@ -23,7 +35,7 @@ payloads stay on TCP (other hosts, ``SIMDIST_SHM=0``).
 Matching: messages from one peer with one ``(ctx, tag)`` match receives in the order
 both were posted. A receive posted before its frame arrives is filled straight from
 the socket (no copy); a frame that arrives first is kept as an *unexpected* message
-and copied when the receive is posted.
+and copied when the receive is posted (:class:`._matching.Mailbox`).
 
 Accepting: through :class:`._accept.Acceptor`, which bounds connections before they have
 authenticated (a cap on handshakes, a fixed deadline for the handshake and the hello,
@@ -40,12 +52,10 @@ says so (CLOSE with tag ``FAILING``): its peers count it as lost at once.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import operator
 import select
 import socket
-import struct
 import threading
 import time
 from collections import deque
@@ -56,51 +66,29 @@ from typing import Any
 from simdist import _arrays as A
 from simdist._errors import DistError, DistTimeoutError, PeerLostError, ProtocolError
 
-from . import _shm
-from ._accept import Acceptor, frame_deadline
+from . import _links, _shm
+from ._accept import Acceptor
 from ._failures import FAILING, POLL_S
-from ._frames import (
-    CLOSE,
-    CREDIT,
-    DATA,
-    HEADER_SIZE,
-    KINDS,
-    SHM,
-    SHM_ACK,
-    SHM_OPEN,
-    Header,
-    decode_header,
-    encode_header,
-    recv_exact_into,
-    send_frame,
-)
+from ._frames import CLOSE, encode_header
+from ._links import hung_up, read_hello
+from ._matching import Mailbox, Message, mismatch
+from ._receiving import Receiver
+from ._sending import STOP, Sender
 
 __all__ = ["Handle", "PeerNetwork", "PeerTransport"]
 
 log = logging.getLogger(__name__)
 
-_HELLO = struct.Struct("!4sII")  # magic, rank, world size: the first bytes after the handshake
-_HELLO_MAGIC = b"SDPH"
-_LINGER = 5.0  # seconds close() waits for a peer to take the last frames
 _MAX_TAG = (1 << 63) - 1
 _MAX_CTX = (1 << 64) - 1
-_CHUNK = 4 << 20  # bytes per piece of an unexpected payload
-_SPARE_MIN = 64 << 10  # pieces from this size on come from (and go back to) the spare chunks
-_SPARES = 4  # spare chunks kept per network: 16 MiB at most
 _PROBE_INTERVAL = 0.25  # seconds between checks of idle connections while a wait blocks
 # seconds a wait blocks before it publishes this rank's state itself: a hang is seen where it is, and
 # collectives that finish sooner skip the store round trip (publishing on every wait doubled the
 # latency of a small all_reduce between two processes, 300 -> 600-750 us)
 _BLOCKED_S = 0.05
 _EXPLAIN_TRIES, _EXPLAIN_GAP_S = 4, 0.1  # reads of the failure records that may explain a failed wait
-_INLINE_MAX = 1 << 20  # bytes: larger sends always go to the sender thread (see _write)
-_STOP = object()
+_INLINE_MAX = 1 << 20  # bytes: larger sends always go to the sender thread (see Sender.write)
 _PEEK_BYTES = 1 << 16  # what a probe peeks at: more than the credits a ring can owe (``SLOTS`` frames)
-_RDHUP = getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR
-
-
-class _Goodbye(Exception):
-    """The peer said goodbye on the connection this rank sends on."""
 
 
 def _byte_view(buf: Any, argname: str = "buf") -> memoryview:
@@ -155,29 +143,11 @@ class Handle:
         return f"<Handle {self.describe()}{' done' if self.done else ''}>"
 
 
-class _Message:
-    """A frame that arrived before its receive was posted.
-
-    Its payload is kept in chunks allocated as the bytes come, so memory follows what
-    was received, never what a header claims.
-    """
-
-    __slots__ = ("arrived", "chunks", "nbytes", "op", "seq", "src")
-
-    def __init__(self, src: int, nbytes: int, seq: int):
-        self.src, self.nbytes, self.seq = src, nbytes, seq
-        self.chunks: list[memoryview] = []
-        self.arrived = False
-        self.op: Handle | None = None  # the receive that matched it while it was arriving
-
-
 class _Peer:
     """What this rank knows about one other rank."""
 
     def __init__(self, rank: int):
         self.rank = rank
-        self.posted: dict[tuple[int, int], deque[Handle]] = {}
-        self.unexpected: dict[tuple[int, int], deque[_Message]] = {}
         self.recv_failure: tuple[type, str] | None = None  # set once frames from the peer can no longer come
         self.send_failure: tuple[type, str] | None = None  # set once frames to the peer can no longer go
         self.lost: str | None = None  # why, once the peer is gone without a goodbye
@@ -229,10 +199,8 @@ class PeerNetwork:
         self._secret = secret
         self._cond = threading.Condition(threading.Lock())
         self._peers = [_Peer(p) for p in range(world_size)]
-        self._any_posted: dict[tuple[int, int], deque[Handle]] = {}
-        self._spares: deque[bytearray] = deque()  # chunks for unexpected payloads, reused (append/pop are atomic)
-        self._post_seq = itertools.count(1)
-        self._arrival_seq = itertools.count(1)
+        self._senders = [Sender(self, p) for p in self._peers]
+        self._mail = Mailbox(world_size)  # the posted and unexpected tables, guarded by ``_cond``
         self._closed = False
         self._farewell = 0  # the tag of the goodbye (CLOSE) frames: FAILING when this rank failed
         self._threads: list[threading.Thread] = []
@@ -303,12 +271,12 @@ class PeerNetwork:
             if not inline:
                 if p.queue is None:
                     p.queue = SimpleQueue()
-                    p.sender = self._start(lambda: self._send_loop(p), f"simdist-peers-send:{self.rank}->{peer}")
+                    p.sender = self._start(self._senders[peer].run, f"simdist-peers-send:{self.rank}->{peer}")
                 op.state = "queued"
                 p.queue.put(op)
                 return op
         try:
-            self._write(p, op)
+            self._senders[peer].write(op)
         finally:
             p.send_lock.release()
         return op
@@ -331,18 +299,15 @@ class PeerNetwork:
         op = Handle("recv", peer, ctx, tag, view)
         if host is not buf:
             op.device = (buf, host)
-        key = (ctx, tag)
         with self._cond:
             self._check_open("irecv")
-            op.seq = next(self._post_seq)
-            msg = self._take_unexpected(peer, key)
+            msg = self._mail.take(op)
             if msg is None:
-                if peer is None:
-                    self._any_posted.setdefault(key, deque()).append(op)
-                elif self._peers[peer].recv_failure is not None:
-                    self._fail(op, self._peers[peer].recv_failure, peer)
+                failure = None if peer is None else self._peers[peer].recv_failure
+                if failure is not None:
+                    self._fail(op, failure, peer)
                 else:
-                    self._peers[peer].posted.setdefault(key, deque()).append(op)
+                    self._mail.post(op)
                 return op
             op.source = msg.src
             if not msg.arrived:
@@ -350,29 +315,6 @@ class PeerNetwork:
                 msg.op = op
                 return op
         self._deliver(msg, op)
-        return op
-
-    def _take_unexpected(self, peer: int | None, key: tuple[int, int]) -> _Message | None:
-        """Pop the oldest unexpected message for ``key`` from ``peer`` (any peer: the first to arrive)."""
-        candidates = self._peers if peer is None else [self._peers[peer]]
-        best = None
-        for p in candidates:
-            queue = p.unexpected.get(key)
-            if queue and (best is None or queue[0].seq < best[1][0].seq):
-                best = (p, queue)
-        return _pop(best[0].unexpected, key) if best else None
-
-    def _match_posted(self, p: _Peer, key: tuple[int, int]) -> Handle | None:
-        """Pop the earliest-posted receive that a frame from ``p`` with ``key`` matches."""
-        mine, anyq = p.posted.get(key), self._any_posted.get(key)
-        if mine and (not anyq or mine[0].seq < anyq[0].seq):
-            op = _pop(p.posted, key)
-        elif anyq:
-            op = _pop(self._any_posted, key)
-            op.source = p.rank
-        else:
-            return None
-        op.state = "receiving"
         return op
 
     # -- completion ------------------------------------------------------------------
@@ -395,39 +337,14 @@ class PeerNetwork:
         op.done = True
         self._cond.notify_all()
 
-    def _deliver(self, msg: _Message, op: Handle) -> None:
+    def _deliver(self, msg: Message, op: Handle) -> None:
         """Copy an unexpected message into the receive it matched."""
         if msg.nbytes != op.nbytes:
             with self._cond:
-                self._fail(op, (ProtocolError, self._mismatch(msg.nbytes, op, msg.src)), msg.src)
+                self._fail(op, (ProtocolError, mismatch(msg.nbytes, op, msg.src)), msg.src)
             return
-        _copy_chunks(msg.chunks, op.view)
-        self._recycle(msg)
+        self._mail.unload(msg, op.view)
         self._complete(op)
-
-    def _piece(self, nbytes: int, got: int) -> memoryview:
-        """A writable view of at most ``nbytes`` (at most ``_CHUNK``) for an unexpected payload of
-        which ``got`` bytes arrived: part of a spare chunk where one is free, so large payloads
-        cost no fresh zeroed memory each time; else fresh memory no larger than what arrived
-        (at least ``_SPARE_MIN``), so memory follows the bytes received, not the header's claim."""
-        if nbytes < _SPARE_MIN:
-            return memoryview(bytearray(nbytes))
-        try:
-            chunk = self._spares.pop()
-        except IndexError:
-            return memoryview(bytearray(min(nbytes, max(got, _SPARE_MIN))))
-        return memoryview(chunk)[:nbytes]
-
-    def _recycle(self, msg: _Message) -> None:
-        """Drop ``msg``'s payload, keeping up to ``_SPARES`` full-size chunks for later payloads."""
-        for piece in msg.chunks:
-            if len(piece.obj) == _CHUNK and len(self._spares) < _SPARES:
-                self._spares.append(piece.obj)
-        msg.chunks = []
-
-    def _mismatch(self, nbytes: int, op: Handle, src: int) -> str:
-        return (f"message size mismatch: rank {src} sent {nbytes} bytes (ctx {op.ctx}, tag {op.tag}) but the "
-                f"posted buffer holds {op.nbytes} bytes; a send and its receive must have the same size")
 
     def wait(self, handles: Iterable[Handle], timeout: float | None = None, *,
              group: Sequence[int] | None = None) -> None:
@@ -550,7 +467,7 @@ class PeerNetwork:
                 with sock.dup() as probe:  # a non-blocking twin; the sender thread keeps its timeout
                     probe.settimeout(0)
                     waiting = probe.recv(_PEEK_BYTES, socket.MSG_PEEK)
-                    if waiting and not (_shm.credits_only(waiting) and _hung_up(probe)):
+                    if waiting and not (_shm.credits_only(waiting) and hung_up(probe)):
                         continue  # a goodbye is waiting (the sender thread reads it), or credits from a live peer
                 reason = f"rank {q} closed its connection without a goodbye (it exited or died)"
             except (BlockingIOError, InterruptedError):
@@ -583,201 +500,12 @@ class PeerNetwork:
             lines.append("incoming connections rejected: " + "; ".join(self._rejected))
         return "\n".join(lines)
 
-    # -- sending ----------------------------------------------------------------------
-
-    def _send_loop(self, p: _Peer) -> None:
-        """The sender thread of ``p``: write each queued send in order; at ``_STOP``, say goodbye."""
-        while True:
-            op = p.queue.get()
-            with p.send_lock:
-                if op is _STOP:
-                    if p.outbound is not None:
-                        self._goodbye(p)
-                    return
-                self._write(p, op)
-
-    def _write(self, p: _Peer, op: Handle) -> None:
-        """Write the frame of send ``op`` to ``p``, connecting first if need be, then complete or
-        fail ``op``; the caller holds ``p.send_lock``.
-
-        The one way a frame goes out, from the sender thread and from :meth:`isend` alike.
-        A failure fails ``op`` and every later send to ``p``; a broken connection (or a
-        goodbye waiting on it) also marks ``p`` lost. A large payload keeps the caller
-        here until the kernel has taken it, which is why :meth:`isend` writes only sends of
-        up to ``_INLINE_MAX`` bytes itself.
-        """
-        with self._cond:
-            if p.send_failure is not None:
-                p.unsent -= 1
-                self._fail(op, p.send_failure, p.rank)
-                return
-            op.state = "connecting" if p.outbound is None else "sending"
-        sock = p.outbound
-        try:
-            if sock is None:
-                sock = self._connect(p.rank)
-                p.poller = select.poll()
-                p.poller.register(sock, select.POLLIN)
-                with self._cond:
-                    p.outbound = sock
-                    op.state = "sending"
-            while p.poller.poll(0):
-                self._read_back(sock, p)
-            if op.nbytes >= _shm.MIN_BYTES and self._shm and p.ring is None:
-                with self._cond:
-                    self._rings += 1
-                    room = self._rings <= _shm.MAX_RINGS
-                p.ring = self._offer_ring(sock, p) if room else False
-            if op.nbytes >= _shm.MIN_BYTES and p.ring:
-                self._write_ring(sock, p, op)
-            else:
-                send_frame(sock, encode_header(DATA, op.ctx, op.tag, op.nbytes, self.rank), op.view, peer=p.rank)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes the peer's send failure
-            if isinstance(exc, DistError):
-                failure = (type(exc), str(exc))
-            elif isinstance(exc, (_Goodbye, OSError)):
-                failure = (PeerLostError, str(exc))
-            else:
-                failure = (DistError, f"{type(exc).__name__}: {exc}")
-            with self._cond:
-                p.unsent -= 1
-                if isinstance(exc, PeerLostError):
-                    self._lose(p, failure, receiving=False)
-                elif p.send_failure is None:
-                    p.send_failure = failure
-                self._fail(op, p.send_failure, p.rank)
-                p.outbound = None
-            if sock is not None:
-                sock.close()
-            return
-        with self._cond:
-            p.unsent -= 1
-            op.view = None
-            op.state = "done"
-            op.done = True
-            self._cond.notify_all()
-
-    def _connect(self, peer: int) -> socket.socket:
-        from ._auth import authenticated
-
-        raw = self._store.get(f"peer/{peer}")
-        address = bytes(raw).decode("ascii", "replace")
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
-            raise ProtocolError(f"the store holds a malformed address {address!r} for rank {peer}")
-        def connect() -> socket.socket:
-            try:
-                sock = socket.create_connection((host.strip("[]"), int(port)), timeout=self.timeout)
-            except OSError as exc:
-                raise PeerLostError(f"cannot connect to rank {peer} at {address}: {exc}", rank=peer) from exc
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return sock
-
-        try:
-            sock = authenticated(connect, self._secret, self.timeout, self.timeout)
-        except OSError as exc:
-            raise PeerLostError(f"connection to rank {peer} at {address} broke: {exc}", rank=peer) from exc
-        try:
-            sock.settimeout(self.timeout)
-            sock.sendall(_HELLO.pack(_HELLO_MAGIC, self.rank, self.world_size))
-        except OSError as exc:
-            sock.close()
-            raise PeerLostError(f"connection to rank {peer} at {address} broke: {exc}", rank=peer) from exc
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-
-    def _read_back(self, sock: socket.socket, p: _Peer) -> Header:
-        """Read the frame peer ``p`` wrote on the connection this rank sends on: a credit of the shared
-        ring (taken) or the answer to its offer (returned); else its goodbye, or it is gone (raised)."""
-        peer = p.rank
-        try:
-            data = sock.recv(HEADER_SIZE, socket.MSG_PEEK)
-        except OSError as exc:
-            raise PeerLostError(f"rank {peer}'s connection broke: {exc}", rank=peer) from exc
-        if not data:
-            raise PeerLostError(f"rank {peer} closed its connection without a goodbye (it exited or died)",
-                                rank=peer)
-        head = bytearray(HEADER_SIZE)
-        recv_exact_into(sock, memoryview(head), peer=peer)
-        h = decode_header(head)
-        if h.kind == CREDIT and isinstance(p.ring, _shm.Ring):
-            p.ring.credit(h, peer)
-            return h
-        if h.kind == SHM_ACK:
-            return h
-        if h.kind == CLOSE and h.tag == FAILING:
-            raise PeerLostError(f"rank {peer} failed (it said so in its goodbye)", rank=peer)
-        if h.kind == CLOSE:
-            raise _Goodbye(f"rank {peer} has closed its peer network")
-        raise ProtocolError(f"rank {peer} sent a {KINDS[h.kind]} frame on the connection this rank sends on")
-
-    def _offer_ring(self, sock: socket.socket, p: _Peer) -> _shm.Ring | bool:
-        """Offer ``p`` a shared ring for this rank's large payloads: the ring once ``p`` mapped it, else
-        ``False`` (another host, or no shared memory here: TCP carries them)."""
-        try:
-            ring = _shm.Ring()
-        except OSError as exc:
-            log.info("rank %d: no shared memory for rank %d (%s); payloads go over TCP", self.rank, p.rank, exc)
-            return False
-        try:
-            send_frame(sock, ring.offer(self.rank), peer=p.rank)
-            answer = self._read_back(sock, p)
-        except BaseException:
-            ring.close()
-            raise
-        if answer.kind != SHM_ACK or answer.tag != 1:
-            ring.close()
-            return False
-        ring.accepted()
-        return ring
-
-    def _write_ring(self, sock: socket.socket, p: _Peer, op: Handle) -> None:
-        """Send ``op`` through ``p``'s shared ring: an SHM frame, then one CHUNK frame per slot filled."""
-        ring = p.ring
-        head = encode_header(SHM, op.ctx, op.tag, op.nbytes, self.rank)
-        for start in range(0, op.nbytes, ring.slot_size):
-            while ring.full():
-                self._read_back(sock, p)
-            head += ring.put(op.view[start : start + ring.slot_size], self.rank)
-            send_frame(sock, head, peer=p.rank)
-            head = b""
-
-    def _goodbye(self, p: _Peer) -> None:
-        """CLOSE on ``p.outbound``, end of stream, then wait (briefly) until the peer has read
-        everything; the caller holds ``p.send_lock``."""
-        with self._cond:
-            sock, p.outbound = p.outbound, None
-        try:
-            if p.send_failure is None:
-                sock.settimeout(min(self.timeout, _LINGER))
-                send_frame(sock, encode_header(CLOSE, 0, self._farewell, 0, self.rank), peer=p.rank)
-                sock.shutdown(socket.SHUT_WR)
-                while sock.recv(4096):
-                    pass
-        except (DistError, OSError):
-            pass
-        finally:
-            sock.close()
-
     # -- receiving --------------------------------------------------------------------
 
     def _authenticate(self, conn: socket.socket, seconds: float) -> _Peer:
         """Authenticate an incoming connection and read its hello, all within ``seconds``; the
         peer it comes from, whose ``inbound`` it now is."""
-        from ._auth import server_handshake
-
-        deadline = time.monotonic() + seconds
-        server_handshake(conn, self._secret, seconds)
-        hello = bytearray(_HELLO.size)
-        recv_exact_into(conn, memoryview(hello), deadline=deadline)
-        magic, rank, world = _HELLO.unpack(hello)
-        if magic != _HELLO_MAGIC:
-            raise ProtocolError(f"bad hello {bytes(hello)!r}")
-        if world != self.world_size or not 0 <= rank < world or rank == self.rank:
-            raise ProtocolError(f"hello from rank {rank} of {world}; this is rank {self.rank} of "
-                                f"{self.world_size}")
+        rank = read_hello(conn, self._secret, seconds, self.rank, self.world_size)
         with self._cond:
             if self._closed:
                 raise DistError("the peer network is closing")
@@ -794,126 +522,14 @@ class PeerNetwork:
                 self._rejected.append(f"{addr}: {type(exc).__name__}: {exc}")
 
     def _serve(self, conn: socket.socket, p: _Peer) -> None:
-        self._receive_loop(p, conn)
-
-    def _receive_loop(self, p: _Peer, conn: socket.socket) -> None:
-        head = bytearray(HEADER_SIZE)
-        view = memoryview(head)
-        stream = _Stream(conn, p.rank)
-        current: Handle | _Message | None = None
-        try:
-            while True:
-                conn.settimeout(None)  # idle between frames: no deadline
-                recv_exact_into(conn, view, peer=p.rank)
-                h = decode_header(head)
-                deadline = time.monotonic() + frame_deadline(h.nbytes, self.timeout)
-                if h.src != p.rank:
-                    raise ProtocolError(f"a frame from rank {p.rank} claims to come from rank {h.src}")
-                if h.kind == CLOSE:
-                    with self._cond:
-                        if h.tag == FAILING:
-                            self._lose(p, (PeerLostError, f"rank {p.rank} failed (it said so in its goodbye)"),
-                                       receiving=True)
-                        reason = f"rank {p.rank} closed its peer network (an orderly goodbye)"
-                        self._fail_receives(p, (PeerLostError, reason + " before this receive matched"))
-                    try:
-                        conn.settimeout(min(self.timeout, _LINGER))
-                        while conn.recv(4096):
-                            pass
-                    except OSError:
-                        pass
-                    return
-                if h.kind == SHM_OPEN:
-                    reader = _shm.RingReader.accept(conn, h, self.rank, p.rank, p.back_lock, deadline, self._shm)
-                    p.reader = reader or p.reader
-                    continue
-                source = self._source(h, stream, p)
-                with self._cond:
-                    op = self._match_posted(p, (h.ctx, h.tag))
-                    if op is None:
-                        current = _Message(p.rank, h.nbytes, next(self._arrival_seq))
-                        p.unexpected.setdefault((h.ctx, h.tag), deque()).append(current)
-                    else:
-                        current = op
-                if op is not None and op.nbytes != h.nbytes:
-                    _discard(source, h.nbytes, deadline)
-                    with self._cond:
-                        self._fail(op, (ProtocolError, self._mismatch(h.nbytes, op, p.rank)), p.rank)
-                elif op is not None:
-                    source.read_into(op.view, deadline)
-                    self._complete(op)
-                else:
-                    self._receive_unexpected(source, current, deadline)
-                current = None
-        except Exception as exc:  # noqa: BLE001 - every failure becomes the peer's receive failure
-            if self._closed:
-                failure = (DistError, "the peer network was closed")
-            elif isinstance(exc, PeerLostError):
-                where = "" if current is None else (
-                    f", in the middle of a {h.nbytes}-byte message (ctx {h.ctx}, tag {h.tag})")
-                reason = f"rank {p.rank}'s connection ended without a goodbye{where}"
-                failure = (PeerLostError, f"{reason} (the process exited or died): {exc}")
-            elif isinstance(exc, DistError):
-                failure = (type(exc), str(exc))
-            else:
-                failure = (DistError, f"{type(exc).__name__}: {exc}")
-            with self._cond:
-                if isinstance(current, Handle):
-                    self._fail(current, failure, p.rank)
-                elif isinstance(current, _Message):
-                    if current.op is not None:
-                        self._fail(current.op, failure, p.rank)
-                    else:
-                        queue = p.unexpected[(h.ctx, h.tag)]
-                        queue.remove(current)
-                        if not queue:
-                            del p.unexpected[(h.ctx, h.tag)]
-                if self._closed:
-                    self._fail_receives(p, failure)
-                else:
-                    self._lose(p, failure, receiving=True)
-
-    def _source(self, h: Header, stream: _Stream, p: _Peer) -> _Stream | _shm.RingReader:
-        """Where the payload of frame ``h`` from ``p`` comes from: the connection (DATA) or ``p``'s ring (SHM)."""
-        if h.kind == DATA:
-            return stream
-        if h.kind == SHM and p.reader is not None:
-            p.reader.begin(h.nbytes)
-            return p.reader
-        raise ProtocolError(f"rank {p.rank} sent a {KINDS[h.kind]} frame where a message was due"
-                            + (" (it offered no shared ring)" if h.kind == SHM else ""))
-
-    def _receive_unexpected(self, source: _Stream | _shm.RingReader, msg: _Message, deadline: float) -> None:
-        """Read an unexpected payload in chunks; once a receive matches it, read the rest straight in."""
-        got = 0
-        while got < msg.nbytes:
-            op = msg.op  # set under the lock by irecv; seen here at the next chunk at the latest
-            if op is not None and op.nbytes == msg.nbytes:
-                source.read_into(op.view[got:], deadline)
-                _copy_chunks(msg.chunks, op.view)
-                self._recycle(msg)
-                with self._cond:
-                    msg.arrived = True
-                self._complete(op)
-                return
-            chunk = self._piece(min(msg.nbytes - got, _CHUNK), got)
-            source.read_into(chunk, deadline)
-            msg.chunks.append(chunk)
-            got += len(chunk)
-        with self._cond:
-            msg.arrived = True
-            op = msg.op
-        if op is not None:
-            self._deliver(msg, op)
+        Receiver(self, p, conn).run()
 
     def _fail_receives(self, p: _Peer, failure: tuple[type, str]) -> None:
         """No more frames will come from ``p``: fail its posted receives, and later ones (the lock is held)."""
         if p.recv_failure is None:
             p.recv_failure = failure
-        for queue in p.posted.values():
-            for op in queue:
-                self._fail(op, failure, p.rank)
-        p.posted.clear()
+        for op in self._mail.withdraw(p.rank):
+            self._fail(op, failure, p.rank)
 
     # -- transports and closing -----------------------------------------------------
 
@@ -946,14 +562,12 @@ class PeerNetwork:
             self._closed = True
             self._farewell = FAILING if failed else 0
             failure = (DistError, "the peer network was closed")
-            for queue in itertools.chain(self._any_posted.values(), *(p.posted.values() for p in self._peers)):
-                for op in queue:
-                    self._fail(op, failure, op.peer)
-                queue.clear()
+            for op in self._mail.withdraw():
+                self._fail(op, failure, op.peer)
             for p in self._peers:
                 if p.queue is not None:
-                    p.queue.put(_STOP)
-        deadline = time.monotonic() + min(self.timeout, _LINGER) + 1.0
+                    p.queue.put(STOP)
+        deadline = time.monotonic() + min(self.timeout, _links.LINGER) + 1.0
         for p in self._peers:
             if p.sender is not None:
                 p.sender.join(max(0.0, deadline - time.monotonic()))
@@ -981,50 +595,6 @@ class PeerNetwork:
                 p.ring.close()
             if p.reader is not None:
                 p.reader.close()
-
-
-def _hung_up(sock: socket.socket) -> bool:
-    """Whether the peer of ``sock`` has closed its end (data it wrote before may still wait unread)."""
-    poller = select.poll()
-    poller.register(sock, _RDHUP)
-    return bool(poller.poll(0))
-
-
-def _pop(table: dict[tuple[int, int], deque], key: tuple[int, int]) -> Any:
-    """Pop the head of ``table[key]``, dropping the queue once empty (every call has its own ctx)."""
-    queue = table[key]
-    item = queue.popleft()
-    if not queue:
-        del table[key]
-    return item
-
-
-def _copy_chunks(chunks: list[memoryview], view: memoryview) -> None:
-    offset = 0
-    for chunk in chunks:
-        view[offset : offset + len(chunk)] = chunk
-        offset += len(chunk)
-
-
-class _Stream:
-    """The payload of a DATA frame: the bytes that follow its header on the connection."""
-
-    __slots__ = ("conn", "peer")
-
-    def __init__(self, conn: socket.socket, peer: int):
-        self.conn, self.peer = conn, peer
-
-    def read_into(self, view: memoryview, deadline: float) -> None:
-        recv_exact_into(self.conn, view, peer=self.peer, deadline=deadline)
-
-
-def _discard(source: _Stream | _shm.RingReader, nbytes: int, deadline: float) -> None:
-    """Read and drop ``nbytes`` payload bytes (a frame no buffer can take) by ``deadline``."""
-    scratch = memoryview(bytearray(min(nbytes, 1 << 20)))
-    while nbytes:
-        n = min(nbytes, len(scratch))
-        source.read_into(scratch[:n], deadline)
-        nbytes -= n
 
 
 class PeerTransport:
