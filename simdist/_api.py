@@ -139,8 +139,7 @@ def _process_world(backend: str | None, init_method: str | None, store: Any) -> 
     launched = init_method not in (None, "env://") or store is not None or "MASTER_ADDR" in os.environ
     if name is not None:
         world_type = backend_spec(name).load()  # ValueError naming the known backends
-        launched = launched or not getattr(world_type, "needs_rendezvous", True)
-        if launched and getattr(world_type, "process_world", False):
+        if (launched or not world_type.needs_rendezvous) and world_type.process_world:
             return world_type()
     raise RuntimeError(
         f"init_process_group(backend={backend!r}) was called outside a simulation, and nothing launched this "
@@ -222,12 +221,12 @@ def destroy_process_group(group: Any = None) -> None:
     if group is GroupMember.NON_GROUP_MEMBER:
         return
     if group is None or group is world.default_group:
-        doomed = [world.default_group, *getattr(world, "groups", ())]
+        doomed = [world.default_group, *world.groups]
     else:
         doomed = [resolve("destroy_process_group", group)[1]]
     world.destroy(group)
     for g in doomed:
-        g._simdist_destroyed = True  # later calls on it raise a clear error (see _checks.resolve)
+        g.destroyed = True  # later calls on it raise a clear error (see _checks.resolve)
 
 
 @library_call
@@ -510,7 +509,7 @@ def compute(seconds: float) -> None:
     if not seconds >= 0:
         raise ValueError(f"seconds={seconds!r} must be a non-negative number")
     world = current_world()
-    if world is not None and hasattr(world, "compute"):
+    if world is not None:
         world.compute(float(seconds), user_call_site())
 
 

@@ -33,7 +33,7 @@ def resolve(fn: str, group: Any) -> tuple[World, ProcessGroup | None]:
         raise TypeError(
             f"group must be a ProcessGroup from new_group() or None, got {type(group).__name__} ({group!r:.60})"
         )
-    if getattr(group, "_simdist_destroyed", False):
+    if group.destroyed:
         raise ValueError(f"group={group!r} was destroyed by destroy_process_group(); make a new one with new_group()")
     return world, group
 

@@ -438,7 +438,7 @@ class _JoinState:
 def _simulated_backward(seconds: float) -> None:
     """On the simulator: advance this rank's virtual clock by ``seconds`` of backward computation."""
     world = current_world()
-    if world is not None and hasattr(world, "compute"):
+    if world is not None:
         world.compute(seconds, user_call_site(), op="backward")
 
 

@@ -46,6 +46,8 @@ class ProcessGroup(ABC):
     group_desc: str | None = None
     """The name the program gave the group (``new_group(..., group_desc="a")``, as in torch);
     reports call the group by it, else by its number."""
+    destroyed: bool = False
+    """Set by ``destroy_process_group``: later calls with the group raise a clear error."""
 
     def __init__(self, rank: int, ranks: Sequence[int], group_id: int = 0):
         self.rank = rank

@@ -68,13 +68,9 @@ def spawn(
     if not join:
         raise ValueError("join=False is not supported: spawn returns once every rank has finished")
     from ._registry import backend_spec
-    from ._world import World
 
-    world_type = backend_spec(backend).load()  # ValueError naming the registered backends
-    if not (isinstance(world_type, type) and issubclass(world_type, World)):
-        raise ValueError(  # noqa: TRY004 - what is wrong is the backend named, as for a World that cannot launch
-            f"backend={backend!r} cannot launch ranks: it is registered as {world_type!r}, not a simdist World "
-            "subclass; use backend='sim'")
+    # ValueError naming the registered backends, or saying the target is no World subclass
+    world_type = backend_spec(backend).load()
     return world_type.spawn(fn, args, nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
 
 

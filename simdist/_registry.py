@@ -5,7 +5,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._world import World
 
 __all__ = ["BackendSpec", "register_backend", "backend_spec", "backend_names", "TORCH_NAMES"]
 
@@ -36,9 +39,16 @@ class BackendSpec:
         """Whether every required module can be imported (checked without importing it)."""
         return all(importlib.util.find_spec(m) is not None for m in self.requires)
 
-    def load(self) -> Callable:
+    def load(self) -> type[World]:
+        """The backend's ``World`` subclass, imported now; ``ValueError`` if the target is not one."""
+        from ._world import World
+
         module, _, attr = self.target.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        target = getattr(importlib.import_module(module), attr)
+        if not (isinstance(target, type) and issubclass(target, World)):
+            raise ValueError(f"backend {self.name!r} is registered as {self.target!r}, which is {target!r}, "
+                             "not a simdist World subclass")
+        return target
 
 
 _REGISTRY: dict[str, BackendSpec] = {}

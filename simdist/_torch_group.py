@@ -417,7 +417,7 @@ def bridge_classes() -> tuple[type, type]:
         def shutdown(self) -> None:
             """torch's ``destroy_process_group`` calls this for each group it destroys: destroy the simdist group."""
             self._keeper = _Keeper()
-            if not api.is_initialized() or getattr(self._g, "_simdist_destroyed", False):
+            if not api.is_initialized() or self._g.destroyed:
                 return
             if self._g.group_id == 0:  # the default group
                 api.destroy_process_group()

@@ -14,7 +14,8 @@ from typing import Any, Callable, Sequence
 from ._errors import NotInitializedError
 from ._group import ProcessGroup
 
-__all__ = ["World", "current_world", "require_world", "set_thread_world", "set_process_world", "thread_world"]
+__all__ = ["ProcessWorld", "World", "current_world", "require_world", "set_thread_world", "set_process_world",
+           "thread_world"]
 
 
 class World(ABC):
@@ -34,6 +35,12 @@ class World(ABC):
     default_group: ProcessGroup | None = None
     groups: list[ProcessGroup]
 
+    process_world: bool = False
+    """Whether ``init_process_group`` outside a simulation makes this world for the process (one rank per
+    process, started by a launcher)."""
+    needs_rendezvous: bool = True
+    """Whether such a process needs ``env://`` (``MASTER_ADDR``) or an ``init_method`` to find its peers."""
+
     @property
     def initialized(self) -> bool:
         return self.default_group is not None
@@ -46,6 +53,11 @@ class World(ABC):
         A backend that can start its ranks itself overrides this; here it raises ``ValueError``.
         """
         raise ValueError(f"backend={backend!r} cannot launch ranks; use backend='sim'")
+
+    def compute(self, seconds: float, call_site: str, op: str = "compute") -> None:
+        """Account for ``seconds`` of the program's own computation (``simdist.sim.compute``, DDP's backward):
+        a simulated world advances its rank's virtual clock; a real one, where computing takes its own time,
+        does nothing."""
 
     @abstractmethod
     def init(
@@ -69,6 +81,22 @@ class World(ABC):
             self.groups.remove(group)
             group.destroy()
         return True
+
+
+class ProcessWorld(World):
+    """A world of one rank per process (socket, NCCL, torch's backends), made by ``init_process_group`` in a
+    process that a launcher started (``simdist run``, :func:`simdist.spawn`, torchrun)."""
+
+    process_world = True
+
+    @classmethod
+    def spawn(cls, fn: Callable, args: tuple, nprocs: int, *, daemon: bool, start_method: str | None,
+              backend: str, **options: Any) -> list:
+        """The values of ``fn(rank, *args)`` on ``nprocs`` processes of this machine, each with torchrun's
+        environment (:func:`simdist.backends.socket.spawn`)."""
+        from simdist.backends.socket import spawn
+
+        return spawn(fn, args, nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
 
 
 _local = threading.local()

@@ -8,12 +8,12 @@ import ipaddress
 import os
 import socket
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 from urllib.parse import urlparse
 
 from simdist._errors import DistError
 from simdist._group import GroupMember
-from simdist._world import World, set_process_world
+from simdist._world import ProcessWorld, set_process_world
 
 from ._checked import agreed_checks
 from ._failures import FailureMonitor, JobStore, caused_by, failure_text
@@ -110,18 +110,8 @@ def _address_towards(host: str, port: int) -> str:
         return probe.getsockname()[0]
 
 
-class SocketWorld(World):
+class SocketWorld(ProcessWorld):
     """This process's place among the ranks of a socket job."""
-
-    process_world = True
-
-    @classmethod
-    def spawn(cls, fn: Callable, args: tuple, nprocs: int, *, daemon: bool, start_method: str | None,
-              backend: str, **options: Any) -> list:
-        """The values of ``fn(rank, *args)`` on ``nprocs`` processes of this machine (see :func:`._spawn.spawn`)."""
-        from ._spawn import spawn
-
-        return spawn(fn, args, nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
 
     def __init__(self) -> None:
         self.server: Any = None

@@ -3,37 +3,26 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch.distributed as td
 
 from simdist._group import GroupMember
-from simdist._world import World, set_process_world
+from simdist._world import ProcessWorld, set_process_world
 
 from ._group import TorchGroup
 
 __all__ = ["TorchWorld", "GlooWorld", "TorchNcclWorld", "MpiWorld"]
 
 
-class TorchWorld(World):
+class TorchWorld(ProcessWorld):
     """This process's place in a job whose groups are torch.distributed groups.
 
     Subclasses name simdist's backend (``name``) and torch's (``torch_backend``).
     """
 
-    process_world = True
-    needs_rendezvous = True
-    """Whether the process needs ``env://`` or ``init_method`` to find its peers (MPI's launcher does that)."""
     name = "?"
     torch_backend = "?"
-
-    @classmethod
-    def spawn(cls, fn: Callable, args: tuple, nprocs: int, *, daemon: bool, start_method: str | None,
-              backend: str, **options: Any) -> list:
-        """The values of ``fn(rank, *args)`` on ``nprocs`` processes, started as the socket backend starts its own."""
-        from simdist.backends.socket import spawn
-
-        return spawn(fn, args, nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
 
     def __init__(self) -> None:
         self.groups: list[TorchGroup] = []
@@ -103,5 +92,5 @@ class MpiWorld(TorchWorld):
     """``backend="mpi"``: torch's MPI backend (a torch built with MPI, ranks started by ``mpirun``)."""
 
     name = torch_backend = "mpi"
-    needs_rendezvous = False
+    needs_rendezvous = False  # mpirun tells each process its peers
     requires = ("MPI", td.is_mpi_available)  # pip's builds of torch have none
