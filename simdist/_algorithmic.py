@@ -13,9 +13,9 @@ steps of ``CollectiveCall.finish``.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -109,7 +109,7 @@ class AlgorithmicGroup(ProcessGroup):
         return name
 
     def _signature(self, op: str, algorithm: str, opts: Options, x: Any, **extra: Any) -> dict:
-        sig = {"op": op, "dtype": A.dtype_name(x), "shape": A.shape_of(x), "algorithm": algorithm}
+        sig: dict[str, Any] = {"op": op, "dtype": A.dtype_name(x), "shape": A.shape_of(x), "algorithm": algorithm}
         sig["async_op"] = bool(opts.async_op)
         if opts.op is not None:
             sig["reduce_op"] = opts.op.name
@@ -163,13 +163,13 @@ class AlgorithmicGroup(ProcessGroup):
 
     def broadcast(self, tensor: Any, opts: Options) -> Work:
         buf, back = A.stage_out(tensor)
-        return self._call("broadcast", opts, tensor, A.nbytes(buf), BroadcastArgs(buf, opts.root), [back], [tensor],
+        return self._call("broadcast", opts, tensor, A.nbytes(buf), BroadcastArgs(buf, opts.root_rank), [back], [tensor],
                           snapshot=buf)
 
     def reduce(self, tensor: Any, opts: Options) -> Work:
         buf, back = A.stage_out(tensor)
-        op, avg = self._averaged(opts.op or ReduceOp.SUM, buf, here=self.rank == opts.root)
-        return self._call("reduce", opts, tensor, A.nbytes(buf), ReduceArgs(buf, op, opts.root), [avg, back],
+        op, avg = self._averaged(opts.op or ReduceOp.SUM, buf, here=self.rank == opts.root_rank)
+        return self._call("reduce", opts, tensor, A.nbytes(buf), ReduceArgs(buf, op, opts.root_rank), [avg, back],
                           [tensor], snapshot=buf)
 
     def all_gather(self, output_list: list, tensor: Any, opts: Options) -> Work:
@@ -189,17 +189,17 @@ class AlgorithmicGroup(ProcessGroup):
                           outputs, snapshot=out, **staging)
 
     def gather(self, tensor: Any, gather_list: list | None, opts: Options) -> Work:
-        root = opts.root
+        root = opts.root_rank
         inp = A.stage_in(tensor)
         out = A.zeros(inp, A.numel(inp) * self.size) if self.rank == root else None
-        finish = [A.split_into(out, gather_list)] if out is not None else []
+        finish = [A.split_into(out, gather_list or [])] if out is not None else []
         return self._call("gather", opts, tensor, A.nbytes(inp) * self.size, GatherArgs(inp, out, root), finish,
                           list(gather_list or []), snapshot=out if out is not None else inp, **_staging([out], [out]))
 
     def scatter(self, tensor: Any, scatter_list: list | None, opts: Options) -> Work:
-        root = opts.root
+        root = opts.root_rank
         out, back = A.stage_out(tensor)
-        inp = A.concat(scatter_list) if self.rank == root else None
+        inp = A.concat(scatter_list or []) if self.rank == root else None
         return self._call("scatter", opts, tensor, A.nbytes(out) * self.size, ScatterArgs(inp, out, root), [back],
                           [tensor], snapshot=out, **_staging([inp], [inp]))
 

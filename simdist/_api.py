@@ -221,9 +221,9 @@ def destroy_process_group(group: Any = None) -> None:
     if group is GroupMember.NON_GROUP_MEMBER:
         return
     if group is None or group is world.default_group:
-        doomed = [world.default_group, *world.groups]
+        doomed = [g for g in (world.default_group, *world.groups) if g is not None]
     else:
-        doomed = [resolve("destroy_process_group", group)[1]]
+        doomed = [g for g in (resolve("destroy_process_group", group)[1],) if g is not None]
     world.destroy(group)
     for g in doomed:
         g.destroyed = True  # later calls on it raise a clear error (see _checks.resolve)
@@ -468,7 +468,8 @@ def get_group_rank(group: Any, global_rank: int) -> int:
     Raises:
         NotInitializedError: before ``init_process_group``.
         TypeError: ``group`` is not a group, or ``global_rank`` not an int.
-        ValueError: ``global_rank`` is out of range or not a member of ``group``.
+        ValueError: ``global_rank`` is out of range or not a member of ``group``, or ``group`` is
+            ``NON_GROUP_MEMBER`` (this rank is outside it).
 
     Example:
         >>> import simdist
@@ -480,6 +481,9 @@ def get_group_rank(group: Any, global_rank: int) -> int:
         [None, 1, 1]
     """
     world, pg = resolve("get_group_rank", group)
+    if pg is None:
+        raise ValueError("group is GroupMember.NON_GROUP_MEMBER (new_group's answer on a rank outside the new group): "
+                         "it has no group ranks to look up here")
     return to_group_rank(world, pg, global_rank, "global_rank")
 
 

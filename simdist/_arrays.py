@@ -85,7 +85,7 @@ def is_array(x: object) -> bool:
     return isinstance(x, (torch.Tensor, np.ndarray)) or _is_cupy(x)
 
 
-def check_array(x: object, argname: str) -> None:
+def check_array(x: Any, argname: str) -> None:
     """Raise ``TypeError`` naming ``argname`` unless ``x`` is a supported array."""
     if not is_array(x):
         raise TypeError(
@@ -222,10 +222,10 @@ def changed_bytes(before: Array, after: Array) -> tuple[int, int] | None:
                 return None
         diff = np.flatnonzero(a != b)
     else:
-        a, b = _torch_bytes(before), _torch_bytes(after)
-        if torch.equal(a, b):
+        ta, tb = _torch_bytes(before), _torch_bytes(after)
+        if torch.equal(ta, tb):
             return None
-        diff = torch.nonzero(a != b).flatten().cpu().numpy()
+        diff = torch.nonzero(ta != tb).flatten().cpu().numpy()
     return int(diff[0]), int(diff[-1])
 
 
@@ -262,7 +262,8 @@ def overlap_span(view: Array, base: Array, bounds: tuple[int, int] | None | bool
     ``None`` if they share no memory; the span is rounded out to whole elements of ``base``.
     ``bounds``: ``base``'s :func:`byte_bounds`, where the caller keeps them (``False``: computed here).
     """
-    bv, bb = _byte_bounds(view), (_byte_bounds(base) if bounds is False else bounds)
+    bv = _byte_bounds(view)
+    bb = _byte_bounds(base) if bounds is False or bounds is True else bounds
     if bv is None or bb is None or not (bv[0] < bb[1] and bb[0] < bv[1]):
         return None
     size = itemsize(base)
@@ -283,7 +284,11 @@ def stage_out(x: Array) -> tuple[Array, Callable[[], None] | None]:
     buf = stage_in(x)
     if isinstance(x, torch.Tensor):
         target = x.detach()
-        return buf, lambda: target.copy_(buf.view(target.shape))
+
+        def write_back() -> None:
+            target.copy_(buf.view(target.shape))
+
+        return buf, write_back
     return buf, lambda: _xp(x).copyto(x, buf.reshape(x.shape))
 
 
@@ -473,7 +478,7 @@ def check_reduce_op(x: Array, op: ReduceOp, argname: str = "op") -> None:
         raise TypeError(f"{argname}={op!r} is not defined for complex dtype {name}")
 
 
-_TORCH_OPS = {
+_TORCH_OPS: dict[ReduceOp, Callable[..., Any]] = {
     ReduceOp.SUM: torch.add,
     ReduceOp.PRODUCT: torch.mul,
     ReduceOp.MIN: torch.minimum,
@@ -482,7 +487,7 @@ _TORCH_OPS = {
     ReduceOp.BOR: torch.bitwise_or,
     ReduceOp.BXOR: torch.bitwise_xor,
 }
-_TORCH_BOOL_OPS = {
+_TORCH_BOOL_OPS: dict[ReduceOp, Callable[..., Any]] = {
     ReduceOp.SUM: torch.logical_or,
     ReduceOp.PRODUCT: torch.logical_and,
     ReduceOp.MIN: torch.logical_and,

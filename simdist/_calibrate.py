@@ -166,9 +166,9 @@ def _rank(rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], rep
             a, b = torch.zeros(max(1, n // 4)), torch.zeros(max(1, n // 4))
 
             def shift() -> None:
-                works = [d.irecv(b, left), d.isend(a, right)]
-                for w in works:
-                    w.wait()
+                for w in (d.irecv(b, left), d.isend(a, right)):
+                    if w is not None:  # (every rank of the calibration is in the default group)
+                        w.wait()
 
             def steps() -> None:
                 for _ in range(STEPS):
@@ -233,10 +233,11 @@ def calibrate(path: str | Path | None = None, *, quick: bool = False, name: str 
     two, four = ranks2[0], {"shift": {n: _slowest_median([r["shift"][n] for r in ranks4]) for n in shifts}}
     two["shift"] = {n: _slowest_median([r["shift"][n] for r in ranks2]) for n in shifts}
     terms = fit(two["one_way"], two["shift"], four["shift"])
-    gathers = {}  # world -> (seconds with the check, seconds without)
+    gathers: dict[int, tuple[float, float]] = {}  # world -> (seconds with the check, seconds without)
     for world, ranks in ((2, ranks2), (4, ranks4)):
         unchecked = spawn(_rank, args=(world, (), (), reps, False), nprocs=world, backend="socket")
-        gathers[world] = tuple(_slowest_median([r["all_gather"] for r in rs]) for rs in (ranks, unchecked))
+        gathers[world] = (_slowest_median([r["all_gather"] for r in ranks]),
+                          _slowest_median([r["all_gather"] for r in unchecked]))
     single = _slowest_median([r["single"] for r in ranks2])  # one small shift after a barrier
     memory = fit_memory(two["copies"]["fresh"], two["copies"]["used"])
     spec = {

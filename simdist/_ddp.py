@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import warnings
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -41,6 +41,7 @@ from ._future import Future
 from ._callsite import skip_directory, user_call_site
 from ._objects import all_gather_object
 from ._reduce_op import ReduceOp
+from ._work import Work
 from ._world import current_world
 
 __all__ = ["DistributedDataParallel", "GradBucket", "bucket_assignment"]
@@ -61,7 +62,7 @@ _UNFINISHED = (
 )
 
 
-def bucket_assignment(params: list[torch.Tensor], limits: list[int]) -> list[list[int]]:
+def bucket_assignment(params: Sequence[torch.Tensor], limits: list[int]) -> list[list[int]]:
     """Indices of ``params`` grouped into buckets, as ``torch.distributed._compute_bucket_assignment_by_size``.
 
     Tensors are taken in order and kept apart by (dtype, device); a bucket closes once it
@@ -136,7 +137,16 @@ class _Bucket:
 
 def _default_hook(state: Any, bucket: GradBucket) -> Future:
     """All-reduce (SUM) the bucket, which the reducer has already divided by the world size."""
-    return api.all_reduce(bucket.buffer(), group=state, async_op=True).get_future().then(lambda f: f.value()[0])
+    return started_work(api.all_reduce(bucket.buffer(), group=state, async_op=True)).get_future().then(
+        lambda f: f.value()[0])
+
+
+def started_work(work: Work | None) -> Work:
+    """The work of an operation called with ``async_op=True`` (``None`` only on ranks outside its group, which
+    DDP's group never has)."""
+    if work is None:
+        raise RuntimeError("an asynchronous operation of DDP's process group returned no work")
+    return work
 
 
 class DistributedDataParallel(nn.Module):
@@ -278,6 +288,7 @@ class DistributedDataParallel(nn.Module):
             self._used.add(param)
             scale = None if self._custom_hook else 1.0 / self._divisor()  # a hook averages by itself
             grad = param.grad
+            assert grad is not None, "a used parameter has a gradient"
             if self.gradient_as_bucket_view and grad.data_ptr() == view.data_ptr():
                 if scale is not None:
                     view.mul_(scale)
@@ -310,6 +321,7 @@ class DistributedDataParallel(nn.Module):
             self._unfinished = [self._names[p] for p in self._params if p not in self._ready]
         globally_used = self._global_use() if self.find_unused_parameters else None
         for bucket in launched:
+            assert bucket.future is not None, "a launched bucket has its future"
             result = bucket.future.wait()
             if result is not bucket.buffer:
                 bucket.buffer.copy_(result)
@@ -424,6 +436,7 @@ class _JoinState:
         if ddp.find_unused_parameters:
             api.all_reduce(torch.zeros(len(ddp._params), dtype=torch.int32), group=ddp.process_group)
         for bucket in ddp._buckets:
+            assert bucket.future is not None, "every bucket was launched above"
             bucket.future.wait()
 
     def _sync_final_model(self, last: bool) -> None:

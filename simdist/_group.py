@@ -32,6 +32,13 @@ class Options:
     call_site: str | None = None
     tag: int | None = None
 
+    @property
+    def root_rank(self) -> int:
+        """``root``, for a rooted collective (the public functions always set it there)."""
+        if self.root is None:
+            raise ValueError("a rooted collective needs its root in Options.root")
+        return self.root
+
 
 class ProcessGroup(ABC):
     """A set of ranks that communicate; one object per rank.

@@ -91,9 +91,9 @@ def enumerate_schedules(
 
     if options.get("schedule") is not None or options.get("strategy") is not None:
         raise ValueError("enumerate_schedules chooses the schedules itself; do not pass schedule or strategy")
-    prefix: list[int] = []
+    prefix: list[int] | None = []
     for _ in range(max_runs):
-        res = run(fn, nprocs, args, schedule=list(prefix), **options)
+        res = run(fn, nprocs, args, schedule=list(prefix or ()), **options)
         yield res
         prefix = next_schedule(res.choices, res.option_counts)
         if prefix is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import warnings
 from abc import abstractmethod
+from functools import partial
 from typing import Any, Callable, Protocol, Sequence
 
 from . import _arrays as A
@@ -187,7 +188,7 @@ class LibraryGroup(ProcessGroup):
             buf, back = (self._input(tensor), None) if kind == "send" else self._output(tensor)
             prepared.append((kind, A.byte_view(buf), peer, opts.tag or 0, back, tensor))
         handles = self._lib_batch([p[:4] for p in prepared])
-        return [self._work([h], back, outputs=[tensor], source=(lambda peer=peer: self.ranks[peer]))
+        return [self._work([h], back, outputs=[tensor], source=partial(self.ranks.__getitem__, peer))
                 for h, (kind, _, peer, _, back, tensor) in zip(handles, prepared)]
 
     # --- collectives ------------------------------------------------------------------------
@@ -195,7 +196,7 @@ class LibraryGroup(ProcessGroup):
     def broadcast(self, tensor: Any, opts: Options) -> Work:
         self.note_algorithm("broadcast", opts)
         buf, back = self._output(tensor)
-        return self._work([self._lib_broadcast(A.byte_view(buf), opts.root)], back, outputs=[tensor])
+        return self._work([self._lib_broadcast(A.byte_view(buf), opts.root_rank)], back, outputs=[tensor])
 
     def all_reduce(self, tensor: Any, opts: Options) -> Work:
         self.note_algorithm("all_reduce", opts)
@@ -209,7 +210,7 @@ class LibraryGroup(ProcessGroup):
 
     def reduce(self, tensor: Any, opts: Options) -> Work:
         self.note_algorithm("reduce", opts)
-        op, root = opts.op or ReduceOp.SUM, opts.root
+        op, root = opts.op or ReduceOp.SUM, opts.root_rank
         buf, back = self._output(tensor)
         lib_op, after = self._reduction(buf, op)
         mine = self.rank == root
@@ -234,19 +235,20 @@ class LibraryGroup(ProcessGroup):
     def gather(self, tensor: Any, gather_list: list | None, opts: Options) -> Work:
         self.note_algorithm("gather", opts)
         inp = self._input(tensor)
-        if self.rank != opts.root:
-            return self._work([self._lib_gather(None, A.byte_view(inp), opts.root)], outputs=[])
+        root, gather_list = opts.root_rank, gather_list or []
+        if self.rank != root:
+            return self._work([self._lib_gather(None, A.byte_view(inp), root)], outputs=[])
         out = A.empty(inp, A.numel(inp) * self.size)
-        handle = self._lib_gather(A.byte_view(out), A.byte_view(inp), opts.root)
+        handle = self._lib_gather(A.byte_view(out), A.byte_view(inp), root)
         return self._work([handle], A.split_into(out, gather_list), outputs=list(gather_list))
 
     def scatter(self, tensor: Any, scatter_list: list | None, opts: Options) -> Work:
         self.note_algorithm("scatter", opts)
         out, back = self._output(tensor)
         inp = None
-        if self.rank == opts.root:
-            inp = A.byte_view(self.library_buffer(A.concat(scatter_list), written=False)[0])
-        return self._work([self._lib_scatter(A.byte_view(out), inp, opts.root)], back, outputs=[tensor])
+        if self.rank == opts.root_rank:
+            inp = A.byte_view(self.library_buffer(A.concat(scatter_list or []), written=False)[0])
+        return self._work([self._lib_scatter(A.byte_view(out), inp, opts.root_rank)], back, outputs=[tensor])
 
     def reduce_scatter(self, output: Any, input_list: list, opts: Options) -> Work:
         counts = [A.numel(x) for x in input_list]

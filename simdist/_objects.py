@@ -107,7 +107,7 @@ def gather_object(
     width = max(sizes)
     outs = [torch.empty(width, dtype=torch.uint8) for _ in range(pg.size)] if pg.rank == root else None
     _api.gather(_padded(mine, width), outs, dst=pg.ranks[root], group=group)
-    if pg.rank == root:
+    if outs is not None and object_gather_list is not None:  # (the root, whose list was checked above)
         for i, (t, n) in enumerate(zip(outs, sizes)):
             object_gather_list[i] = _unpack(t, n)
 
@@ -131,7 +131,7 @@ def scatter_object_list(
     src_global = pg.ranks[root]
     if pg.rank == root:
         _check_objects(scatter_object_input_list, "scatter_object_input_list", pg.size, " on the source rank")
-        packed = [_pack(o) for o in scatter_object_input_list]
+        packed = [_pack(o) for o in scatter_object_input_list or ()]
         sizes = torch.tensor([p.numel() for p in packed], dtype=torch.int64)
     else:
         sizes = torch.zeros(pg.size, dtype=torch.int64)

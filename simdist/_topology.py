@@ -447,7 +447,7 @@ def as_topology(spec: Any, size: int) -> Topology:
     if isinstance(spec, os.PathLike) or (isinstance(spec, str) and spec.endswith(".json")):
         from ._topology_file import load_topology
 
-        return load_topology(spec, size)
+        return load_topology(os.fspath(spec), size)
     if isinstance(spec, Topology):
         topo = spec
     elif isinstance(spec, str):

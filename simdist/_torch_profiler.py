@@ -128,14 +128,22 @@ def _parse(prof: Any, results: Any, *args: Any, **kwargs: Any) -> list:
     return events
 
 
+_PATCHES = {
+    "prepare": ("_prepare_trace", _prepare_trace),
+    "start": ("_start_trace", _start_trace),
+    "exit": ("__exit__", _exit),
+    "parse": ("_parse_kineto_results", _parse),
+}
+"""What :func:`install` replaces on torch's ``profile`` class: key in ``_saved`` -> (attribute, ours)."""
+
+
 def install() -> None:
     """Share torch's profiler among the rank threads of the simulation that is starting."""
     from torch.autograd.profiler import profile
 
-    _saved.update(prepare=profile._prepare_trace, start=profile._start_trace, exit=profile.__exit__,
-                  parse=profile._parse_kineto_results)
-    profile._prepare_trace, profile._start_trace, profile.__exit__ = _prepare_trace, _start_trace, _exit
-    profile._parse_kineto_results = _parse
+    for key, (name, ours) in _PATCHES.items():
+        _saved[key] = getattr(profile, name)
+        setattr(profile, name, ours)
 
 
 def uninstall() -> None:
@@ -143,7 +151,7 @@ def uninstall() -> None:
     from torch.autograd.profiler import profile
 
     if _saved:
-        profile._prepare_trace, profile._start_trace = _saved["prepare"], _saved["start"]
-        profile.__exit__, profile._parse_kineto_results = _saved["exit"], _saved["parse"]
+        for key, (name, _) in _PATCHES.items():
+            setattr(profile, name, _saved[key])
     _saved.clear()
     _members.clear()

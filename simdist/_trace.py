@@ -84,9 +84,10 @@ DTYPE = np.dtype(
 )
 """The row of one event in :meth:`Trace.columns` (``None`` is ``NONE32``/``NONE64``, or -1 for an index)."""
 assert DTYPE.itemsize == _ROW.size
-_TIMES, _AT_TIMES = struct.Struct("<dd"), DTYPE.fields["t_start"][1]  # what update() rewrites in a row
-_STEP, _AT_STEP = struct.Struct("<i"), DTYPE.fields["step"][1]
-assert DTYPE.fields["t_end"][1] == _AT_TIMES + 8
+_OFFSETS = {name: at for name, (_, at, *_) in (DTYPE.fields or {}).items()}  # a field's byte offset in a row
+_TIMES, _AT_TIMES = struct.Struct("<dd"), _OFFSETS["t_start"]  # what update() rewrites in a row
+_STEP, _AT_STEP = struct.Struct("<i"), _OFFSETS["step"]
+assert _OFFSETS["t_end"] == _AT_TIMES + 8
 _SIZE = _ROW.size
 _FLUSH = 1 << 22
 """Bytes of finished rows a streamed trace keeps before writing them out."""
@@ -236,7 +237,7 @@ class Trace:
         self._end = max(self._end, t_end)
         self._events = None
 
-    def _snapshot(self, rank: int, coll: int | None, kind: str, values: list) -> int:
+    def _snapshot(self, rank: int, coll: int | None, kind: str, values: list | array) -> int:
         """The index of ``values`` in the snapshot table: that of the same rank's previous one when equal."""
         key = (rank, coll, kind)
         stored = _packed(values)
@@ -366,9 +367,11 @@ class Trace:
         head = self._rows[:cut]
         snaps = self._snaps
         text = json.dumps([self._row_values(r, snaps) for r in _ROW.iter_unpack(head)], separators=(",", ":"))
+        stream = self._stream
+        assert stream is not None, "only a streamed trace writes rows out"
         if self._base:
-            self._stream.write(",")
-        self._stream.write(text[1:-1])
+            stream.write(",")
+        stream.write(text[1:-1])
         del self._rows[:cut]
         self._base += n
         used = {r[-1] for r in _ROW.iter_unpack(self._rows)} | {i for i, _ in self._last.values()}

@@ -61,7 +61,7 @@ class World(ABC):
 
     @abstractmethod
     def init(
-        self, backend: str, *, init_method: str | None, timeout: Any, world_size: int, rank: int, store: Any
+        self, backend: str | None, *, init_method: str | None, timeout: Any, world_size: int, rank: int, store: Any
     ) -> None:
         """Create the default group (``init_process_group``)."""
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from . import _api as api
+from ._ddp import started_work
 from ._future import Future
 
 __all__ = ["allreduce_hook", "bf16_compress_hook", "fp16_compress_hook"]
@@ -26,7 +27,8 @@ def allreduce_hook(process_group: Any, bucket: Any) -> Future:
     """The bucket's average over the group: divide by the group size, then all-reduce (SUM)."""
     buffer = bucket.buffer()
     buffer.div_(api.get_world_size(process_group))
-    return api.all_reduce(buffer, group=process_group, async_op=True).get_future().then(lambda f: f.value()[0])
+    return started_work(api.all_reduce(buffer, group=process_group, async_op=True)).get_future().then(
+        lambda f: f.value()[0])
 
 
 def _compressed(dtype: torch.dtype, process_group: Any, bucket: Any) -> Future:
@@ -37,7 +39,7 @@ def _compressed(dtype: torch.dtype, process_group: Any, bucket: Any) -> Future:
         buffer.copy_(fut.value()[0])
         return buffer
 
-    return api.all_reduce(small, group=process_group, async_op=True).get_future().then(decompress)
+    return started_work(api.all_reduce(small, group=process_group, async_op=True)).get_future().then(decompress)
 
 
 def fp16_compress_hook(process_group: Any, bucket: Any) -> Future:

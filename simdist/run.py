@@ -349,8 +349,8 @@ def _run_socket(opts: argparse.Namespace) -> int:
         for threads in pumps:
             for t in threads:
                 t.join(5)
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
         if server is not None:
             server.close()
     return status
@@ -445,11 +445,11 @@ def _spawn_line(path: str) -> int | None:
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        f = node.func
-        if isinstance(f, ast.Name) and f.id in functions:
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in functions:
             lines.append(node.lineno)
-        elif isinstance(f, ast.Attribute) and f.attr in SPAWNS:
-            owner = f.value
+        elif isinstance(func, ast.Attribute) and func.attr in SPAWNS:
+            owner = func.value
             if isinstance(owner, ast.Name) and owner.id in modules:
                 lines.append(node.lineno)
             elif (isinstance(owner, ast.Attribute) and owner.attr == "multiprocessing"

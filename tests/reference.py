@@ -130,7 +130,7 @@ def ref_reduce(arrays: Sequence[np.ndarray], op: ReduceOp) -> np.ndarray:
     """
     stack = np.stack([np.asarray(a) for a in arrays])
     dt = stack.dtype
-    if dt == bool:
+    if dt == np.bool_:
         if op in (R.SUM, R.MAX, R.BOR):
             return stack.any(axis=0)
         if op is R.BXOR:

@@ -126,6 +126,13 @@ TABLE = [
         r"global_rank=2 is not a member",
     ),
     Bad(
+        "get_group_rank on a rank outside the group (NON_GROUP_MEMBER)",
+        G + "import warnings\nwith warnings.catch_warnings():\n    warnings.simplefilter('ignore')\n"
+        "    dist.get_group_rank(g, 0) if rank == 2 else None",
+        ValueError,
+        r"group is GroupMember.NON_GROUP_MEMBER .* no group ranks",
+    ),
+    Bad(
         "destroyed group",
         "g = dist.new_group()\ndist.destroy_process_group(g)\ndist.all_reduce(t, group=g)",
         ValueError,

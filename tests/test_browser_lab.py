@@ -86,9 +86,9 @@ def _check_graph(graph: dict, where: str) -> None:
     left, top, right, bottom = graph["box"]
     texts = graph["texts"]
     assert texts, where
-    for text, size, l, t, r, b in texts:
+    for text, size, x0, y0, x1, y1 in texts:
         assert size >= 14, (where, text, size)
-        assert left <= l and r <= right and top <= t and b <= bottom, (where, text, (l, t, r, b), graph["box"])
+        assert left <= x0 and x1 <= right and top <= y0 and y1 <= bottom, (where, text, (x0, y0, x1, y1), graph["box"])
     for i, a in enumerate(texts):
         for b in texts[i + 1 :]:
             apart = a[4] <= b[2] or b[4] <= a[2] or a[5] <= b[3] or b[5] <= a[3]

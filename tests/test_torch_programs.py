@@ -219,13 +219,13 @@ def test_reports_warnings_and_tracebacks_name_the_users_lines_in_a_fresh_interpr
     script = tmp_path / "program.py"
     script.write_text(FRESH)
     lines = FRESH.splitlines()
-    send_line = next(i for i, l in enumerate(lines, 1) if "LINE-SEND" in l)
-    warn_line = next(i for i, l in enumerate(lines, 1) if "LINE-WARN" in l)
+    send_line = next(i for i, line in enumerate(lines, 1) if "LINE-SEND" in line)
+    warn_line = next(i for i, line in enumerate(lines, 1) if "LINE-WARN" in line)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150, cwd=tmp_path)
     out, err = proc.stdout, proc.stderr
-    report = next(l for l in out.splitlines() if l.startswith("REPORT"))
+    report = next(line for line in out.splitlines() if line.startswith("REPORT"))
     assert f"program.py:{send_line}" in report and "distributed_c10d" not in report, report
-    warning = next(l for l in out.splitlines() if "does not belong to the given group" in l)
+    warning = next(line for line in out.splitlines() if "does not belong to the given group" in line)
     assert warning.startswith(f"WARNING {script} {warn_line} "), warning
     assert "HOOK True" in out
     # torch's init_process_group chains a "[rankN]:" exception hook per rank: undone once the simulation ends

@@ -117,7 +117,7 @@ def ring_pipelined(
     def post_blocks(g: int) -> list[list]:
         return [recv(t, seg(g, k), left, g, (r - g - 1) % p) for k in range(parts)]
 
-    pending = {i: post_slot(i) for i in range(ahead)}
+    pending: dict[int | tuple[int, int], list] = {i: post_slot(i) for i in range(ahead)}  # by segment or (g, k)
     sends = [h for k in range(parts) for h in send(t, segment(blocks[r], k, width), right, 0, r)]
     for g in range(last + 1):
         if p - 2 <= g < last:
