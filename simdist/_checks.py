@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 import warnings
 from typing import Any, Sequence
 
 from . import _arrays as A
-from ._callsite import _SKIP
+from ._callsite import user_stacklevel
 from ._group import GroupMember, ProcessGroup
 from ._world import World, current_world, require_world
 
@@ -26,7 +25,7 @@ def resolve(fn: str, group: Any) -> tuple[World, ProcessGroup | None]:
     if group is GroupMember.NON_GROUP_MEMBER:
         warnings.warn(
             f"running {fn} on global rank {world.rank} which does not belong to the given group",
-            stacklevel=_user_stacklevel(),
+            stacklevel=user_stacklevel(),
         )
         return world, None
     if not isinstance(group, ProcessGroup):
@@ -36,14 +35,6 @@ def resolve(fn: str, group: Any) -> tuple[World, ProcessGroup | None]:
     if getattr(group, "_simdist_destroyed", False):
         raise ValueError(f"group={group!r} was destroyed by destroy_process_group(); make a new one with new_group()")
     return world, group
-
-
-def _user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a warning raised by our caller point at the user's line."""
-    frame, level = sys._getframe(2), 2
-    while frame is not None and any(frame.f_code.co_filename.startswith(d) for d in _SKIP):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def check_int(value: Any, argname: str, minimum: int | None = None) -> int:
