@@ -37,16 +37,29 @@ def resolve(fn: str, group: Any) -> tuple[World, ProcessGroup | None]:
     return world, group
 
 
-def check_int(value: Any, argname: str, minimum: int | None = None) -> int:
-    if type(value) is int and (minimum is None or value >= minimum):
+def check_int(value: Any, argname: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an ``int`` within ``minimum..maximum`` (either bound optional).
+
+    Integers of other types (``numpy`` ints, ``__index__``) are accepted; ``bool`` is not.
+
+    Raises:
+        TypeError: ``value`` is not an integer. ValueError: it lies outside the bounds.
+    """
+    if type(value) is int and (minimum is None or value >= minimum) and (maximum is None or value <= maximum):
         return value
-    if isinstance(value, bool) or not isinstance(value, int):
-        if hasattr(value, "__index__") and not isinstance(value, bool):
+    if type(value) is not int:
+        try:
+            if isinstance(value, bool):
+                raise TypeError
             value = value.__index__()
-        else:
-            raise TypeError(f"{argname} must be an int, got {type(value).__name__} ({value!r})")
+        except (AttributeError, TypeError):
+            raise TypeError(f"{argname} must be an int, got {type(value).__name__} ({value!r:.60})") from None
+    if minimum is not None and maximum is not None and not minimum <= value <= maximum:
+        raise ValueError(f"{argname}={value!r} is out of range; expected an int in {minimum}..{maximum}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{argname}={value!r} must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{argname}={value!r} must be at most {maximum}")
     return value
 
 
