@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import math
 import warnings
 from typing import Any, Sequence
 
@@ -10,7 +12,9 @@ from ._callsite import user_stacklevel
 from ._group import GroupMember, ProcessGroup
 from ._world import World, current_world, require_world
 
-__all__ = ["resolve", "to_group_rank", "root_of", "check_int", "check_list", "same_kind"]
+__all__ = ["resolve", "to_group_rank", "root_of", "check_int", "timeout_seconds", "check_list", "same_kind"]
+
+_REQUIRED: Any = object()
 
 
 def resolve(fn: str, group: Any) -> tuple[World, ProcessGroup | None]:
@@ -61,6 +65,27 @@ def check_int(value: Any, argname: str, minimum: int | None = None, maximum: int
     if maximum is not None and value > maximum:
         raise ValueError(f"{argname}={value!r} must be at most {maximum}")
     return value
+
+
+def timeout_seconds(value: Any, argname: str, *, default: Any = _REQUIRED, positive: bool = False) -> Any:
+    """``value`` (a number of seconds or a ``datetime.timedelta``) as float seconds; ``default`` if it is ``None``.
+
+    Without a ``default``, ``None`` is an error. ``positive`` rejects zero too.
+
+    Raises:
+        TypeError: ``value`` is neither a number nor a timedelta (a ``bool`` is not a number here).
+        ValueError: ``value`` is negative, infinite or NaN, or zero when ``positive``.
+    """
+    if value is None and default is not _REQUIRED:
+        return default
+    seconds = value.total_seconds() if isinstance(value, datetime.timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        expected = "a number of seconds, a datetime.timedelta" + (" or None" if default is not _REQUIRED else "")
+        raise TypeError(f"{argname} must be {expected}, got {type(value).__name__} ({value!r:.60})")
+    if not (math.isfinite(seconds) and (seconds > 0 if positive else seconds >= 0)):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{argname}={value!r} must be a finite number of seconds {bound}")
+    return float(seconds)
 
 
 def to_group_rank(world: World, group: ProcessGroup, rank: Any, argname: str) -> int:
