@@ -63,6 +63,16 @@ class Algorithm:
     """``formula`` as a function of the terms of one call."""
 
 
+_STEPS = ("(p-1)·α + (p-1)/p·n·β", lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b)
+"""The cost of ``p-1`` steps moving ``(p-1)/p`` of the data in all: rings, pairwise exchanges, linear roots."""
+
+_LOG_STEPS = ("⌈lg p⌉·α + (p-1)/p·n·β", lambda x: x.up * x.a + x.spread * x.n * x.b)
+"""The cost of ``⌈lg p⌉`` steps moving ``(p-1)/p`` of the data in all: binomial trees, Bruck's all_gather."""
+
+_REDUCING_STEPS = ("(p-1)·α + (p-1)/p·n·(β + γ)", lambda x: (x.p - 1) * x.a + x.spread * x.n * (x.b + x.g))
+"""``_STEPS`` reducing every byte received: reduce_scatter's ring and pairwise exchange."""
+
+
 _ENTRIES: tuple[Algorithm, ...] = (
     Algorithm(
         "all_reduce", "ring", _allreduce.ring,
@@ -118,11 +128,7 @@ _ENTRIES: tuple[Algorithm, ...] = (
         "(p-1)·(α + n·β + n·γ)",
         lambda x: (x.p - 1) * (x.a + x.n * x.b + x.n * x.g),
     ),
-    Algorithm(
-        "all_gather", "ring", _allgather.ring,
-        "(p-1)·α + (p-1)/p·n·β",
-        lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
-    ),
+    Algorithm("all_gather", "ring", _allgather.ring, *_STEPS),
     Algorithm(
         "all_gather", "recursive_doubling", _allgather.recursive_doubling,
         "(⌊lg p⌋+2e)·α + ((p-1)/p + e(p+1)/p)·n·β",
@@ -130,26 +136,14 @@ _ENTRIES: tuple[Algorithm, ...] = (
             (x.down + 2 * x.e) * x.a + (x.spread + x.e * (x.p + 1) / x.p) * x.n * x.b
         ),
     ),
-    Algorithm(
-        "all_gather", "bruck", _allgather.bruck,
-        "⌈lg p⌉·α + (p-1)/p·n·β",
-        lambda x: x.up * x.a + x.spread * x.n * x.b,
-    ),
-    Algorithm(
-        "reduce_scatter", "ring", _reduce_scatter.ring,
-        "(p-1)·α + (p-1)/p·n·(β + γ)",
-        lambda x: (x.p - 1) * x.a + x.spread * x.n * (x.b + x.g),
-    ),
+    Algorithm("all_gather", "bruck", _allgather.bruck, *_LOG_STEPS),
+    Algorithm("reduce_scatter", "ring", _reduce_scatter.ring, *_REDUCING_STEPS),
     Algorithm(
         "reduce_scatter", "ring_pipelined", _reduce_scatter.ring_pipelined,
         "(p-1)·S·α + (p-1)/p·n·(β + γ/S)",
         lambda x: (x.p - 1) * x.s * x.a + x.spread * x.n * (x.b + x.g / x.s),
     ),
-    Algorithm(
-        "reduce_scatter", "pairwise", _reduce_scatter.pairwise,
-        "(p-1)·α + (p-1)/p·n·(β + γ)",
-        lambda x: (x.p - 1) * x.a + x.spread * x.n * (x.b + x.g),
-    ),
+    Algorithm("reduce_scatter", "pairwise", _reduce_scatter.pairwise, *_REDUCING_STEPS),
     Algorithm(
         "reduce_scatter", "recursive_halving", _reduce_scatter.recursive_halving,
         "(⌊lg p⌋+2e)·α + ((p'-1)/p' + e(p+1)/p)·n·β + ((p'-1)/p' + e + 1)·n·γ",
@@ -159,41 +153,17 @@ _ENTRIES: tuple[Algorithm, ...] = (
             + ((x.q - 1) / x.q + x.e + 1) * x.n * x.g  # + 1: it copies the whole input first
         ),
     ),
-    Algorithm(
-        "all_to_all", "pairwise", _alltoall.pairwise,
-        "(p-1)·α + (p-1)/p·n·β",
-        lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
-    ),
+    Algorithm("all_to_all", "pairwise", _alltoall.pairwise, *_STEPS),
     Algorithm(
         "all_to_all", "bruck", _alltoall.bruck,
         "⌈lg p⌉·α + ⌈lg p⌉·n/2·β",
         lambda x: x.up * x.a + x.up * x.n / 2 * x.b,
     ),
-    Algorithm(
-        "all_to_all", "direct", _alltoall.direct,
-        "(p-1)·α + (p-1)/p·n·β",
-        lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
-    ),
-    Algorithm(
-        "gather", "linear", _rooted.gather_linear,
-        "(p-1)·α + (p-1)/p·n·β",
-        lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
-    ),
-    Algorithm(
-        "gather", "binomial", _rooted.gather_binomial,
-        "⌈lg p⌉·α + (p-1)/p·n·β",
-        lambda x: x.up * x.a + x.spread * x.n * x.b,
-    ),
-    Algorithm(
-        "scatter", "linear", _rooted.scatter_linear,
-        "(p-1)·α + (p-1)/p·n·β",
-        lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
-    ),
-    Algorithm(
-        "scatter", "binomial", _rooted.scatter_binomial,
-        "⌈lg p⌉·α + (p-1)/p·n·β",
-        lambda x: x.up * x.a + x.spread * x.n * x.b,
-    ),
+    Algorithm("all_to_all", "direct", _alltoall.direct, *_STEPS),
+    Algorithm("gather", "linear", _rooted.gather_linear, *_STEPS),
+    Algorithm("gather", "binomial", _rooted.gather_binomial, *_LOG_STEPS),
+    Algorithm("scatter", "linear", _rooted.scatter_linear, *_STEPS),
+    Algorithm("scatter", "binomial", _rooted.scatter_binomial, *_LOG_STEPS),
     Algorithm(
         "barrier", "dissemination", _barrier.dissemination,
         "⌈lg p⌉·α",
