@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
 
-__all__ = ["user_call_site", "skip_directory", "is_library_file", "user_tracer", "trace_user_code"]
+__all__ = [
+    "INSTALLED", "is_library_file", "is_user_file", "skip_directory", "trace_user_code", "user_call_site",
+    "user_stacklevel", "user_tracer",
+]
+
+INSTALLED = tuple(sorted({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
+"""Python's own library and installed packages."""
 
 _SKIP: list[str] = []
 _LIBRARY: dict[CodeType, bool] = {}
@@ -26,6 +33,11 @@ def skip_directory(path: str) -> None:
 def is_library_file(filename: str) -> bool:
     """Whether ``filename`` lies in simdist or another library skipped for call sites."""
     return filename.startswith(tuple(_SKIP))
+
+
+def is_user_file(filename: str, skip: tuple[str, ...] = ()) -> bool:
+    """Whether ``filename`` is the user's: not simdist, a skipped library, Python's own, installed, frozen or in ``skip``."""
+    return not filename.startswith((*_SKIP, *INSTALLED, "<frozen", *skip))
 
 
 def _is_library(code: CodeType) -> bool:
@@ -51,6 +63,14 @@ def user_call_site(skip: tuple[str, ...] = ()) -> str:
             return site
         frame = frame.f_back
     return "<unknown>"
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised by our caller point at the user's line."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and _is_library(frame.f_code):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def user_tracer(trace: Callable | None) -> Callable | None:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import sys
+import datetime
+import math
 import warnings
 from typing import Any, Sequence
 
 from . import _arrays as A
-from ._callsite import _SKIP
+from ._callsite import user_stacklevel
 from ._group import GroupMember, ProcessGroup
 from ._world import World, current_world, require_world
 
-__all__ = ["resolve", "to_group_rank", "root_of", "check_int", "check_list", "same_kind"]
+__all__ = ["resolve", "to_group_rank", "root_of", "check_int", "timeout_seconds", "check_list", "same_kind"]
+
+_REQUIRED: Any = object()
 
 
 def resolve(fn: str, group: Any) -> tuple[World, ProcessGroup | None]:
@@ -26,7 +29,7 @@ def resolve(fn: str, group: Any) -> tuple[World, ProcessGroup | None]:
     if group is GroupMember.NON_GROUP_MEMBER:
         warnings.warn(
             f"running {fn} on global rank {world.rank} which does not belong to the given group",
-            stacklevel=_user_stacklevel(),
+            stacklevel=user_stacklevel(),
         )
         return world, None
     if not isinstance(group, ProcessGroup):
@@ -38,25 +41,51 @@ def resolve(fn: str, group: Any) -> tuple[World, ProcessGroup | None]:
     return world, group
 
 
-def _user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a warning raised by our caller point at the user's line."""
-    frame, level = sys._getframe(2), 2
-    while frame is not None and any(frame.f_code.co_filename.startswith(d) for d in _SKIP):
-        frame, level = frame.f_back, level + 1
-    return level
+def check_int(value: Any, argname: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an ``int`` within ``minimum..maximum`` (either bound optional).
 
+    Integers of other types (``numpy`` ints, ``__index__``) are accepted; ``bool`` is not.
 
-def check_int(value: Any, argname: str, minimum: int | None = None) -> int:
-    if type(value) is int and (minimum is None or value >= minimum):
+    Raises:
+        TypeError: ``value`` is not an integer. ValueError: it lies outside the bounds.
+    """
+    if type(value) is int and (minimum is None or value >= minimum) and (maximum is None or value <= maximum):
         return value
-    if isinstance(value, bool) or not isinstance(value, int):
-        if hasattr(value, "__index__") and not isinstance(value, bool):
+    if type(value) is not int:
+        try:
+            if isinstance(value, bool):
+                raise TypeError
             value = value.__index__()
-        else:
-            raise TypeError(f"{argname} must be an int, got {type(value).__name__} ({value!r})")
+        except (AttributeError, TypeError):
+            raise TypeError(f"{argname} must be an int, got {type(value).__name__} ({value!r:.60})") from None
+    if minimum is not None and maximum is not None and not minimum <= value <= maximum:
+        raise ValueError(f"{argname}={value!r} is out of range; expected an int in {minimum}..{maximum}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{argname}={value!r} must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{argname}={value!r} must be at most {maximum}")
     return value
+
+
+def timeout_seconds(value: Any, argname: str, *, default: Any = _REQUIRED, positive: bool = False) -> Any:
+    """``value`` (a number of seconds or a ``datetime.timedelta``) as float seconds; ``default`` if it is ``None``.
+
+    Without a ``default``, ``None`` is an error. ``positive`` rejects zero too.
+
+    Raises:
+        TypeError: ``value`` is neither a number nor a timedelta (a ``bool`` is not a number here).
+        ValueError: ``value`` is negative, infinite or NaN, or zero when ``positive``.
+    """
+    if value is None and default is not _REQUIRED:
+        return default
+    seconds = value.total_seconds() if isinstance(value, datetime.timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        expected = "a number of seconds, a datetime.timedelta" + (" or None" if default is not _REQUIRED else "")
+        raise TypeError(f"{argname} must be {expected}, got {type(value).__name__} ({value!r:.60})")
+    if not (math.isfinite(seconds) and (seconds > 0 if positive else seconds >= 0)):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{argname}={value!r} must be a finite number of seconds {bound}")
+    return float(seconds)
 
 
 def to_group_rank(world: World, group: ProcessGroup, rank: Any, argname: str) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -10,19 +9,10 @@ import torch
 from torch.utils.data import Sampler
 
 from ._api import get_rank, get_world_size
+from ._checks import check_int
 from ._errors import NotInitializedError
 
 __all__ = ["DistributedSampler"]
-
-
-def _as_int(name: str, value: Any) -> int:
-    """``value`` as an ``int``; ``TypeError`` naming ``name`` for bools and non-integers."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name}={value!r}: expected an int, got bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name}={value!r}: expected an int, got {type(value).__name__}") from None
 
 
 class DistributedSampler(Sampler[int]):
@@ -82,7 +72,7 @@ class DistributedSampler(Sampler[int]):
         self.num_replicas = num_replicas
         self.rank = rank
         self.shuffle = shuffle
-        self.seed = _as_int("seed", seed)
+        self.seed = check_int(seed, "seed")
         self.drop_last = drop_last
         self.epoch = 0
         # With drop_last, each rank gets the whole part of length / num_replicas; else it is rounded up.
@@ -93,7 +83,7 @@ class DistributedSampler(Sampler[int]):
     def _from_group(name: str, value: int | None, query: Callable[[], int]) -> int:
         """``value`` checked as an int, or ``query()`` from the default process group if ``None``."""
         if value is not None:
-            return _as_int(name, value)
+            return check_int(value, name)
         try:
             return query()
         except NotInitializedError:
@@ -129,4 +119,4 @@ class DistributedSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration shuffle with ``seed + epoch``; call it on every rank before each epoch."""
-        self.epoch = _as_int("epoch", epoch)
+        self.epoch = check_int(epoch, "epoch")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import sysconfig
 import threading
 import warnings
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 import torch
 
 from . import _torch_profiler, _torch_versions
-from ._callsite import is_library_file, skip_directory, user_call_site
+from ._callsite import INSTALLED, is_library_file, skip_directory, user_call_site
 
 __all__ = ["install", "uninstall", "new_store", "enter_rank", "leave_rank", "in_rank"]
 
@@ -148,8 +147,6 @@ def _creator(opts: Any, backend_options: Any = None) -> Any:
 
 # -- call sites, warnings and the exception hook ------------------------------------------------------------
 
-_INSTALLED = tuple(sorted({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
-"""Python's own library and installed packages: a warning raised there, on a rank, is shown at the user's line."""
 _SIMULATED_NCCL = "Attempted to get default timeout for nccl backend, but NCCL support is not compiled"
 
 
@@ -157,8 +154,8 @@ def _showwarning(message: Any, category: Any, filename: str, lineno: int, file: 
     """``warnings.showwarning`` during a simulation: a warning raised in library code on a rank shows the user's line."""
     if in_rank() and str(message).startswith(_SIMULATED_NCCL):
         return  # a GPU program's init_process_group("nccl") on a torch without NCCL: simulated, nothing to warn
-    if in_rank() and (is_library_file(filename) or filename.startswith(_INSTALLED)):
-        site = user_call_site(skip=_INSTALLED)
+    if in_rank() and (is_library_file(filename) or filename.startswith(INSTALLED)):
+        site = user_call_site(skip=INSTALLED)
         path, _, number = site.rpartition(":")
         if path and number.isdigit():
             filename, lineno, line = path, int(number), None

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ._checks import timeout_seconds
 from ._errors import DistTimeoutError
 
 __all__ = ["bridge_classes"]
@@ -56,12 +57,6 @@ def _scaled(t: Any, factor: Any, copy: bool = False) -> Any:
     if factor is None:
         return t
     return t * factor if copy else t.mul_(factor)
-
-
-def _seconds(timeout: Any) -> float | None:
-    if isinstance(timeout, timedelta):
-        return timeout.total_seconds() or None
-    return timeout or None
 
 
 class _Keeper:
@@ -111,7 +106,7 @@ def bridge_classes() -> tuple[type, type]:
         def wait(self, timeout: Any = None) -> bool:
             try:
                 for w in self._works:
-                    w.wait(_seconds(timeout))
+                    w.wait(timeout_seconds(timeout, "timeout", default=None) or None)  # 0: no timeout, as torch's
             except BaseException as exc:
                 self._error = exc
                 raise

@@ -102,11 +102,11 @@ def test_without_a_group_it_says_to_initialize_one() -> None:
         (dict(num_replicas=2, rank=-1), ValueError, r"Invalid rank -1, rank should be in the interval \[0, 1\]"),
         (dict(num_replicas=0, rank=0), ValueError, r"num_replicas=0: expected at least 1"),
         (dict(num_replicas=-3, rank=0), ValueError, r"num_replicas=-3: expected at least 1"),
-        (dict(num_replicas=2.0, rank=0), TypeError, r"num_replicas=2\.0: expected an int, got float"),
-        (dict(num_replicas=2, rank="1"), TypeError, r"rank='1': expected an int, got str"),
-        (dict(num_replicas=2, rank=0, seed=1.5), TypeError, r"seed=1\.5: expected an int, got float"),
-        (dict(num_replicas=2, rank=0, seed=None), TypeError, r"seed=None: expected an int, got NoneType"),
-        (dict(num_replicas=2, rank=True), TypeError, r"rank=True: expected an int, got bool"),
+        (dict(num_replicas=2.0, rank=0), TypeError, r"num_replicas must be an int, got float \(2\.0\)"),
+        (dict(num_replicas=2, rank="1"), TypeError, r"rank must be an int, got str \('1'\)"),
+        (dict(num_replicas=2, rank=0, seed=1.5), TypeError, r"seed must be an int, got float \(1\.5\)"),
+        (dict(num_replicas=2, rank=0, seed=None), TypeError, r"seed must be an int, got NoneType \(None\)"),
+        (dict(num_replicas=2, rank=True), TypeError, r"rank must be an int, got bool \(True\)"),
     ],
 )
 def test_bad_arguments(kwargs, exc, match) -> None:
@@ -116,9 +116,9 @@ def test_bad_arguments(kwargs, exc, match) -> None:
 
 def test_bad_epoch() -> None:
     sampler = DistributedSampler(range(10), num_replicas=2, rank=0)
-    with pytest.raises(TypeError, match=r"epoch=1\.0: expected an int, got float"):
+    with pytest.raises(TypeError, match=r"epoch must be an int, got float \(1\.0\)"):
         sampler.set_epoch(1.0)
-    with pytest.raises(TypeError, match=r"epoch='3': expected an int, got str"):
+    with pytest.raises(TypeError, match=r"epoch must be an int, got str \('3'\)"):
         sampler.set_epoch("3")
     assert sampler.epoch == 0
 

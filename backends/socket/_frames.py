@@ -27,6 +27,7 @@ import struct
 import time
 from typing import NamedTuple
 
+from simdist._checks import check_int
 from simdist._errors import DistTimeoutError, PeerLostError, ProtocolError
 
 __all__ = [
@@ -75,14 +76,6 @@ class Header(NamedTuple):
     src: int
 
 
-def _check_int(name: str, value: object, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not 0 <= value <= high:
-        raise ValueError(f"{name}={value} is outside 0..{high}")
-    return value
-
-
 def encode_header(kind: int, ctx: int, tag: int, nbytes: int, src: int) -> bytes:
     """The 32 header bytes of a frame.
 
@@ -92,12 +85,12 @@ def encode_header(kind: int, ctx: int, tag: int, nbytes: int, src: int) -> bytes
     """
     if kind not in KINDS:
         raise ValueError(f"unknown frame kind {kind!r}; expected one of {sorted(KINDS)}")
-    _check_int("nbytes", nbytes, MAX_FRAME_BYTES)
+    check_int(nbytes, "nbytes", 0, MAX_FRAME_BYTES)
     if kind == CLOSE and nbytes:
         raise ValueError(f"a CLOSE frame carries no payload, got nbytes={nbytes}")
     return _HEADER.pack(
-        MAGIC, VERSION, kind, _check_int("ctx", ctx, _U64), _check_int("tag", tag, _I64), nbytes,
-        _check_int("src", src, _U32),
+        MAGIC, VERSION, kind, check_int(ctx, "ctx", 0, _U64), check_int(tag, "tag", 0, _I64), nbytes,
+        check_int(src, "src", 0, _U32),
     )
 
 

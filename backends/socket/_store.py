@@ -38,7 +38,6 @@ Run a standalone server with ``python -m simdist.backends.socket._store --host H
 from __future__ import annotations
 
 import argparse
-import datetime
 import enum
 import logging
 import math
@@ -53,6 +52,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from simdist._checks import timeout_seconds
 from simdist._errors import DistError, DistTimeoutError, ProtocolError
 
 from ._accept import FRAME_DEADLINE_S, HANDSHAKE_DEADLINE_S, Acceptor, frame_deadline
@@ -439,7 +439,7 @@ class StoreServer:
     ):
         self._secret = resolve_secret(secret)
         self._max = _check_limit(max_value_bytes)
-        self._frame_timeout = _seconds(frame_timeout, "frame_timeout")
+        self._frame_timeout = timeout_seconds(frame_timeout, "frame_timeout")
         self._data: dict[str, bytes] = {}
         self._cond = threading.Condition()
         self._wills: dict[socket.socket, tuple[str, bytes]] = {}  # each connection's last will (Op.WILL)
@@ -606,16 +606,6 @@ _EXPECTED = {  # the kind of a successful answer to each op
 }  # fmt: skip
 
 
-def _seconds(value: object, name: str) -> float:
-    if isinstance(value, datetime.timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds or a timedelta, got {type(value).__name__}")
-    if not (value >= 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    return float(value)
-
-
 def _key(key: object, name: str = "key") -> str:
     if not isinstance(key, str):
         raise TypeError(f"{name} must be a str, got {type(key).__name__}")
@@ -662,8 +652,8 @@ class StoreClient:
     ):
         self.host = host
         self.port = port
-        self.timeout = _seconds(timeout, "timeout")
-        connect_timeout = self.timeout if connect_timeout is None else _seconds(connect_timeout, "connect_timeout")
+        self.timeout = timeout_seconds(timeout, "timeout")
+        connect_timeout = timeout_seconds(connect_timeout, "connect_timeout", default=self.timeout)
         self._max = _check_limit(max_value_bytes)
         secret = resolve_secret(secret)
         self._lock = threading.Lock()
@@ -715,7 +705,7 @@ class StoreClient:
             self._sock.close()
 
     def _timeout(self, timeout: object) -> float:
-        return self.timeout if timeout is None else _seconds(timeout, "timeout")
+        return timeout_seconds(timeout, "timeout", default=self.timeout)
 
     def _request(self, req: Request, timeout: float, what: str, margin: float = REPLY_MARGIN_S) -> Response:
         frame = encode_request(req)

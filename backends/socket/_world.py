@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import datetime
 import ipaddress
 import os
 import socket
@@ -11,6 +10,7 @@ import sys
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
+from simdist._checks import timeout_seconds
 from simdist._errors import DistError
 from simdist._group import GroupMember
 from simdist._world import ProcessWorld, set_process_world
@@ -20,7 +20,7 @@ from ._failures import FailureMonitor, JobStore, caused_by, failure_text
 from ._flight import FlightRecorder
 from ._group import SocketGroup
 
-__all__ = ["SocketWorld", "DEFAULT_TIMEOUT", "rendezvous"]
+__all__ = ["SocketWorld", "DEFAULT_TIMEOUT", "rendezvous", "world_timeout"]
 
 DEFAULT_TIMEOUT = 300.0
 # Set by a launcher that serves the job's store itself (``simdist run``): "HOST:PORT". Rank 0
@@ -29,14 +29,17 @@ DEFAULT_TIMEOUT = 300.0
 SERVED_ENV = "SIMDIST_STORE_SERVED"
 """Seconds an operation may wait for its peers before ``DistTimeoutError`` (``timeout=`` changes it)."""
 
-def _seconds(timeout: Any) -> float:
-    if timeout is None:
-        return float(os.environ.get("SIMDIST_TIMEOUT", DEFAULT_TIMEOUT))
-    if isinstance(timeout, datetime.timedelta):
-        return timeout.total_seconds()
-    if isinstance(timeout, (int, float)) and timeout > 0:
-        return float(timeout)
-    raise ValueError(f"timeout={timeout!r} must be a positive number of seconds or a datetime.timedelta")
+def world_timeout(timeout: Any) -> float:
+    """The seconds an operation of a process world waits: ``timeout``, else ``$SIMDIST_TIMEOUT``, else the default."""
+    if timeout is not None:
+        return timeout_seconds(timeout, "timeout", positive=True)
+    raw = os.environ.get("SIMDIST_TIMEOUT")
+    if raw is None:
+        return DEFAULT_TIMEOUT
+    try:
+        return timeout_seconds(float(raw), "SIMDIST_TIMEOUT", positive=True)
+    except ValueError:
+        raise ValueError(f"SIMDIST_TIMEOUT={raw!r} must be a finite number of seconds > 0") from None
 
 
 def _env_int(name: str) -> int:
@@ -126,7 +129,7 @@ class SocketWorld(ProcessWorld):
     def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
         from ._peers import PeerNetwork
 
-        self.timeout = _seconds(timeout)
+        self.timeout = world_timeout(timeout)
         host, port, rank, world_size, secret = self.connect_store(init_method, rank, world_size)
         self.checked = agreed_checks(self.store, rank)
         listen = "127.0.0.1" if is_loopback(host) else _address_towards(host, port)

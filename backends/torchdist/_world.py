@@ -39,10 +39,10 @@ class TorchWorld(ProcessWorld):
                                "has none: use backend='gloo', or 'sim' to simulate")
 
     def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
-        from simdist.backends.socket._world import _seconds
+        from simdist.backends.socket._world import world_timeout
 
         self.check_available()
-        self.timeout = datetime.timedelta(seconds=_seconds(timeout))
+        self.timeout = datetime.timedelta(seconds=world_timeout(timeout))
         td.init_process_group(self.torch_backend, init_method=init_method, timeout=self.timeout,
                               world_size=world_size, rank=rank, store=store)
         self.rank, self.size, self.backend = td.get_rank(), td.get_world_size(), backend or self.name

@@ -24,8 +24,9 @@ send and receive one message at a time; on one rank every cost is 0.
 from __future__ import annotations
 
 import functools
-
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from . import _allgather, _allreduce, _alltoall, _barrier, _broadcast, _reduce_scatter, _rooted
 from ._chunks import CHAIN_SEGMENT_BYTES, SEGMENT_BYTES, ceil_log2, floor_log2
@@ -33,52 +34,160 @@ from ._chunks import CHAIN_SEGMENT_BYTES, SEGMENT_BYTES, ceil_log2, floor_log2
 __all__ = ["ALGORITHMS", "FORMULAS", "DEFAULT_ALPHA", "DEFAULT_BETA", "get", "choose", "cost"]
 
 
-ALGORITHMS: dict[str, dict[str, Callable]] = {
-    "all_reduce": {
-        "ring": _allreduce.ring,
-        "ring_pipelined": _allreduce.ring_pipelined,
-        "recursive_doubling": _allreduce.recursive_doubling,
-        "rabenseifner": _allreduce.rabenseifner,
-        "binomial": _allreduce.binomial,
-    },
-    "broadcast": {
-        "binomial": _broadcast.binomial,
-        "scatter_allgather": _broadcast.scatter_allgather,
-        "chain_pipelined": _broadcast.chain_pipelined,
-    },
-    "reduce": {
-        "binomial": _rooted.reduce_binomial,
-        "linear": _rooted.reduce_linear,
-    },
-    "all_gather": {
-        "ring": _allgather.ring,
-        "recursive_doubling": _allgather.recursive_doubling,
-        "bruck": _allgather.bruck,
-    },
-    "reduce_scatter": {
-        "ring": _reduce_scatter.ring,
-        "ring_pipelined": _reduce_scatter.ring_pipelined,
-        "pairwise": _reduce_scatter.pairwise,
-        "recursive_halving": _reduce_scatter.recursive_halving,
-    },
-    "all_to_all": {
-        "pairwise": _alltoall.pairwise,
-        "bruck": _alltoall.bruck,
-        "direct": _alltoall.direct,
-    },
-    "gather": {
-        "linear": _rooted.gather_linear,
-        "binomial": _rooted.gather_binomial,
-    },
-    "scatter": {
-        "linear": _rooted.scatter_linear,
-        "binomial": _rooted.scatter_binomial,
-    },
-    "barrier": {
-        "dissemination": _barrier.dissemination,
-    },
-}
+class _Terms(NamedTuple):
+    p: int
+    n: float
+    a: float  # α
+    b: float  # β
+    g: float  # γ
+    up: int  # ⌈lg p⌉
+    down: int  # ⌊lg p⌋
+    q: int  # p'
+    e: int
+    spread: float  # (p-1)/p
+    s: int  # S, segments per block
+    c: int  # C, segments of the whole buffer
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm of a collective: its generator, its cost formula as text and that formula to evaluate."""
+
+    op: str
+    name: str
+    function: Callable
+    """The generator function (see its module for the signature)."""
+    formula: str
+    """The critical-path cost in the module doc's symbols, as :func:`cost` evaluates it."""
+    cost: Callable[[_Terms], float]
+    """``formula`` as a function of the terms of one call."""
+
+
+_STEPS = ("(p-1)·α + (p-1)/p·n·β", lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b)
+"""The cost of ``p-1`` steps moving ``(p-1)/p`` of the data in all: rings, pairwise exchanges, linear roots."""
+
+_LOG_STEPS = ("⌈lg p⌉·α + (p-1)/p·n·β", lambda x: x.up * x.a + x.spread * x.n * x.b)
+"""The cost of ``⌈lg p⌉`` steps moving ``(p-1)/p`` of the data in all: binomial trees, Bruck's all_gather."""
+
+_REDUCING_STEPS = ("(p-1)·α + (p-1)/p·n·(β + γ)", lambda x: (x.p - 1) * x.a + x.spread * x.n * (x.b + x.g))
+"""``_STEPS`` reducing every byte received: reduce_scatter's ring and pairwise exchange."""
+
+
+_ENTRIES: tuple[Algorithm, ...] = (
+    Algorithm(
+        "all_reduce", "ring", _allreduce.ring,
+        "2(p-1)·α + 2(p-1)/p·n·β + (p-1)/p·n·γ",
+        lambda x: 2 * (x.p - 1) * x.a + 2 * x.spread * x.n * x.b + x.spread * x.n * x.g,
+    ),
+    Algorithm(
+        "all_reduce", "ring_pipelined", _allreduce.ring_pipelined,
+        "2(p-1)·S·α + 2(p-1)/p·n·β + (p-1)/p·n·γ/S",
+        lambda x: 2 * (x.p - 1) * x.s * x.a + 2 * x.spread * x.n * x.b + x.spread * x.n * x.g / x.s,
+    ),
+    Algorithm(
+        "all_reduce", "recursive_doubling", _allreduce.recursive_doubling,
+        "(⌊lg p⌋+2e)·(α + n·β) + (⌊lg p⌋+e)·n·γ",
+        lambda x: (x.down + 2 * x.e) * (x.a + x.n * x.b) + (x.down + x.e) * x.n * x.g,
+    ),
+    Algorithm(
+        "all_reduce", "rabenseifner", _allreduce.rabenseifner,
+        "2(⌊lg p⌋+e)·α + (2(p'-1)/p' + 2e)·n·β + ((p'-1)/p' + e)·n·γ",
+        lambda x: (
+            2 * (x.down + x.e) * x.a
+            + (2 * (x.q - 1) / x.q + 2 * x.e) * x.n * x.b
+            + ((x.q - 1) / x.q + x.e) * x.n * x.g
+        ),
+    ),
+    Algorithm(
+        "all_reduce", "binomial", _allreduce.binomial,
+        "2⌈lg p⌉·(α + n·β) + ⌈lg p⌉·n·γ",
+        lambda x: 2 * x.up * (x.a + x.n * x.b) + x.up * x.n * x.g,
+    ),
+    Algorithm(
+        "broadcast", "binomial", _broadcast.binomial,
+        "⌈lg p⌉·(α + n·β)",
+        lambda x: x.up * (x.a + x.n * x.b),
+    ),
+    Algorithm(
+        "broadcast", "scatter_allgather", _broadcast.scatter_allgather,
+        "(⌈lg p⌉ + p-1)·α + 2(p-1)/p·n·β",
+        lambda x: (x.up + x.p - 1) * x.a + 2 * x.spread * x.n * x.b,
+    ),
+    Algorithm(
+        "broadcast", "chain_pipelined", _broadcast.chain_pipelined,
+        "(p-2+C)·(α + n/C·β)",
+        lambda x: (x.p - 2 + x.c) * (x.a + x.n / x.c * x.b),
+    ),
+    Algorithm(
+        "reduce", "binomial", _rooted.reduce_binomial,
+        "⌈lg p⌉·(α + n·β + n·γ)",
+        lambda x: x.up * (x.a + x.n * x.b + x.n * x.g),
+    ),
+    Algorithm(
+        "reduce", "linear", _rooted.reduce_linear,
+        "(p-1)·(α + n·β + n·γ)",
+        lambda x: (x.p - 1) * (x.a + x.n * x.b + x.n * x.g),
+    ),
+    Algorithm("all_gather", "ring", _allgather.ring, *_STEPS),
+    Algorithm(
+        "all_gather", "recursive_doubling", _allgather.recursive_doubling,
+        "(⌊lg p⌋+2e)·α + ((p-1)/p + e(p+1)/p)·n·β",
+        lambda x: (
+            (x.down + 2 * x.e) * x.a + (x.spread + x.e * (x.p + 1) / x.p) * x.n * x.b
+        ),
+    ),
+    Algorithm("all_gather", "bruck", _allgather.bruck, *_LOG_STEPS),
+    Algorithm("reduce_scatter", "ring", _reduce_scatter.ring, *_REDUCING_STEPS),
+    Algorithm(
+        "reduce_scatter", "ring_pipelined", _reduce_scatter.ring_pipelined,
+        "(p-1)·S·α + (p-1)/p·n·(β + γ/S)",
+        lambda x: (x.p - 1) * x.s * x.a + x.spread * x.n * (x.b + x.g / x.s),
+    ),
+    Algorithm("reduce_scatter", "pairwise", _reduce_scatter.pairwise, *_REDUCING_STEPS),
+    Algorithm(
+        "reduce_scatter", "recursive_halving", _reduce_scatter.recursive_halving,
+        "(⌊lg p⌋+2e)·α + ((p'-1)/p' + e(p+1)/p)·n·β + ((p'-1)/p' + e + 1)·n·γ",
+        lambda x: (
+            (x.down + 2 * x.e) * x.a
+            + ((x.q - 1) / x.q + x.e * (x.p + 1) / x.p) * x.n * x.b
+            + ((x.q - 1) / x.q + x.e + 1) * x.n * x.g  # + 1: it copies the whole input first
+        ),
+    ),
+    Algorithm("all_to_all", "pairwise", _alltoall.pairwise, *_STEPS),
+    Algorithm(
+        "all_to_all", "bruck", _alltoall.bruck,
+        "⌈lg p⌉·α + ⌈lg p⌉·n/2·β",
+        lambda x: x.up * x.a + x.up * x.n / 2 * x.b,
+    ),
+    Algorithm("all_to_all", "direct", _alltoall.direct, *_STEPS),
+    Algorithm("gather", "linear", _rooted.gather_linear, *_STEPS),
+    Algorithm("gather", "binomial", _rooted.gather_binomial, *_LOG_STEPS),
+    Algorithm("scatter", "linear", _rooted.scatter_linear, *_STEPS),
+    Algorithm("scatter", "binomial", _rooted.scatter_binomial, *_LOG_STEPS),
+    Algorithm(
+        "barrier", "dissemination", _barrier.dissemination,
+        "⌈lg p⌉·α",
+        lambda x: x.up * x.a,
+    ),
+)
+"""Every algorithm, grouped by op; within an op, ties of :func:`choose` go to the one listed first."""
+
+_BY_KEY: dict[tuple[str, str], Algorithm] = {(a.op, a.name): a for a in _ENTRIES}
+
+
+def _view(field: str) -> dict[str, dict[str, Any]]:
+    """op -> algorithm name -> that entry's ``field``, in the order of ``_ENTRIES``."""
+    view: dict[str, dict[str, Any]] = {}
+    for entry in _ENTRIES:
+        view.setdefault(entry.op, {})[entry.name] = getattr(entry, field)
+    return view
+
+
+ALGORITHMS: dict[str, dict[str, Callable]] = _view("function")
 """op -> algorithm name -> generator function (see each module for the signature)."""
+
+FORMULAS: dict[str, dict[str, str]] = _view("formula")
+"""op -> algorithm name -> the cost formula that :func:`cost` evaluates (symbols in the module doc)."""
 
 
 def _choices(names: object) -> str:
@@ -147,126 +256,6 @@ def choose(
     return min(names, key=lambda name: cost(op, name, nbytes, size, alpha, beta, gamma))
 
 
-FORMULAS: dict[str, dict[str, str]] = {
-    "all_reduce": {
-        "ring": "2(p-1)·α + 2(p-1)/p·n·β + (p-1)/p·n·γ",
-        "ring_pipelined": "2(p-1)·S·α + 2(p-1)/p·n·β + (p-1)/p·n·γ/S",
-        "recursive_doubling": "(⌊lg p⌋+2e)·(α + n·β) + (⌊lg p⌋+e)·n·γ",
-        "rabenseifner": "2(⌊lg p⌋+e)·α + (2(p'-1)/p' + 2e)·n·β + ((p'-1)/p' + e)·n·γ",
-        "binomial": "2⌈lg p⌉·(α + n·β) + ⌈lg p⌉·n·γ",
-    },
-    "broadcast": {
-        "binomial": "⌈lg p⌉·(α + n·β)",
-        "scatter_allgather": "(⌈lg p⌉ + p-1)·α + 2(p-1)/p·n·β",
-        "chain_pipelined": "(p-2+C)·(α + n/C·β)",
-    },
-    "reduce": {
-        "binomial": "⌈lg p⌉·(α + n·β + n·γ)",
-        "linear": "(p-1)·(α + n·β + n·γ)",
-    },
-    "all_gather": {
-        "ring": "(p-1)·α + (p-1)/p·n·β",
-        "recursive_doubling": "(⌊lg p⌋+2e)·α + ((p-1)/p + e(p+1)/p)·n·β",
-        "bruck": "⌈lg p⌉·α + (p-1)/p·n·β",
-    },
-    "reduce_scatter": {
-        "ring": "(p-1)·α + (p-1)/p·n·(β + γ)",
-        "ring_pipelined": "(p-1)·S·α + (p-1)/p·n·(β + γ/S)",
-        "pairwise": "(p-1)·α + (p-1)/p·n·(β + γ)",
-        "recursive_halving": "(⌊lg p⌋+2e)·α + ((p'-1)/p' + e(p+1)/p)·n·β + ((p'-1)/p' + e + 1)·n·γ",
-    },
-    "all_to_all": {
-        "pairwise": "(p-1)·α + (p-1)/p·n·β",
-        "bruck": "⌈lg p⌉·α + ⌈lg p⌉·n/2·β",
-        "direct": "(p-1)·α + (p-1)/p·n·β",
-    },
-    "gather": {
-        "linear": "(p-1)·α + (p-1)/p·n·β",
-        "binomial": "⌈lg p⌉·α + (p-1)/p·n·β",
-    },
-    "scatter": {
-        "linear": "(p-1)·α + (p-1)/p·n·β",
-        "binomial": "⌈lg p⌉·α + (p-1)/p·n·β",
-    },
-    "barrier": {
-        "dissemination": "⌈lg p⌉·α",
-    },
-}
-"""op -> algorithm name -> the cost formula that :func:`cost` evaluates (symbols in the module doc)."""
-
-
-class _Terms(NamedTuple):
-    p: int
-    n: float
-    a: float  # α
-    b: float  # β
-    g: float  # γ
-    up: int  # ⌈lg p⌉
-    down: int  # ⌊lg p⌋
-    q: int  # p'
-    e: int
-    spread: float  # (p-1)/p
-    s: int  # S, segments per block
-    c: int  # C, segments of the whole buffer
-
-
-_COSTS: dict[str, dict[str, Callable[[_Terms], float]]] = {
-    "all_reduce": {
-        "ring": lambda x: 2 * (x.p - 1) * x.a + 2 * x.spread * x.n * x.b + x.spread * x.n * x.g,
-        "ring_pipelined": lambda x: 2 * (x.p - 1) * x.s * x.a + 2 * x.spread * x.n * x.b + x.spread * x.n * x.g / x.s,
-        "recursive_doubling": lambda x: (x.down + 2 * x.e) * (x.a + x.n * x.b) + (x.down + x.e) * x.n * x.g,
-        "rabenseifner": lambda x: (
-            2 * (x.down + x.e) * x.a
-            + (2 * (x.q - 1) / x.q + 2 * x.e) * x.n * x.b
-            + ((x.q - 1) / x.q + x.e) * x.n * x.g
-        ),
-        "binomial": lambda x: 2 * x.up * (x.a + x.n * x.b) + x.up * x.n * x.g,
-    },
-    "broadcast": {
-        "binomial": lambda x: x.up * (x.a + x.n * x.b),
-        "scatter_allgather": lambda x: (x.up + x.p - 1) * x.a + 2 * x.spread * x.n * x.b,
-        "chain_pipelined": lambda x: (x.p - 2 + x.c) * (x.a + x.n / x.c * x.b),
-    },
-    "reduce": {
-        "binomial": lambda x: x.up * (x.a + x.n * x.b + x.n * x.g),
-        "linear": lambda x: (x.p - 1) * (x.a + x.n * x.b + x.n * x.g),
-    },
-    "all_gather": {
-        "ring": lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
-        "recursive_doubling": lambda x: (
-            (x.down + 2 * x.e) * x.a + (x.spread + x.e * (x.p + 1) / x.p) * x.n * x.b
-        ),
-        "bruck": lambda x: x.up * x.a + x.spread * x.n * x.b,
-    },
-    "reduce_scatter": {
-        "ring": lambda x: (x.p - 1) * x.a + x.spread * x.n * (x.b + x.g),
-        "ring_pipelined": lambda x: (x.p - 1) * x.s * x.a + x.spread * x.n * (x.b + x.g / x.s),
-        "pairwise": lambda x: (x.p - 1) * x.a + x.spread * x.n * (x.b + x.g),
-        "recursive_halving": lambda x: (
-            (x.down + 2 * x.e) * x.a
-            + ((x.q - 1) / x.q + x.e * (x.p + 1) / x.p) * x.n * x.b
-            + ((x.q - 1) / x.q + x.e + 1) * x.n * x.g  # + 1: it copies the whole input first
-        ),
-    },
-    "all_to_all": {
-        "pairwise": lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
-        "bruck": lambda x: x.up * x.a + x.up * x.n / 2 * x.b,
-        "direct": lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
-    },
-    "gather": {
-        "linear": lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
-        "binomial": lambda x: x.up * x.a + x.spread * x.n * x.b,
-    },
-    "scatter": {
-        "linear": lambda x: (x.p - 1) * x.a + x.spread * x.n * x.b,
-        "binomial": lambda x: x.up * x.a + x.spread * x.n * x.b,
-    },
-    "barrier": {
-        "dissemination": lambda x: x.up * x.a,
-    },
-}
-
-
 def cost(op: str, name: str, nbytes: int, size: int, alpha: float, beta: float, gamma: float = 0.0) -> float:
     """Seconds that algorithm ``name`` of ``op`` takes in the alpha-beta(-gamma) model.
 
@@ -297,4 +286,4 @@ def cost(op: str, name: str, nbytes: int, size: int, alpha: float, beta: float, 
         s=max(1, -(-nbytes // (size * SEGMENT_BYTES))),
         c=max(1, -(-nbytes // CHAIN_SEGMENT_BYTES)),
     )
-    return float(_COSTS[op][name](terms))
+    return float(_BY_KEY[op, name].cost(terms))

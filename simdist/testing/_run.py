@@ -6,13 +6,12 @@ import os
 import random
 import shlex
 import sys
-import sysconfig
 import threading
 import time
 import warnings
 from typing import Any, Callable
 
-from simdist._callsite import trace_user_code, user_call_site
+from simdist._callsite import is_user_file, trace_user_code, user_call_site
 from simdist._errors import CollectiveMismatchError, DeadlockError, DistError, LeakWarning
 
 from ._check import check_argument, run_checked
@@ -357,22 +356,22 @@ def check_replays(fn: Callable, nprocs: int, args: tuple, err: DistError, kwargs
     ) from err
 
 
-def _library_dirs() -> tuple[str, ...]:
+def _package_dirs() -> tuple[str, ...]:
     import simdist
     import simdist.backends
     import simdist.visualize
 
-    packages = [os.path.dirname(os.path.abspath(m.__file__)) for m in (simdist, simdist.backends, simdist.visualize)]
-    paths = sysconfig.get_paths()
-    return tuple(d + os.sep for d in (*packages, paths["stdlib"], paths["purelib"]))
+    packages = (simdist, simdist.backends, simdist.visualize)
+    return tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in packages)
 
 
-_LIBRARY = _library_dirs()
+_PACKAGES = _package_dirs()
+"""All of simdist's folders (its backends and visualizer too, imported or not)."""
 
 
 def _is_user_file(name: str) -> bool:
     """Whether code in file ``name`` is the user's (not simdist, the stdlib, an installed package or frozen)."""
-    return not name.startswith((*_LIBRARY, "<frozen"))
+    return is_user_file(name, _PACKAGES)
 
 
 def _user_caller() -> str | None:
