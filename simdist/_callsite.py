@@ -49,7 +49,7 @@ def _is_library(code: CodeType) -> bool:
 
 def user_call_site(skip: tuple[str, ...] = ()) -> str:
     """``'file:line'`` of the innermost frame outside simdist, other skipped libraries and the folders ``skip``."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     library = _LIBRARY.get
     while frame is not None:
         code = frame.f_code
@@ -67,7 +67,8 @@ def user_call_site(skip: tuple[str, ...] = ()) -> str:
 
 def user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning raised by our caller point at the user's line."""
-    frame, level = sys._getframe(2), 2
+    frame: FrameType | None = sys._getframe(2)
+    level = 2
     while frame is not None and _is_library(frame.f_code):
         frame, level = frame.f_back, level + 1
     return level

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="method-assign,attr-defined,assignment"
+# (this module patches torch internals by design: every touch point of torch is here, with its version guards)
 """Unmodified ``torch.distributed`` code on simulated ranks: where the bridge touches torch's internals.
 
 While any simulation runs (:func:`install` when the first starts, :func:`uninstall` when the last
@@ -25,10 +27,12 @@ Which torch releases this was tested on, and what differs between them, is in
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -59,9 +63,22 @@ def _rank_world_class() -> type:
             self._count = 0
 
     for key in _OWN:
-        setattr(RankWorld, key, property(lambda self, k=key: self._own[k]))
-    RankWorld.group_count = property(lambda self: self._count, lambda self, v: setattr(self, "_count", v))
+        setattr(RankWorld, key, property(_owned(key)))
+    setattr(RankWorld, "group_count", property(operator.attrgetter("_count"), _set_count))
     return RankWorld
+
+
+def _owned(key: str) -> Callable[[Any], dict]:
+    """The getter of a rank world's own registry ``key``."""
+
+    def get(world: Any) -> dict:
+        return world._own[key]
+
+    return get
+
+
+def _set_count(world: Any, value: int) -> None:
+    world._count = value
 
 
 class _WorldProxy:
@@ -139,7 +156,8 @@ def _creator(opts: Any, backend_options: Any = None) -> Any:
     pending = getattr(_local, "group", None)
     if pending is None:
         raise RuntimeError("simdist: the 'simdist' torch backend is created by simdist's simulator only")
-    group = current_world().default_group if pending[0] == "default" else pending[1]
+    world = current_world()
+    group = (world.default_group if world is not None else None) if pending[0] == "default" else pending[1]
     if group is None or api.get_rank(group) < 0:
         raise RuntimeError(f"simdist: no simdist group for ranks {list(opts.global_ranks_in_group)}")
     return bridge_classes()[0](opts.group_rank, opts.group_size, group)

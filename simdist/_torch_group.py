@@ -44,7 +44,7 @@ def _reduction(opts: Any, what: str) -> tuple[Any, Any]:
 
     reduce_op = getattr(opts, "reduceOp", None)
     op = getattr(reduce_op, "op", tdist.ReduceOp.SUM)
-    if op == tdist.ReduceOp.PREMUL_SUM:
+    if op == tdist.ReduceOp.PREMUL_SUM and reduce_op is not None:
         return ReduceOp.SUM, reduce_op.__getstate__()[1]
     for name in _REDUCE_OPS:
         if op == getattr(tdist.ReduceOp, name):
@@ -128,7 +128,7 @@ def bridge_classes() -> tuple[type, type]:
 
         def get_future(self) -> Any:
             self.wait()
-            fut = torch.futures.Future()
+            fut: torch.futures.Future = torch.futures.Future()
             fut.set_result(self._outputs)
             return fut
 
@@ -145,7 +145,7 @@ def bridge_classes() -> tuple[type, type]:
         """A torch ProcessGroup whose every op is started on the simdist group ``group`` of this rank."""
 
         def __init__(self, rank: int, size: int, group: Any, backend_name: str = "gloo"):
-            super().__init__(rank, size)
+            super().__init__(rank, size)  # type: ignore[call-arg]  # torch's (rank, size) overload
             self._g = group
             self._name = f"simdist:{group.group_id}"
             self._desc = "undefined"
@@ -157,7 +157,7 @@ def bridge_classes() -> tuple[type, type]:
         # -- identity, as torch's C++ groups answer it --------------------------------------------------
 
         @property
-        def group_name(self) -> str:
+        def group_name(self) -> str:  # type: ignore[override]  # torch's C++ groups answer a plain str too
             return self._name
 
         def _set_group_name(self, name: str) -> None:

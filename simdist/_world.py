@@ -7,6 +7,7 @@ the group.
 
 from __future__ import annotations
 
+import os
 import threading
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Sequence
@@ -14,7 +15,7 @@ from typing import Any, Callable, Sequence
 from ._errors import NotInitializedError
 from ._group import ProcessGroup
 
-__all__ = ["ProcessWorld", "World", "current_world", "require_world", "set_thread_world", "set_process_world",
+__all__ = ["DEFAULT_TIMEOUT", "ProcessWorld", "World", "current_world", "require_world", "set_thread_world", "set_process_world",
            "thread_world"]
 
 
@@ -83,11 +84,33 @@ class World(ABC):
         return True
 
 
+DEFAULT_TIMEOUT = 300.0
+"""Seconds an operation of a process world may wait for its peers before ``DistTimeoutError`` (``timeout=`` of
+``init_process_group`` or ``$SIMDIST_TIMEOUT`` change it)."""
+
+
 class ProcessWorld(World):
     """A world of one rank per process (socket, NCCL, torch's backends), made by ``init_process_group`` in a
     process that a launcher started (``simdist run``, :func:`simdist.spawn`, torchrun)."""
 
     process_world = True
+    timeout: float = DEFAULT_TIMEOUT
+
+    @staticmethod
+    def timeout_of(timeout: Any) -> float:
+        """The seconds an operation waits: ``timeout`` (``init_process_group``'s), else ``$SIMDIST_TIMEOUT``, else
+        :data:`DEFAULT_TIMEOUT`."""
+        from ._checks import timeout_seconds
+
+        if timeout is not None:
+            return timeout_seconds(timeout, "timeout", positive=True)
+        raw = os.environ.get("SIMDIST_TIMEOUT")
+        if raw is None:
+            return DEFAULT_TIMEOUT
+        try:
+            return timeout_seconds(float(raw), "SIMDIST_TIMEOUT", positive=True)
+        except ValueError:
+            raise ValueError(f"SIMDIST_TIMEOUT={raw!r} must be a finite number of seconds > 0") from None
 
     @classmethod
     def spawn(cls, fn: Callable, args: tuple, nprocs: int, *, daemon: bool, start_method: str | None,

@@ -71,7 +71,9 @@ def test_timeout_seconds_names_the_argument_the_value_and_what_was_expected(valu
 
 
 def test_world_timeout_falls_back_to_the_environment(monkeypatch) -> None:
-    from simdist.backends.socket._world import DEFAULT_TIMEOUT, world_timeout
+    from simdist._world import DEFAULT_TIMEOUT, ProcessWorld
+
+    world_timeout = ProcessWorld.timeout_of
 
     monkeypatch.delenv("SIMDIST_TIMEOUT", raising=False)
     assert world_timeout(None) == DEFAULT_TIMEOUT

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from simdist._world import set_process_world
-from simdist.backends.socket._world import SocketWorld, world_timeout
+from simdist.backends.socket import SocketWorld
 
 from ._group import NcclGroup
 
@@ -45,7 +45,7 @@ class NcclWorld(SocketWorld):
         if reason is not None:
             raise RuntimeError(f"backend='nccl' cannot run here: {reason}. Without a GPU, the same code runs "
                                "on backend='sim' (simulated) or on real processes with 'socket' or 'gloo'")
-        self.timeout = world_timeout(timeout)
+        self.timeout = self.timeout_of(timeout)
         _, _, rank, world_size, _ = self.connect_store(init_method, rank, world_size)
         self.rank, self.size, self.backend = rank, world_size, backend or "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device())

@@ -53,7 +53,6 @@ says so (CLOSE with tag ``FAILING``): its peers count it as lost at once.
 from __future__ import annotations
 
 import logging
-import operator
 import select
 import socket
 import threading
@@ -64,6 +63,7 @@ from queue import SimpleQueue
 from typing import Any
 
 from simdist import _arrays as A
+from simdist._checks import check_int
 from simdist._errors import DistError, DistTimeoutError, PeerLostError, ProtocolError
 
 from . import _links, _shm
@@ -99,16 +99,6 @@ def _byte_view(buf: Any, argname: str = "buf") -> memoryview:
     except ValueError:
         raise ValueError(f"{argname} must be contiguous (shape {A.shape_of(buf)})") from None
     return memoryview(A.host_bytes(flat)).cast("B")
-
-
-def _as_int(value: Any, low: int, high: int, name: str) -> int:
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an int, got {type(value).__name__}") from None
-    if not low <= number <= high:
-        raise ValueError(f"{name} {number} is outside {low}..{high}")
-    return number
 
 
 def _make_error(cls: type, message: str, rank: int | None) -> DistError:
@@ -236,10 +226,10 @@ class PeerNetwork:
     def _check(self, peer: Any, ctx: Any, tag: Any, what: str) -> tuple[int | None, int, int]:
         """``(peer, ctx, tag)`` as ints, or ``ValueError`` naming the bad one."""
         if peer is not None:
-            peer = _as_int(peer, 0, self.world_size - 1, f"{what}: peer")
+            peer = check_int(peer, f"{what}: peer", 0, self.world_size - 1)
             if peer == self.rank:
                 raise ValueError(f"{what}: rank {self.rank} cannot {what} to or from itself")
-        return peer, _as_int(ctx, 0, _MAX_CTX, f"{what}: ctx"), _as_int(tag, 0, _MAX_TAG, f"{what}: tag")
+        return peer, check_int(ctx, f"{what}: ctx", 0, _MAX_CTX), check_int(tag, f"{what}: tag", 0, _MAX_TAG)
 
     def _check_open(self, what: str) -> None:
         if self._closed:
@@ -612,7 +602,7 @@ class PeerTransport:
             raise ValueError(f"group rank {group_rank} of {self._ranks} is not global rank {network.rank}")
 
     def _global(self, peer: int) -> int:
-        return self._ranks[_as_int(peer, 0, self.size - 1, "peer (a group rank)")]
+        return self._ranks[check_int(peer, "peer (a group rank)", 0, self.size - 1)]
 
     def isend(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Handle:
         return self._net.isend(buf, self._global(peer), self._ctx, tag)

@@ -10,7 +10,6 @@ import sys
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
-from simdist._checks import timeout_seconds
 from simdist._errors import DistError
 from simdist._group import GroupMember
 from simdist._world import ProcessWorld, set_process_world
@@ -20,27 +19,12 @@ from ._failures import FailureMonitor, JobStore, caused_by, failure_text
 from ._flight import FlightRecorder
 from ._group import SocketGroup
 
-__all__ = ["SocketWorld", "DEFAULT_TIMEOUT", "rendezvous", "world_timeout"]
+__all__ = ["SocketWorld", "rendezvous"]
 
-DEFAULT_TIMEOUT = 300.0
 # Set by a launcher that serves the job's store itself (``simdist run``): "HOST:PORT". Rank 0
 # then serves none at that address, and the store outlives every rank, so the launcher reads
 # the job's failures after the ranks are gone.
 SERVED_ENV = "SIMDIST_STORE_SERVED"
-"""Seconds an operation may wait for its peers before ``DistTimeoutError`` (``timeout=`` changes it)."""
-
-def world_timeout(timeout: Any) -> float:
-    """The seconds an operation of a process world waits: ``timeout``, else ``$SIMDIST_TIMEOUT``, else the default."""
-    if timeout is not None:
-        return timeout_seconds(timeout, "timeout", positive=True)
-    raw = os.environ.get("SIMDIST_TIMEOUT")
-    if raw is None:
-        return DEFAULT_TIMEOUT
-    try:
-        return timeout_seconds(float(raw), "SIMDIST_TIMEOUT", positive=True)
-    except ValueError:
-        raise ValueError(f"SIMDIST_TIMEOUT={raw!r} must be a finite number of seconds > 0") from None
-
 
 def _env_int(name: str) -> int:
     value = os.environ.get(name)
@@ -122,14 +106,13 @@ class SocketWorld(ProcessWorld):
         self.network: Any = None
         self.groups: list[SocketGroup] = []
         self.group_count = 0
-        self.timeout = DEFAULT_TIMEOUT
         self.checked = True
         self._hook: Any = None  # sys.excepthook as it was before init (this world's hook replaces it)
 
     def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
         from ._peers import PeerNetwork
 
-        self.timeout = world_timeout(timeout)
+        self.timeout = self.timeout_of(timeout)
         host, port, rank, world_size, secret = self.connect_store(init_method, rank, world_size)
         self.checked = agreed_checks(self.store, rank)
         listen = "127.0.0.1" if is_loopback(host) else _address_towards(host, port)

@@ -39,24 +39,26 @@ class TorchWorld(ProcessWorld):
                                "has none: use backend='gloo', or 'sim' to simulate")
 
     def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
-        from simdist.backends.socket._world import world_timeout
-
         self.check_available()
-        self.timeout = datetime.timedelta(seconds=world_timeout(timeout))
-        td.init_process_group(self.torch_backend, init_method=init_method, timeout=self.timeout,
+        self.timeout = self.timeout_of(timeout)
+        td.init_process_group(self.torch_backend, init_method=init_method, timeout=self._wait(),
                               world_size=world_size, rank=rank, store=store)
         self.rank, self.size, self.backend = td.get_rank(), td.get_world_size(), backend or self.name
         self.default_group = TorchGroup(self.name, td.group.WORLD, self.rank, range(self.size), 0)
         self.groups = [self.default_group]
         set_process_world(self)
 
+    def _wait(self) -> datetime.timedelta:
+        """:attr:`timeout` as torch takes it."""
+        return datetime.timedelta(seconds=self.timeout)
+
     def new_group(self, ranks: Sequence[int], *, backend, timeout) -> Any:
         self.group_count += 1
         ranks = list(ranks)  # in group-rank order already: sorted, unless sort_ranks=False
         if ranks == sorted(ranks):
-            pg = td.new_group(ranks, timeout=self.timeout)
+            pg = td.new_group(ranks, timeout=self._wait())
         else:  # torch keeps the given order only when asked (a newer argument of new_group)
-            pg = td.new_group(ranks, timeout=self.timeout, sort_ranks=False)
+            pg = td.new_group(ranks, timeout=self._wait(), sort_ranks=False)
         if self.rank not in ranks:
             return GroupMember.NON_GROUP_MEMBER
         group = TorchGroup(self.name, pg, ranks.index(self.rank), ranks, self.group_count)
