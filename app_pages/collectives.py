@@ -60,17 +60,24 @@ with left:
         st.subheader("Done: each rank rotates its blocks into place (local, no messages)")
     else:
         st.subheader("Done: every rank holds its result")
-    st.caption("A round holds the messages that can travel at once: a message's round is one more than the latest "
-               "round among the messages its sender received, or sent in an earlier step, before sending it.")
+    st.caption(
+        "A round holds the messages that can travel at once: a message's round is one more than the latest "
+        "round among the messages its sender received, or sent in an earlier step, before sending it."
+    )
 with right:
     st.subheader(f"Buffers after round {step}" if step <= last else "Buffers at the end")
     st.plotly_chart(V.buffer_figure(table), key="buffers")
     note = ""
     if scratch:
-        note = ("Until the end, rows show each rank's partial sum of every block (kept in scratch). " if op ==
-                "reduce_scatter" else "Until the end, rows show the blocks in the order the rank holds them (scratch). ")
-    st.caption(note + "Colour: the chunk a value belongs to; text (small buffers): how many ranks' inputs it "
-               "sums, or the rank it came from. Hover a cell for its origin. Only the first 64 values are recorded.")
+        note = (
+            "Until the end, rows show each rank's partial sum of every block (kept in scratch). "
+            if op == "reduce_scatter"
+            else "Until the end, rows show the blocks in the order the rank holds them (scratch). "
+        )
+    st.caption(
+        note + "Colour: the chunk a value belongs to; text (small buffers): how many ranks' inputs it "
+        "sums, or the rank it came from. Hover a cell for its origin. Only the first 64 values are recorded."
+    )
 
 tl = V.timeline(trace, topology=topology)
 m1, m2, m3 = st.columns(3)

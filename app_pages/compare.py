@@ -39,14 +39,22 @@ if not uniform:
                                else "ranks 0 and 1")  # fmt: skip
 
 st.plotly_chart(V.comparison_figure(cmp, slowest=slowest), key="comparison")
-notes = [("Markers and thick lines: simulated. Thin dashed lines: the α-β formula of the same colour "
-          "(symbols defined below).")]
+notes = [
+    (
+        "Markers and thick lines: simulated. Thin dashed lines: the α-β formula of the same colour "
+        "(symbols defined below)."
+    )
+]
 for group in V.coincident(cmp):
-    notes.append(f"{' and '.join(group)} take exactly the same time at every size here, so their curves are drawn "
-                 "side by side, each shifted slightly right of the one before (hover for the true size).")
+    notes.append(
+        f"{' and '.join(group)} take exactly the same time at every size here, so their curves are drawn "
+        "side by side, each shifted slightly right of the one before (hover for the true size)."
+    )
     if "ring_pipelined" in group and set(V.segments(cmp)) == {1}:
-        notes.append("ring_pipelined splits each block into S segments, and S = 1 at every size shown (see S "
-                     "below): it sends what the ring sends.")
+        notes.append(
+            "ring_pipelined splits each block into S segments, and S = 1 at every size shown (see S "
+            "below): it sends what the ring sends."
+        )
 if cmp.crossovers:
     notes.append("Dotted vertical lines: where the fastest simulated algorithm changes (table below).")
 st.caption(" ".join(notes))
@@ -63,10 +71,15 @@ for c in cmp.curves:
 st.table(rows)
 off = [c.algorithm for c in cmp.curves if max(abs(x - 1) for x in pair[c.algorithm]) > ON_LINE]
 if uniform:
-    st.write(f"Every pair of ranks here has the same path (α = {cmp.alpha * 1e6:g} µs, "
-             f"β = {cmp.beta * 1e9:g} ns/B), as the formulas assume. "
-             + ("Every point is within 1% of its line." if not off else
-                f"Off their line by more than 1% somewhere: {listing(off)} (the table gives how far)."))
+    st.write(
+        f"Every pair of ranks here has the same path (α = {cmp.alpha * 1e6:g} µs, "
+        f"β = {cmp.beta * 1e9:g} ns/B), as the formulas assume. "
+        + (
+            "Every point is within 1% of its line."
+            if not off
+            else f"Off their line by more than 1% somewhere: {listing(off)} (the table gives how far)."
+        )
+    )
 elif topology == "two_level":
     lo = min(r[0] for r in pair.values())
     hi = max(r[1] for r in pair.values())
@@ -85,16 +98,24 @@ elif topology == "two_level":
         f"{cmp.slowest_beta / cmp.beta:g}× the time per byte), and the 4 ranks of a node share its one uplink. "
         f"Every algorithm here sends some messages between nodes: its points are {lo:.2f}× to {hi:.2f}× its line."
         f"\n\nPriced as if every message crossed between nodes (sidebar: ranks 0 and {cmp.slowest[1]}), the lines "
-        "move up. Then:\n" + "".join(f"- {listing(names)}: {why};\n" for names, why in sides if names))
+        "move up. Then:\n" + "".join(f"- {listing(names)}: {why};\n" for names, why in sides if names)
+    )
 else:
-    hops = (" Each of them sends messages between ranks that are not neighbours on the ring: those cross several "
-            "links and can queue behind other messages on them.") if topology == "ring" and off else ""
+    hops = (
+        (
+            " Each of them sends messages between ranks that are not neighbours on the ring: those cross several "
+            "links and can queue behind other messages on them."
+        )
+        if topology == "ring" and off
+        else ""
+    )
     st.markdown(
         f"**Why the lines and the points differ on {topology}.** The formulas price every message alike, with the "
         f"α and β of ranks 0 and 1 (α = {cmp.alpha * 1e6:g} µs, β = {cmp.beta * 1e9:g} ns/B), as if every pair of "
         f"ranks had a path like theirs. Here pairs differ: ranks 0 and {cmp.slowest[1]} are "
         f"α = {cmp.slowest_alpha * 1e6:g} µs, β = {cmp.slowest_beta * 1e9:g} ns/B apart. Off their line by more than "
-        f"1% somewhere: {listing(off)}.{hops}")
+        f"1% somewhere: {listing(off)}.{hops}"
+    )
 
 st.subheader("Formulas")
 st.table([{"algorithm": c.algorithm, "α-β cost": c.formula} for c in cmp.curves])
@@ -102,7 +123,15 @@ st.subheader("Symbols")
 st.table(V.symbol_table(cmp, slowest=slowest))
 st.subheader("Crossovers")
 if cmp.crossovers:
-    st.table([{"between": f"{V.size_label(x.below)} and {V.size_label(x.above)}", "fastest before": x.before,
-               "fastest after": x.after} for x in cmp.crossovers])
+    st.table(
+        [
+            {
+                "between": f"{V.size_label(x.below)} and {V.size_label(x.above)}",
+                "fastest before": x.before,
+                "fastest after": x.after,
+            }
+            for x in cmp.crossovers
+        ]
+    )
 else:
     st.write("One algorithm is fastest at every size.")

@@ -25,8 +25,10 @@ def highlight(blocked) -> str:
         who = f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
         sel = f".st-key-program code > span:nth-child({line})"
         rules.append(f"{sel} {{ background: #FFD9D9; font-weight: 600; }}")
-        rules.append(f'{sel}::after {{ content: "◀ {who}"; color: #B3001B; font-weight: 700; margin-left: auto; padding-left: 1em; '
-                     "white-space: nowrap; }")
+        rules.append(
+            f'{sel}::after {{ content: "◀ {who}"; color: #B3001B; font-weight: 700; margin-left: auto; padding-left: 1em; '
+            "white-space: nowrap; }"
+        )
     return "<style>" + "\n".join(rules) + "</style>"
 
 
@@ -45,8 +47,9 @@ with st.container(horizontal=True, wrap=True, gap="large"):
         st.code(source, language="python", line_numbers=True, wrap_lines=True)
     with st.container(width=GRAPH_WIDTH):
         st.subheader("Wait-for graph")
-        st.plotly_chart(V.wait_for_figure(graph, GRAPH_WIDTH), width="content", key="wait_for",
-                        config={"displayModeBar": False})
+        st.plotly_chart(
+            V.wait_for_figure(graph, GRAPH_WIDTH), width="content", key="wait_for", config={"displayModeBar": False}
+        )
         st.caption("An arrow goes from a blocked rank to the rank it waits for; a cycle means no rank can proceed.")
 st.subheader("Where each rank is blocked")
 rows = ["| rank | line | blocked in | waits for |", "|---|---|---|---|"]

@@ -5,7 +5,7 @@ import streamlit as st
 import simdist
 from simdist import visualize as V
 
-EXAMPLE = '''import torch
+EXAMPLE = """import torch
 import simdist as dist
 
 
@@ -15,13 +15,15 @@ def main(rank):
     dist.all_reduce(t)
     dist.destroy_process_group()
     return t.tolist()
-'''
+"""
 
 st.title("Your code")
 if not V.code_allowed():
-    st.warning("Running pasted code is off. It executes whatever is pasted, so it runs only when the app is started "
-               "with `SIMDIST_ALLOW_CODE=1 streamlit run app.py`, in a separate process with a bare environment, "
-               "an empty private directory and limits on time, memory, CPU, files and processes.")
+    st.warning(
+        "Running pasted code is off. It executes whatever is pasted, so it runs only when the app is started "
+        "with `SIMDIST_ALLOW_CODE=1 streamlit run app.py`, in a separate process with a bare environment, "
+        "an empty private directory and limits on time, memory, CPU, files and processes."
+    )
     st.code(EXAMPLE, language="python")
     st.stop()
 source = st.text_area("an SPMD program defining main(rank)", EXAMPLE, height=260, key="code")
@@ -29,10 +31,16 @@ world = st.slider("world size", 1, 16, 4, key="code_world")
 if st.button("Run on the simulator", key="run_code"):
     with st.spinner("running in a separate process..."):
         result = V.run_code(source, world)
-    st.caption("Ran in a separate process: bare environment, empty private directory (removed afterwards), "
-               "limits on time, memory, CPU, file size, open files and processes, all its processes stopped at the "
-               "end. " + ("No network: it had a network namespace of its own." if result.network_isolated else
-                          "Network NOT isolated: this platform did not permit a separate network namespace."))
+    st.caption(
+        "Ran in a separate process: bare environment, empty private directory (removed afterwards), "
+        "limits on time, memory, CPU, file size, open files and processes, all its processes stopped at the "
+        "end. "
+        + (
+            "No network: it had a network namespace of its own."
+            if result.network_isolated
+            else "Network NOT isolated: this platform did not permit a separate network namespace."
+        )
+    )
     if not result.ok:
         st.error("The run failed")
         st.code(result.error, language="text")

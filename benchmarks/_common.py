@@ -54,6 +54,7 @@ MIB = 1024 * 1024
 
 # --- the machine ------------------------------------------------------------------------
 
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -90,8 +91,12 @@ def machine_markdown(info: dict[str, Any] | None = None) -> str:
         f"{info['platform']}; Python {info['python']} ({info['implementation']}), "
         f"torch {info['torch']} ({info['torch_threads']} intra-op threads), simdist {info['simdist']}; "
         f"date {info['date']}; 1-min load average {_load_text(info)}."
-        + (" **Other work was running on the machine: absolute times are inflated; ratios measured side by "
-           "side (interleaved) hold better.**" if _busy(info) else "")
+        + (
+            " **Other work was running on the machine: absolute times are inflated; ratios measured side by "
+            "side (interleaved) hold better.**"
+            if _busy(info)
+            else ""
+        )
     )
 
 
@@ -115,6 +120,7 @@ def _busy(info: dict[str, Any]) -> bool:
 
 
 # --- timing -------------------------------------------------------------------------------
+
 
 def median(xs: Iterable[float]) -> float:
     return statistics.median(list(xs))
@@ -141,6 +147,7 @@ def run_sim(fn: Callable, nprocs: int, args: tuple = (), **options: Any):
 
 
 # --- torch's own threaded test process group ----------------------------------------------
+
 
 def run_threaded(fn: Callable, world_size: int, args: tuple = ()) -> list:
     """Run ``fn(rank, *args)`` on ``world_size`` threads over torch's threaded test group.
@@ -196,6 +203,7 @@ def run_threaded(fn: Callable, world_size: int, args: tuple = ()) -> list:
 
 # --- tables -------------------------------------------------------------------------------
 
+
 def fmt_ms(seconds: float | None, digits: int = 3) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.{digits}f}"
 
@@ -236,6 +244,7 @@ def _is_number(s: str) -> bool:
 
 # --- profiles -------------------------------------------------------------------------------
 
+
 def profile_call(fn: Callable[[], Any], *, top: int = 25, timer: str = "cpu") -> str:
     """Run ``fn()`` under cProfile in *every* thread; return the top ``top`` rows by tottime.
 
@@ -272,22 +281,30 @@ def profile_call(fn: Callable[[], Any], *, top: int = 25, timer: str = "cpu") ->
     stats.stream = out
     stats.sort_stats("tottime").print_stats(top)
     text = out.getvalue()
-    keep = text[text.find("   ncalls"):] if "   ncalls" in text else text
+    keep = text[text.find("   ncalls") :] if "   ncalls" in text else text
     total = f"{len(profiles) + 1} threads profiled ({timer} time), total {stats.total_tt:.3f} s\n"
     return total + keep.rstrip() + "\n"
 
 
 # --- command line -----------------------------------------------------------------------------
 
+
 def base_parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--reps", type=int, default=None, help="repetitions per figure (median reported)")
     p.add_argument("--quick", action="store_true", help="fewer repetitions and iterations (a smoke run)")
     p.add_argument("--json", metavar="PATH", help="also write the raw figures as JSON to PATH")
-    p.add_argument("--profile", action="store_true",
-                   help="after measuring, profile the benchmark's slowest case (cProfile, top 25 by tottime)")
-    p.add_argument("--profile-timer", choices=("cpu", "wall"), default="cpu",
-                   help="profile clock: per-thread CPU time (default) or wall time")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after measuring, profile the benchmark's slowest case (cProfile, top 25 by tottime)",
+    )
+    p.add_argument(
+        "--profile-timer",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="profile clock: per-thread CPU time (default) or wall time",
+    )
     return p
 
 
@@ -298,13 +315,29 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
         f.write("\n")
 
 
-def publish(name: str, args: argparse.Namespace, info: dict[str, Any], reps: int, raw: Any, text: str,
-            verdicts: list, profile: Callable[[str, bool], str], **extra: Any) -> dict[str, Any]:
+def publish(
+    name: str,
+    args: argparse.Namespace,
+    info: dict[str, Any],
+    reps: int,
+    raw: Any,
+    text: str,
+    verdicts: list,
+    profile: Callable[[str, bool], str],
+    **extra: Any,
+) -> dict[str, Any]:
     """Print a benchmark's tables and machine line, add its profile if asked, write its JSON if asked."""
     print(text)
     print(machine_markdown(info))
-    result = {"benchmark": name, "machine": info, "reps": reps, "raw": raw, "verdicts": verdicts, **extra,
-              "markdown": text}
+    result = {
+        "benchmark": name,
+        "machine": info,
+        "reps": reps,
+        "raw": raw,
+        "verdicts": verdicts,
+        **extra,
+        "markdown": text,
+    }
     if args.profile:
         prof = profile(args.profile_timer, args.quick)
         print("\n" + prof)
@@ -314,9 +347,14 @@ def publish(name: str, args: argparse.Namespace, info: dict[str, Any], reps: int
     return result
 
 
-
-def bench_main(doc: str, name: str, measure: Callable[[int, bool], Any], report: Callable[[Any, int], tuple],
-               profile: Callable[[str, bool], str], argv: Sequence[str] | None = None) -> dict[str, Any]:
+def bench_main(
+    doc: str,
+    name: str,
+    measure: Callable[[int, bool], Any],
+    report: Callable[[Any, int], tuple],
+    profile: Callable[[str, bool], str],
+    argv: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """A benchmark's ``main``: parse the common options, measure, report and publish."""
     args = base_parser(doc.splitlines()[0]).parse_args(argv)
     reps = args.reps or (1 if args.quick else 3)

@@ -66,12 +66,17 @@ def _cases() -> list[tuple[str, object, bool]]:
     return [
         ("Collectives: next step", _button("next ▶"), False),
         ("Collectives: previous step", _button("◀ previous"), False),
-        ("Collectives: topology, new (simulates)", lambda at: at.sidebar.selectbox(key="topology").select("ring"),
-         True),
-        ("Collectives: topology, seen before", lambda at: at.sidebar.selectbox(key="topology").select("switch"),
-         False),
-        ("Collectives: algorithm, new (simulates)",
-         lambda at: at.sidebar.selectbox(key="algorithm").select("recursive_doubling"), True),
+        (
+            "Collectives: topology, new (simulates)",
+            lambda at: at.sidebar.selectbox(key="topology").select("ring"),
+            True,
+        ),
+        ("Collectives: topology, seen before", lambda at: at.sidebar.selectbox(key="topology").select("switch"), False),
+        (
+            "Collectives: algorithm, new (simulates)",
+            lambda at: at.sidebar.selectbox(key="algorithm").select("recursive_doubling"),
+            True,
+        ),
         ("Deadlock lab: open the page", lambda at: at.switch_page("app_pages/deadlocks.py"), False),
         ("DDP: open the page", lambda at: at.switch_page("app_pages/ddp.py"), False),
         ("Traces: open the page", lambda at: at.switch_page("app_pages/traces.py"), False),
@@ -99,9 +104,11 @@ def report(raw: dict, reps: int) -> tuple[str, list]:
         ok = m < TARGET
         rows.append([name, fmt_ms(m, 0), fmt_ms(max(times), 0), verdict(ok)])
         verdicts.append({"case": name, "median_s": m, "met": ok})
-    text = (f"Re-render time per interaction, world 16, 1 MiB, ring all_reduce (median of {reps}; AppTest script "
-            "run, figures included, browser drawing excluded).\n\n"
-            + markdown_table(["interaction", "ms (median)", "ms (max)", f"target < {TARGET * 1e3:.0f} ms"], rows))
+    text = (
+        f"Re-render time per interaction, world 16, 1 MiB, ring all_reduce (median of {reps}; AppTest script "
+        "run, figures included, browser drawing excluded).\n\n"
+        + markdown_table(["interaction", "ms (median)", "ms (max)", f"target < {TARGET * 1e3:.0f} ms"], rows)
+    )
     return text, verdicts
 
 

@@ -73,8 +73,9 @@ def measure(reps: int, quick: bool) -> dict:
     for _ in range(reps):
         for label, numel, blocking, n, nq in PROGRAMS:
             iters = nq if quick else n
-            e = raw.setdefault(label, {"iters": iters, "numel": numel, "off": [], "on": [], "cpu_off": [],
-                                       "cpu_on": []})
+            e = raw.setdefault(
+                label, {"iters": iters, "numel": numel, "off": [], "on": [], "cpu_off": [], "cpu_on": []}
+            )
             for on in (False, True):
                 call = partial(run_sim, ping_pong, 2, (iters, numel, blocking), seed=0, check_buffers=on)
                 wall, cpu, res = timed_cpu(call)
@@ -115,15 +116,38 @@ def report(raw: dict, ways: dict, reps: int) -> tuple[str, list[dict]]:
     rows, verdicts = [], []
     for label, e in raw.items():
         extra_us = (e["median_on"] - e["median_off"]) / e["ops"] * 1e6
-        rows.append([label, e["iters"], fmt_ms(e["median_off"], 1), fmt_ms(e["median_on"], 1), f"{e['ratio']:.2f}x",
-                     f"{e['cpu_ratio']:.2f}x", f"{extra_us:.1f}"])
+        rows.append(
+            [
+                label,
+                e["iters"],
+                fmt_ms(e["median_off"], 1),
+                fmt_ms(e["median_on"], 1),
+                f"{e['ratio']:.2f}x",
+                f"{e['cpu_ratio']:.2f}x",
+                f"{extra_us:.1f}",
+            ]
+        )
         verdicts.append({"program": label, "ratio": e["ratio"], "under_limit": e["ratio"] <= LIMIT})
-    table = markdown_table(["program (world 2)", "iterations", "check off, ms", "check on, ms", "on/off (wall)",
-                            "on/off (CPU)", "extra us per operation"], rows)
+    table = markdown_table(
+        [
+            "program (world 2)",
+            "iterations",
+            "check off, ms",
+            "check on, ms",
+            "on/off (wall)",
+            "on/off (CPU)",
+            "extra us per operation",
+        ],
+        rows,
+    )
     ways_table = markdown_table(["1 MiB buffer, one check", "us"], [[k, f"{v * 1e6:.0f}"] for k, v in ways.items()])
     worst = max(e["ratio"] for e in raw.values())
-    decision = ("above 10%: the check is an option, `simulate(..., check_buffers=True)`, off by default and on in "
-                "`simdist.testing`" if worst > LIMIT else "within 10%: the check can stay on")
+    decision = (
+        "above 10%: the check is an option, `simulate(..., check_buffers=True)`, off by default and on in "
+        "`simdist.testing`"
+        if worst > LIMIT
+        else "within 10%: the check can stay on"
+    )
     text = (
         "### (l) the buffer-race check on p2p ping-pong\n\n"
         f"Median of {reps} repetitions, check off and on interleaved; wall time of the whole `simulate` call "
@@ -148,8 +172,9 @@ def main(argv=None) -> dict:
     ways = per_byte(args.quick)
     finish_info(info)
     text, verdicts = report(raw, ways, reps)
-    return publish("buffer_check", args, info, reps, {"programs": raw, "one_check_1MiB": ways}, text, verdicts,
-                   profile_checked)
+    return publish(
+        "buffer_check", args, info, reps, {"programs": raw, "one_check_1MiB": ways}, text, verdicts, profile_checked
+    )
 
 
 if __name__ == "__main__":

@@ -194,8 +194,15 @@ def main(argv=None) -> dict:
     print(text)
     print(machine_markdown(info))
     print(f"runtime {time.perf_counter() - started:.0f} s")
-    result = {"benchmark": "cost_model", "machine": info, "topology": spec, "measured": measured,
-              "predicted": predicted, "summary": summary, "markdown": text}
+    result = {
+        "benchmark": "cost_model",
+        "machine": info,
+        "topology": spec,
+        "measured": measured,
+        "predicted": predicted,
+        "summary": summary,
+        "markdown": text,
+    }
     if args.json:
         write_json(args.json, result)
     return result

@@ -70,6 +70,7 @@ STEPS = {False: (3, 15), True: (2, 5)}  # quick -> (warm-up steps, timed steps)
 
 # --- the model and the loop (same body for simdist and torch) ------------------------------------
 
+
 def make_model() -> nn.Module:
     torch.manual_seed(0)
     layers: list[nn.Module] = []
@@ -124,11 +125,18 @@ def _loop(ddp_class, rank: int, warm: int, iters: int) -> dict:
     model = ddp_class(make_model())
     cpu: list[float] = []
     times = _time_steps(_step_fn(model, rank), warm, iters, cpu)
-    return {"rank": rank, "median_s": median(times), "times": times, "cpu_s": median(cpu), "cpu_times": cpu,
-            "checksum": _checksum(model)}
+    return {
+        "rank": rank,
+        "median_s": median(times),
+        "times": times,
+        "cpu_s": median(cpu),
+        "cpu_times": cpu,
+        "checksum": _checksum(model),
+    }
 
 
 # --- simdist side ----------------------------------------------------------------------------------
+
 
 def simdist_rank(rank: int, warm: int, iters: int, profile_timer: str | None = None):
     torch.set_num_threads(1)
@@ -149,8 +157,10 @@ def simdist_rank(rank: int, warm: int, iters: int, profile_timer: str | None = N
         w0, c0 = time.perf_counter(), time.process_time()
         table = profile_call(body, top=20, timer=profile_timer)
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-        return (f"rank 0 over {iters} profiled steps: wall {wall * 1e3:.0f} ms ({wall / iters * 1e3:.1f} ms/step), "
-                f"process CPU (all threads) {cpu * 1e3:.0f} ms (profiler overhead included)\n" + table)
+        return (
+            f"rank 0 over {iters} profiled steps: wall {wall * 1e3:.0f} ms ({wall / iters * 1e3:.1f} ms/step), "
+            f"process CPU (all threads) {cpu * 1e3:.0f} ms (profiler overhead included)\n" + table
+        )
     finally:
         simdist.destroy_process_group()
 
@@ -176,6 +186,7 @@ def run_floor(warm: int, iters: int) -> dict:
 
 
 # --- torch side ------------------------------------------------------------------------------------
+
 
 def gloo_rank(rank: int, port: int, warm: int, iters: int, queue) -> None:
     import torch.distributed as tdist
@@ -206,6 +217,7 @@ def run_gloo(warm: int, iters: int) -> list[dict]:
 
 # --- report ----------------------------------------------------------------------------------------
 
+
 def _check(side: str, ranks: list[dict], ref: float | None) -> None:
     """Every rank ends with the same parameters, and both sides with the same as each other."""
     sums = [r["checksum"] for r in ranks]
@@ -223,8 +235,11 @@ def main(argv=None) -> dict:
     warm, iters = STEPS[args.quick]
     n_params = param_count()
     assert n_params == sum(p.numel() for p in make_model().parameters())
-    print(f"<!-- bench_ddp: MLP {' -> '.join(map(str, DIMS))}, {n_params:,} parameters "
-          f"({n_params * 4 / 2**20:.1f} MiB float32), batch {BATCH} per rank, world {WORLD} -->", flush=True)
+    print(
+        f"<!-- bench_ddp: MLP {' -> '.join(map(str, DIMS))}, {n_params:,} parameters "
+        f"({n_params * 4 / 2**20:.1f} MiB float32), batch {BATCH} per rank, world {WORLD} -->",
+        flush=True,
+    )
     info = machine_info()
     t_start = time.perf_counter()
 
@@ -252,45 +267,97 @@ def main(argv=None) -> dict:
 
     per_rep = markdown_table(
         ["repetition", "torch DDP gloo ms/step", "simdist DDP socket ms/step", "ratio", "rank 1: torch / simdist ms"],
-        [[str(i + 1), fmt_ms(t[0]["median_s"], 1), fmt_ms(s[0]["median_s"], 1),
-          fmt_ratio(s[0]["median_s"] / t[0]["median_s"]),
-          f"{fmt_ms(t[1]['median_s'], 1)} / {fmt_ms(s[1]['median_s'], 1)}"]
-         for i, (t, s) in enumerate(zip(runs["torch"], runs["simdist"]))])
+        [
+            [
+                str(i + 1),
+                fmt_ms(t[0]["median_s"], 1),
+                fmt_ms(s[0]["median_s"], 1),
+                fmt_ratio(s[0]["median_s"] / t[0]["median_s"]),
+                f"{fmt_ms(t[1]['median_s'], 1)} / {fmt_ms(s[1]['median_s'], 1)}",
+            ]
+            for i, (t, s) in enumerate(zip(runs["torch"], runs["simdist"]))
+        ],
+    )
     main_table = markdown_table(
-        ["model", "torch DDP gloo ms/step", "simdist DDP socket ms/step", "ours/torch", f"target <= {TARGET:.2f}x",
-         "torch CPU ms/step", "simdist CPU ms/step", "CPU ours/torch"],
-        [[f"MLP {fmt_int(n_params)} params, batch {BATCH}, world {WORLD}", fmt_ms(t_torch, 1), fmt_ms(t_ours, 1),
-          fmt_ratio(ratio), verdict(met), fmt_ms(c_torch, 1), fmt_ms(c_ours, 1), fmt_ratio(c_ours / c_torch)]])
+        [
+            "model",
+            "torch DDP gloo ms/step",
+            "simdist DDP socket ms/step",
+            "ours/torch",
+            f"target <= {TARGET:.2f}x",
+            "torch CPU ms/step",
+            "simdist CPU ms/step",
+            "CPU ours/torch",
+        ],
+        [
+            [
+                f"MLP {fmt_int(n_params)} params, batch {BATCH}, world {WORLD}",
+                fmt_ms(t_torch, 1),
+                fmt_ms(t_ours, 1),
+                fmt_ratio(ratio),
+                verdict(met),
+                fmt_ms(c_torch, 1),
+                fmt_ms(c_ours, 1),
+                fmt_ratio(c_ours / c_torch),
+            ]
+        ],
+    )
     floor_table = markdown_table(
         ["world 1 (one process, no communication)", "ms/step"],
-        [["plain module (no DDP wrapper)", fmt_ms(t_plain, 1)],
-         ["simdist DDP, world 1 (bucket copies + hooks)", fmt_ms(t_world1, 1)]])
+        [
+            ["plain module (no DDP wrapper)", fmt_ms(t_plain, 1)],
+            ["simdist DDP, world 1 (bucket copies + hooks)", fmt_ms(t_world1, 1)],
+        ],
+    )
     parts = [
-        (f"Model: MLP {' -> '.join(map(str, DIMS))} (ReLU between), {n_params:,} float32 parameters "
-         f"({n_params * 4 / 2**20:.1f} MiB), MSE loss, SGD, default DDP arguments; batch {BATCH} per rank; "
-         f"step = zero_grad + forward + backward + opt.step. Per-step time = rank 0's median over {iters} timed "
-         f"steps after {warm} warm-up steps; median of {reps} repetition(s) per side, the sides alternating; "
-         "every rank at 1 torch intra-op thread. CPU ms/step: rank 0's process CPU time per step (all its "
-         "threads: compute and the transport's), median likewise; on a busy machine it moves less than wall time."),
+        (
+            f"Model: MLP {' -> '.join(map(str, DIMS))} (ReLU between), {n_params:,} float32 parameters "
+            f"({n_params * 4 / 2**20:.1f} MiB), MSE loss, SGD, default DDP arguments; batch {BATCH} per rank; "
+            f"step = zero_grad + forward + backward + opt.step. Per-step time = rank 0's median over {iters} timed "
+            f"steps after {warm} warm-up steps; median of {reps} repetition(s) per side, the sides alternating; "
+            "every rank at 1 torch intra-op thread. CPU ms/step: rank 0's process CPU time per step (all its "
+            "threads: compute and the transport's), median likewise; on a busy machine it moves less than wall time."
+        ),
         main_table,
         "Per repetition (rank 0's median; rank 1's for comparison):\n\n" + per_rep,
         "Floor, same run:\n\n" + floor_table,
-        (f"Verdict: simdist DDP on the socket backend takes {fmt_ratio(ratio)} torch DDP on gloo's step time "
-         f"(target <= {TARGET:.2f}x: {verdict(met)})."),
+        (
+            f"Verdict: simdist DDP on the socket backend takes {fmt_ratio(ratio)} torch DDP on gloo's step time "
+            f"(target <= {TARGET:.2f}x: {verdict(met)})."
+        ),
         f"Whole run: {elapsed:.0f} s of wall time.",
     ]
     text = "\n\n".join(parts)
-    raw = {"params": n_params, "dims": list(DIMS), "batch": BATCH, "world": WORLD, "warmup": warm, "iters": iters,
-           "torch_s": t_torch, "simdist_s": t_ours, "ratio": ratio, "torch_cpu_s": c_torch, "simdist_cpu_s": c_ours,
-           "plain_world1_s": t_plain,
-           "simdist_ddp_world1_s": t_world1, "runs": runs}
-    verdicts = [{"case": f"MLP {n_params:,} params, batch {BATCH}, world {WORLD}", "torch_s": t_torch,
-                 "simdist_s": t_ours, "ratio": ratio, "target": TARGET, "met": met}]
+    raw = {
+        "params": n_params,
+        "dims": list(DIMS),
+        "batch": BATCH,
+        "world": WORLD,
+        "warmup": warm,
+        "iters": iters,
+        "torch_s": t_torch,
+        "simdist_s": t_ours,
+        "ratio": ratio,
+        "torch_cpu_s": c_torch,
+        "simdist_cpu_s": c_ours,
+        "plain_world1_s": t_plain,
+        "simdist_ddp_world1_s": t_world1,
+        "runs": runs,
+    }
+    verdicts = [
+        {
+            "case": f"MLP {n_params:,} params, batch {BATCH}, world {WORLD}",
+            "torch_s": t_torch,
+            "simdist_s": t_ours,
+            "ratio": ratio,
+            "target": TARGET,
+            "met": met,
+        }
+    ]
 
     def profile(timer: str, quick: bool) -> str:
         prof = simdist.spawn(simdist_rank, args=(warm, iters, timer), nprocs=WORLD, backend="socket")[0]
-        return (f"Profile of rank 0, simdist DDP on the socket backend, {iters} steps, {timer} time:\n\n"
-                f"```\n{prof}```")
+        return f"Profile of rank 0, simdist DDP on the socket backend, {iters} steps, {timer} time:\n\n```\n{prof}```"
 
     return publish("bench_ddp", args, info, reps, raw, text, verdicts, profile, elapsed_s=elapsed)
 

@@ -82,8 +82,9 @@ def _rank(backend: str, rank: int, world: int, ports: tuple[int, int], reps: int
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         os.environ.setdefault("SIMDIST_SECRET", "bench-library")
-        td.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=world,
-                              device_id=device)
+        td.init_process_group(
+            "nccl", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=world, device_id=device
+        )
         sync = torch.cuda.synchronize
     else:  # simdist's gloo initializes torch's default group and wraps it
         device = torch.device("cpu")
@@ -106,9 +107,18 @@ def _rank(backend: str, rank: int, world: int, ports: tuple[int, int], reps: int
                         _op(lib, op, x, out)
                     sync()
                     times[name].append((time.perf_counter() - t0) / iters[kind])
-            results.append({"kind": kind, "op": op, "bytes": nbytes, "world": world,
-                            "torch_s": median(times["torch"]), "simdist_s": median(times["simdist"]),
-                            "torch_runs": times["torch"], "simdist_runs": times["simdist"]})
+            results.append(
+                {
+                    "kind": kind,
+                    "op": op,
+                    "bytes": nbytes,
+                    "world": world,
+                    "torch_s": median(times["torch"]),
+                    "simdist_s": median(times["simdist"]),
+                    "torch_runs": times["torch"],
+                    "simdist_runs": times["simdist"],
+                }
+            )
     simdist.destroy_process_group()
     if td.is_initialized():
         td.destroy_process_group()
@@ -126,13 +136,29 @@ def _table(backend: str, results: list[dict]) -> tuple[str, list]:
         ratio_lat = r["simdist_s"] / r["torch_s"]
         if r["kind"] == "latency":
             ok = ratio_lat <= 1.2
-            rows.append([r["op"], _size(r["bytes"]), f"{r['torch_s'] * 1e6:.1f} µs", f"{r['simdist_s'] * 1e6:.1f} µs",
-                         fmt_ratio(ratio_lat), "met" if ok else "**missed**"])
+            rows.append(
+                [
+                    r["op"],
+                    _size(r["bytes"]),
+                    f"{r['torch_s'] * 1e6:.1f} µs",
+                    f"{r['simdist_s'] * 1e6:.1f} µs",
+                    fmt_ratio(ratio_lat),
+                    "met" if ok else "**missed**",
+                ]
+            )
         else:
             bw_t, bw_s = r["bytes"] / r["torch_s"] / 1e9, r["bytes"] / r["simdist_s"] / 1e9
             ok = bw_s / bw_t >= 0.95
-            rows.append([r["op"], _size(r["bytes"]), f"{bw_t:.2f} GB/s", f"{bw_s:.2f} GB/s", fmt_ratio(bw_s / bw_t),
-                         "met" if ok else "**missed**"])
+            rows.append(
+                [
+                    r["op"],
+                    _size(r["bytes"]),
+                    f"{bw_t:.2f} GB/s",
+                    f"{bw_s:.2f} GB/s",
+                    fmt_ratio(bw_s / bw_t),
+                    "met" if ok else "**missed**",
+                ]
+            )
         verdicts.append({"op": r["op"], "kind": r["kind"], "ok": ok})
     names = ["torch NCCL", "simdist nccl"] if backend == "nccl" else ["torch gloo", "simdist on gloo"]
     text = markdown_table(["op", "size", *names, "ours/torch", "target"], rows)
@@ -159,16 +185,23 @@ def main() -> int:
     ctx = torch.multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     ports = (_free_port(), _free_port())
-    procs = [ctx.Process(target=_rank, args=(args.backend, r, world, ports, reps, iters, queue))
-             for r in range(world)]
+    procs = [ctx.Process(target=_rank, args=(args.backend, r, world, ports, reps, iters, queue)) for r in range(world)]
     for proc in procs:
         proc.start()
     results = queue.get(timeout=1800)
     for proc in procs:
         proc.join(60)
     text, verdicts = _table(args.backend, results)
-    publish(f"library-{args.backend}", args, finish_info(info), reps, results,
-            f"{args.backend} on {info['device']}, world {world}\n\n{text}", verdicts, profile=lambda name, wall: "")
+    publish(
+        f"library-{args.backend}",
+        args,
+        finish_info(info),
+        reps,
+        results,
+        f"{args.backend} on {info['device']}, world {world}\n\n{text}",
+        verdicts,
+        profile=lambda name, wall: "",
+    )
     return 0
 
 

@@ -50,18 +50,60 @@ TARGET_MESSAGES_S, TARGET_MEMORY_MB, TARGET_COLLECTIVES_S = 5.0, 1024.0, 1.0
 
 # (key, label, world, side, options, targets (seconds, MB) or None, reps (None: --reps))
 CASES = [
-    ("w1024_ring_msgs", 'world 1024, ring all_reduce 1 KiB, detail="messages"', 1024, "sim",
-     {"detail": "messages", "algorithm": "ring"}, (TARGET_MESSAGES_S, TARGET_MEMORY_MB), None),
-    ("w1024_ring_msgs_steps", "  the same, record_steps=True", 1024, "sim",
-     {"detail": "messages", "algorithm": "ring", "record_steps": True}, None, 1),
-    ("w1024_ring_msgs_stream", "  the same, trace streamed to a file", 1024, "sim",
-     {"detail": "messages", "algorithm": "ring", "trace_file": True}, None, 1),
-    ("w4096_coll", 'world 4096, all_reduce 1 KiB, detail="collectives"', 4096, "sim",
-     {"detail": "collectives"}, (TARGET_COLLECTIVES_S, None), None),
-    ("w1024_coll", 'world 1024, all_reduce 1 KiB, detail="collectives"', 1024, "sim",
-     {"detail": "collectives"}, None, None),
-    ("w1024_init", "world 1024, init + destroy only", 1024, "sim", {"detail": "collectives", "init_only": True},
-     None, None),
+    (
+        "w1024_ring_msgs",
+        'world 1024, ring all_reduce 1 KiB, detail="messages"',
+        1024,
+        "sim",
+        {"detail": "messages", "algorithm": "ring"},
+        (TARGET_MESSAGES_S, TARGET_MEMORY_MB),
+        None,
+    ),
+    (
+        "w1024_ring_msgs_steps",
+        "  the same, record_steps=True",
+        1024,
+        "sim",
+        {"detail": "messages", "algorithm": "ring", "record_steps": True},
+        None,
+        1,
+    ),
+    (
+        "w1024_ring_msgs_stream",
+        "  the same, trace streamed to a file",
+        1024,
+        "sim",
+        {"detail": "messages", "algorithm": "ring", "trace_file": True},
+        None,
+        1,
+    ),
+    (
+        "w4096_coll",
+        'world 4096, all_reduce 1 KiB, detail="collectives"',
+        4096,
+        "sim",
+        {"detail": "collectives"},
+        (TARGET_COLLECTIVES_S, None),
+        None,
+    ),
+    (
+        "w1024_coll",
+        'world 1024, all_reduce 1 KiB, detail="collectives"',
+        1024,
+        "sim",
+        {"detail": "collectives"},
+        None,
+        None,
+    ),
+    (
+        "w1024_init",
+        "world 1024, init + destroy only",
+        1024,
+        "sim",
+        {"detail": "collectives", "init_only": True},
+        None,
+        None,
+    ),
     ("torch_w1024", "torch threaded group, world 1024, all_reduce 1 KiB", 1024, "torch", {}, None, None),
     ("torch_w4096", "torch threaded group, world 4096, all_reduce 1 KiB", 4096, "torch", {}, None, 1),
 ]
@@ -133,8 +175,13 @@ print(json.dumps({{"wall": wall, "cpu": cpu, "peak_mb": peak, "import_mb": base,
 def run_case(world: int, side: str, opts: dict) -> dict:
     """One run of a case in a fresh process: its figures (``wall``, ``cpu``, ``peak_mb``, ...)."""
     with tempfile.TemporaryDirectory() as tmp:
-        code = CHILD.format(bench=str(Path(__file__).resolve().parent), world=world, side=side, opts=dict(opts),
-                            trace_path=os.path.join(tmp, "trace.json"))
+        code = CHILD.format(
+            bench=str(Path(__file__).resolve().parent),
+            world=world,
+            side=side,
+            opts=dict(opts),
+            trace_path=os.path.join(tmp, "trace.json"),
+        )
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, check=False)
         if out.returncode != 0:
             raise RuntimeError(f"case world={world} {side} {opts} failed:\n{out.stderr[-3000:]}")
@@ -147,8 +194,7 @@ def measure(reps: int, quick: bool) -> dict:
         if quick and key in ("torch_w4096", "w1024_ring_msgs_steps", "w1024_ring_msgs_stream"):
             continue
         runs = [run_case(world, side, opts) for _ in range(reps_override or reps)]
-        e = raw[key] = {"label": label, "world": world, "side": side, "options": opts, "targets": targets,
-                        "runs": runs}
+        e = raw[key] = {"label": label, "world": world, "side": side, "options": opts, "targets": targets, "runs": runs}
         for field in ("wall", "cpu", "peak_mb", "import_mb", "first_call"):
             e["median_" + field] = median([r[field] for r in runs])
         e["events"], e["points"] = runs[-1]["events"], runs[-1]["points"]
@@ -168,13 +214,35 @@ def report(raw: dict, reps: int) -> tuple[str, list[dict]]:
                 ok = e["median_peak_mb"] < mb
                 verdicts.append({"case": e["label"], "peak_mb": e["median_peak_mb"], "target_mb": mb, "met": ok})
                 marks.append(f"< {mb / 1024:g} GB: {verdict(ok)}")
-        rows.append([e["label"], len(e["runs"]), fmt_ms(e["median_wall"], 0), fmt_ms(e["median_cpu"], 0),
-                     fmt_ms(e["median_first_call"], 0),
-                     f"{e['median_peak_mb']:.0f}", f"{e['median_import_mb']:.0f}", fmt_int(e["points"]),
-                     fmt_int(e["events"]), "; ".join(marks) or "reported"])
-    table = markdown_table(["case", "runs", "wall ms (median)", "CPU ms (median)", "first call ms", "peak MB",
-                            "of which import MB",
-                            "points", "trace events", "target"], rows)
+        rows.append(
+            [
+                e["label"],
+                len(e["runs"]),
+                fmt_ms(e["median_wall"], 0),
+                fmt_ms(e["median_cpu"], 0),
+                fmt_ms(e["median_first_call"], 0),
+                f"{e['median_peak_mb']:.0f}",
+                f"{e['median_import_mb']:.0f}",
+                fmt_int(e["points"]),
+                fmt_int(e["events"]),
+                "; ".join(marks) or "reported",
+            ]
+        )
+    table = markdown_table(
+        [
+            "case",
+            "runs",
+            "wall ms (median)",
+            "CPU ms (median)",
+            "first call ms",
+            "peak MB",
+            "of which import MB",
+            "points",
+            "trace events",
+            "target",
+        ],
+        rows,
+    )
     text = (
         "### (c) scale\n\n"
         f"One whole `simulate` call per fresh process, thread start-up and join included; median of {reps} run(s) "
@@ -199,8 +267,11 @@ def profile_worst(timer: str, quick: bool) -> str:
         return float(t[0])
 
     world = 256 if quick else 1024
-    return (f"#### profile: world {world}, ring all_reduce 1 KiB, messages\n\n```\n"
-            + profile_call(lambda: simdist.simulate(one, world, leaks="ignore"), timer=timer) + "```\n")
+    return (
+        f"#### profile: world {world}, ring all_reduce 1 KiB, messages\n\n```\n"
+        + profile_call(lambda: simdist.simulate(one, world, leaks="ignore"), timer=timer)
+        + "```\n"
+    )
 
 
 def main(argv=None) -> dict:

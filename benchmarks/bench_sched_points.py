@@ -123,8 +123,18 @@ def measure(reps: int, quick: bool) -> dict:
         for label, fn, world, n, nq, opts, share in PROGRAMS:
             iters = nq if quick else n
             wall, cpu, res = timed_cpu(partial(run_sim, fn, world, (iters,), seed=0, **opts))
-            e = raw["programs"].setdefault(label, {"world": world, "iters": iters, "points": res.points,
-                                                   "options": opts, "target_share": share, "wall": [], "cpu": []})
+            e = raw["programs"].setdefault(
+                label,
+                {
+                    "world": world,
+                    "iters": iters,
+                    "points": res.points,
+                    "options": opts,
+                    "target_share": share,
+                    "wall": [],
+                    "cpu": [],
+                },
+            )
             e["wall"].append(wall)
             e["cpu"].append(cpu)
     for e in raw["programs"].values():
@@ -145,14 +155,39 @@ def report(raw: dict, reps: int) -> tuple[str, list[dict]]:
             mark = "reported"
         else:
             ok = rate / ceiling >= share
-            verdicts.append({"program": label, "points_per_s": rate, "share": rate / ceiling, "target_share": share,
-                             "met": ok})
+            verdicts.append(
+                {"program": label, "points_per_s": rate, "share": rate / ceiling, "target_share": share, "met": ok}
+            )
             mark = f">= {share:.0%}: {verdict(ok)}"
-        rows.append([label, e["world"], e["iters"], fmt_int(e["points"]), fmt_ms(e["median_wall"], 1),
-                     f"{e['median_wall'] / e['points'] * 1e6:.1f}", fmt_int(rate),
-                     fmt_int(e["points_per_cpu_s"]), f"{rate / ceiling * 100:.1f}%", mark])
-    table = markdown_table(["program", "world", "iterations", "points", "wall ms (median)", "us/point",
-                            "points/s", "points/CPU-s", "of bare baton", "target (of the baton)"], rows)
+        rows.append(
+            [
+                label,
+                e["world"],
+                e["iters"],
+                fmt_int(e["points"]),
+                fmt_ms(e["median_wall"], 1),
+                f"{e['median_wall'] / e['points'] * 1e6:.1f}",
+                fmt_int(rate),
+                fmt_int(e["points_per_cpu_s"]),
+                f"{rate / ceiling * 100:.1f}%",
+                mark,
+            ]
+        )
+    table = markdown_table(
+        [
+            "program",
+            "world",
+            "iterations",
+            "points",
+            "wall ms (median)",
+            "us/point",
+            "points/s",
+            "points/CPU-s",
+            "of bare baton",
+            "target (of the baton)",
+        ],
+        rows,
+    )
     text = (
         "### (b) scheduling points per second\n\n"
         f"Median of {reps} repetitions; points/s = points / wall time of the whole `simulate` call "
@@ -168,8 +203,11 @@ def profile_worst(timer: str, quick: bool) -> str:
     out = []
     for label, fn, world, n, nq, opts in (PROGRAMS[0], PROGRAMS[1]):
         iters = nq if quick else n // 2
-        out.append(f"#### profile: {label}, world {world}, {iters} iterations\n\n```\n"
-                   + profile_call(partial(run_sim, fn, world, (iters,), seed=0, **opts), timer=timer) + "```\n")
+        out.append(
+            f"#### profile: {label}, world {world}, {iters} iterations\n\n```\n"
+            + profile_call(partial(run_sim, fn, world, (iters,), seed=0, **opts), timer=timer)
+            + "```\n"
+        )
     return "\n".join(out)
 
 

@@ -91,17 +91,34 @@ def report(raw: dict, reps: int) -> tuple[str, list]:
         ok = all(r["runs_to_find"] is not None and r["runs_to_find"] <= 100 for r in (red, plain))
         verdicts.append((f"{name}: found within 100 runs (bound 1)", verdict(ok)))
         dfs = row["dfs_runs_to_find"]
-        rows.append([name, red["runs_to_find"] or "-", plain["runs_to_find"] or "-",
-                     dfs if dfs is not None else f"> {DFS_CAP}",
-                     f"{red['schedules_per_s']:.0f}", f"{plain['schedules_per_s']:.0f}",
-                     f"{red['runs']}{' (all)' if red['complete'] else ''}",
-                     f"{plain['runs']}{' (all)' if plain['complete'] else ''}"])
+        rows.append(
+            [
+                name,
+                red["runs_to_find"] or "-",
+                plain["runs_to_find"] or "-",
+                dfs if dfs is not None else f"> {DFS_CAP}",
+                f"{red['schedules_per_s']:.0f}",
+                f"{plain['schedules_per_s']:.0f}",
+                f"{red['runs']}{' (all)' if red['complete'] else ''}",
+                f"{plain['runs']}{' (all)' if plain['complete'] else ''}",
+            ]
+        )
     table = markdown_table(
-        ["bug kind (3 ranks)", "runs to find, reduced", "runs to find, plain", "former depth-first",
-         "schedules/s, reduced", "schedules/s, plain", "runs to cover bound 2, reduced", "plain"],
-        rows)
-    text = (f"### Bounded exhaustive search (median of {reps})\n\n{table}\n\n"
-            + markdown_table(["target", "verdict"], verdicts))
+        [
+            "bug kind (3 ranks)",
+            "runs to find, reduced",
+            "runs to find, plain",
+            "former depth-first",
+            "schedules/s, reduced",
+            "schedules/s, plain",
+            "runs to cover bound 2, reduced",
+            "plain",
+        ],
+        rows,
+    )
+    text = f"### Bounded exhaustive search (median of {reps})\n\n{table}\n\n" + markdown_table(
+        ["target", "verdict"], verdicts
+    )
     return text, verdicts
 
 

@@ -155,11 +155,19 @@ def tables(raw: dict) -> tuple[str, str, list[dict]]:
             ours2 = entry[mode]["whole_call_per_op"]
             rows2.append([label, mode, fmt_ms(ref2), fmt_ms(ours2), fmt_ratio(ours2 / ref2 if ref2 > 0 else None)])
     t1 = markdown_table(
-        ["size (float32)", "simdist mode", "torch threaded ms/op", "simdist ms/op", "ratio ours/torch",
-         f"target <= {TARGET:.1f}x"], rows)
+        [
+            "size (float32)",
+            "simdist mode",
+            "torch threaded ms/op",
+            "simdist ms/op",
+            "ratio ours/torch",
+            f"target <= {TARGET:.1f}x",
+        ],
+        rows,
+    )
     t2 = markdown_table(
-        ["size (float32)", "simdist mode", "torch ms/op (whole call)", "simdist ms/op (whole call)",
-         "ratio"], rows2)
+        ["size (float32)", "simdist mode", "torch ms/op (whole call)", "simdist ms/op (whole call)", "ratio"], rows2
+    )
     return t1, t2, verdicts
 
 
@@ -194,8 +202,11 @@ def profile_worst(timer: str, quick: bool) -> str:
     torch.set_num_threads(1)
     try:
         for mode, opts in (MODES[0], MODES[2]):
-            out.append(f"#### profile: 4 KiB all_reduce x {n}, world {WORLD}, {mode}\n\n```\n"
-                       + profile_call(partial(run_sim, sim_rank, WORLD, (n, 1024), **opts), timer=timer) + "```\n")
+            out.append(
+                f"#### profile: 4 KiB all_reduce x {n}, world {WORLD}, {mode}\n\n```\n"
+                + profile_call(partial(run_sim, sim_rank, WORLD, (n, 1024), **opts), timer=timer)
+                + "```\n"
+            )
     finally:
         torch.set_num_threads(saved)
     return "\n".join(out)
@@ -203,9 +214,12 @@ def profile_worst(timer: str, quick: bool) -> str:
 
 def main(argv=None) -> dict:
     parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--default-threads-reps", type=int, default=None,
-                        help=f"repetitions of the table at torch's default {DEFAULT_THREADS} intra-op threads "
-                             "(0 skips it)")
+    parser.add_argument(
+        "--default-threads-reps",
+        type=int,
+        default=None,
+        help=f"repetitions of the table at torch's default {DEFAULT_THREADS} intra-op threads (0 skips it)",
+    )
     args = parser.parse_args(argv)
     reps = args.reps or (3 if args.quick else 5)
     dreps = args.default_threads_reps
@@ -216,7 +230,18 @@ def main(argv=None) -> dict:
     default_raw = measure(dreps, args.quick, threads=DEFAULT_THREADS) if dreps > 0 else None
     finish_info(info)
     text, verdicts = report(raw, reps, default_raw, dreps)
-    return publish("sim_allreduce", args, info, reps, raw, text, verdicts, profile_worst, raw_default_threads=default_raw, default_threads=DEFAULT_THREADS)
+    return publish(
+        "sim_allreduce",
+        args,
+        info,
+        reps,
+        raw,
+        text,
+        verdicts,
+        profile_worst,
+        raw_default_threads=default_raw,
+        default_threads=DEFAULT_THREADS,
+    )
 
 
 if __name__ == "__main__":

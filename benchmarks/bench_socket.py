@@ -77,6 +77,7 @@ def bus_factor(op: str, n: int) -> float:
 
 # --- the rank loop (same body for simdist and torch.distributed) ------------------------------
 
+
 def _make_call(d, op: str, nbytes: int, world: int):
     """The op as a no-argument callable on fresh float32 zeros; ``nbytes`` as nccl-tests counts it."""
     numel = nbytes // 4
@@ -153,8 +154,10 @@ def _profiled_loop(d, rank: int, world: int, case: tuple, timer: str) -> str | N
     table = profile_call(body, top=15, timer=timer)
     wall, cpu, main_cpu = time.perf_counter() - w0, time.process_time() - c0, time.thread_time() - m0
     # the transport's threads were started at init, before the profiler: cProfile sees the main thread only
-    return (f"rank 0 over the profiled loop: wall {wall * 1e3:.0f} ms, process CPU (all threads) {cpu * 1e3:.0f} ms, "
-            f"main-thread CPU {main_cpu * 1e3:.0f} ms (profiler overhead included)\n" + table)
+    return (
+        f"rank 0 over the profiled loop: wall {wall * 1e3:.0f} ms, process CPU (all threads) {cpu * 1e3:.0f} ms, "
+        f"main-thread CPU {main_cpu * 1e3:.0f} ms (profiler overhead included)\n" + table
+    )
 
 
 def simdist_rank(rank: int, world: int, cases: list, profile: tuple | None = None, timer: str = "cpu"):
@@ -199,12 +202,12 @@ def run_gloo(world: int, cases: list) -> dict:
 
     ctx = tmp.get_context("forkserver")
     queue = ctx.SimpleQueue()
-    tmp.start_processes(gloo_rank, args=(world, _free_port(), cases, queue), nprocs=world,
-                        start_method="forkserver")
+    tmp.start_processes(gloo_rank, args=(world, _free_port(), cases, queue), nprocs=world, start_method="forkserver")
     return queue.get()
 
 
 # --- ceilings -----------------------------------------------------------------------------------
+
 
 def _tcp_sender(port: int, total: int, chunk: int) -> None:
     buf = bytearray(chunk)
@@ -255,6 +258,7 @@ def memcpy_ceiling(nbytes: int = 64 * MIB, reps: int = 10) -> float:
 
 # --- report -------------------------------------------------------------------------------------
 
+
 def _gbs(x: float) -> str:
     return f"{x / 1e9:.2f}"
 
@@ -293,10 +297,31 @@ def main(argv=None) -> dict:
                 judged = s >= MIB
                 met = ratio >= TARGET
                 mark = "-" if not judged else (verdict(met) + (" (aim 1.5x met)" if ratio >= AIM else ""))
-                rows.append([op, size_label(s), fmt_ms(t_gloo), fmt_ms(t_ours), _gbs(s / t_gloo), _gbs(s / t_ours),
-                             _gbs(bus_gloo), _gbs(bus_ours), fmt_ratio(ratio), mark])
-                entry = {"world": w, "op": op, "bytes": s, "size": size_label(s), "gloo_s": t_gloo,
-                         "simdist_s": t_ours, "gloo_busbw": bus_gloo, "simdist_busbw": bus_ours, "ratio": ratio}
+                rows.append(
+                    [
+                        op,
+                        size_label(s),
+                        fmt_ms(t_gloo),
+                        fmt_ms(t_ours),
+                        _gbs(s / t_gloo),
+                        _gbs(s / t_ours),
+                        _gbs(bus_gloo),
+                        _gbs(bus_ours),
+                        fmt_ratio(ratio),
+                        mark,
+                    ]
+                )
+                entry = {
+                    "world": w,
+                    "op": op,
+                    "bytes": s,
+                    "size": size_label(s),
+                    "gloo_s": t_gloo,
+                    "simdist_s": t_ours,
+                    "gloo_busbw": bus_gloo,
+                    "simdist_busbw": bus_ours,
+                    "ratio": ratio,
+                }
                 raw.append(entry)
                 if judged:
                     verdicts.append({**entry, "met": met, "aim_met": ratio >= AIM})
@@ -304,25 +329,46 @@ def main(argv=None) -> dict:
     elapsed = time.perf_counter() - t_start
     finish_info(info)
 
-    headers = ["op", "size", "gloo ms", "ours ms", "gloo algbw GB/s", "ours algbw GB/s", "gloo busbw GB/s",
-               "ours busbw GB/s", "busbw ours/gloo", "target >= 1.0x (>= 1 MiB)"]
+    headers = [
+        "op",
+        "size",
+        "gloo ms",
+        "ours ms",
+        "gloo algbw GB/s",
+        "ours algbw GB/s",
+        "gloo busbw GB/s",
+        "ours busbw GB/s",
+        "busbw ours/gloo",
+        "target >= 1.0x (>= 1 MiB)",
+    ]
     parts = [
-        (f"Per-op time = median over {', '.join(f'{size_label(s)}: {iters[s][1]}' for s in sizes)} timed "
-         f"iterations in rank 0 (barrier before each op), after warm-up; median of {reps} run(s) per side; "
-         "GB/s = 1e9 bytes/s; every rank at 1 torch intra-op thread."),
-        (f"Ceilings in the same run: loopback TCP between two processes (1 MiB chunks) {_gbs(tcp)} GB/s; "
-         f"numpy memcpy (64 MiB, bytes copied per second) {_gbs(mem)} GB/s."),
+        (
+            f"Per-op time = median over {', '.join(f'{size_label(s)}: {iters[s][1]}' for s in sizes)} timed "
+            f"iterations in rank 0 (barrier before each op), after warm-up; median of {reps} run(s) per side; "
+            "GB/s = 1e9 bytes/s; every rank at 1 torch intra-op thread."
+        ),
+        (
+            f"Ceilings in the same run: loopback TCP between two processes (1 MiB chunks) {_gbs(tcp)} GB/s; "
+            f"numpy memcpy (64 MiB, bytes copied per second) {_gbs(mem)} GB/s."
+        ),
     ]
     for w in WORLDS:
-        parts.append(f"World {w} (busbw factor: all_reduce x{bus_factor('all_reduce', w):g}, "
-                     f"all_gather / reduce_scatter x{bus_factor('all_gather', w):g}, broadcast x1):\n\n"
-                     + markdown_table(headers, rows_by_world[w]))
+        parts.append(
+            f"World {w} (busbw factor: all_reduce x{bus_factor('all_reduce', w):g}, "
+            f"all_gather / reduce_scatter x{bus_factor('all_gather', w):g}, broadcast x1):\n\n"
+            + markdown_table(headers, rows_by_world[w])
+        )
     missed = [v for v in verdicts if not v["met"]]
     worst = min(verdicts, key=lambda v: v["ratio"]) if verdicts else None
-    summary = (f"Verdict (>= 1 MiB): {len(verdicts) - len(missed)} of {len(verdicts)} cases meet 1.0x gloo busbw, "
-               f"{sum(v['aim_met'] for v in verdicts)} reach 1.5x."
-               + (f" Worst: {worst['op']} {worst['size']} world {worst['world']} at {fmt_ratio(worst['ratio'])}."
-                  if worst else ""))
+    summary = (
+        f"Verdict (>= 1 MiB): {len(verdicts) - len(missed)} of {len(verdicts)} cases meet 1.0x gloo busbw, "
+        f"{sum(v['aim_met'] for v in verdicts)} reach 1.5x."
+        + (
+            f" Worst: {worst['op']} {worst['size']} world {worst['world']} at {fmt_ratio(worst['ratio'])}."
+            if worst
+            else ""
+        )
+    )
     parts.append(summary)
     parts.append(f"Whole run: {elapsed:.0f} s of wall time.")
     text = "\n\n".join(parts)
@@ -332,13 +378,26 @@ def main(argv=None) -> dict:
             return "nothing to profile"
         s = worst["bytes"]
         case = (worst["op"], s, *iters[s])
-        prof = simdist.spawn(simdist_rank, args=(worst["world"], [], case, timer), nprocs=worst["world"],
-                             backend="socket")[0]
-        return (f"Profile of rank 0, socket backend, {worst['op']} {worst['size']} world {worst['world']}, "
-                f"{case[3]} iterations (barrier + op), {timer} time:\n\n```\n{prof}```")
+        prof = simdist.spawn(
+            simdist_rank, args=(worst["world"], [], case, timer), nprocs=worst["world"], backend="socket"
+        )[0]
+        return (
+            f"Profile of rank 0, socket backend, {worst['op']} {worst['size']} world {worst['world']}, "
+            f"{case[3]} iterations (barrier + op), {timer} time:\n\n```\n{prof}```"
+        )
 
-    return publish("bench_socket", args, info, reps, raw, text, verdicts, profile,
-                   ceilings={"tcp_loopback_Bps": tcp, "memcpy_Bps": mem}, elapsed_s=elapsed)
+    return publish(
+        "bench_socket",
+        args,
+        info,
+        reps,
+        raw,
+        text,
+        verdicts,
+        profile,
+        ceilings={"tcp_loopback_Bps": tcp, "memcpy_Bps": mem},
+        elapsed_s=elapsed,
+    )
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def rank_loop(rank: int, world: int, cases: list) -> dict:
             t = torch.ones(nbytes // 4)
             times: dict[bool, list] = {True: [], False: []}
             for i in range(warm + iters):
-                for checked in ((True, False) if i % 2 == 0 else (False, True)):
+                for checked in (True, False) if i % 2 == 0 else (False, True):
                     group.checked = checked  # the same order on every rank
                     t.fill_(1.0)
                     simdist.barrier()
@@ -95,33 +95,64 @@ def main(argv=None) -> dict:
             off = median(x[f"{s}/unchecked"] for x in runs[w])
             ratio = on / off
             paired = median(r for x in runs[w] for r in x[f"{s}/pairs"])
-            rows.append([str(w), bench_socket.size_label(s), fmt_ms(off), fmt_ms(on), fmt_ms(on - off),
-                         fmt_ratio(ratio), fmt_ratio(paired)])
-            raw.append({"world": w, "bytes": s, "size": bench_socket.size_label(s), "unchecked_s": off,
-                        "checked_s": on, "ratio": ratio, "paired_ratio": paired,
-                        "checked_runs_s": [x[f"{s}/checked"] for x in runs[w]],
-                        "unchecked_runs_s": [x[f"{s}/unchecked"] for x in runs[w]]})
+            rows.append(
+                [
+                    str(w),
+                    bench_socket.size_label(s),
+                    fmt_ms(off),
+                    fmt_ms(on),
+                    fmt_ms(on - off),
+                    fmt_ratio(ratio),
+                    fmt_ratio(paired),
+                ]
+            )
+            raw.append(
+                {
+                    "world": w,
+                    "bytes": s,
+                    "size": bench_socket.size_label(s),
+                    "unchecked_s": off,
+                    "checked_s": on,
+                    "ratio": ratio,
+                    "paired_ratio": paired,
+                    "checked_runs_s": [x[f"{s}/checked"] for x in runs[w]],
+                    "unchecked_runs_s": [x[f"{s}/unchecked"] for x in runs[w]],
+                }
+            )
     elapsed = time.perf_counter() - t_start
     finish_info(info)
 
-    headers = ["world", "size", "unchecked ms", "checked ms", "extra ms", "checked / unchecked",
-               "paired ratio (median)"]
+    headers = [
+        "world",
+        "size",
+        "unchecked ms",
+        "checked ms",
+        "extra ms",
+        "checked / unchecked",
+        "paired ratio (median)",
+    ]
     counts = ", ".join(f"{bench_socket.size_label(s)}: {iters[s][1]}" for s in SIZES)
-    text = "\n\n".join([
-        (f"all_reduce (SUM, float32) per op = median over {counts} "
-         "timed iterations per setting in rank 0 (barrier before each op), the settings alternating in the same "
-         f"processes, after warm-up; median of {reps} job(s); every rank at 1 torch intra-op thread. "
-         "Paired ratio: the median, over every iteration of every job, of checked / unchecked time of "
-         "the two calls of one iteration (one right after the other)."),
-        markdown_table(headers, rows),
-        f"Whole run: {elapsed:.0f} s of wall time.",
-    ])
+    text = "\n\n".join(
+        [
+            (
+                f"all_reduce (SUM, float32) per op = median over {counts} "
+                "timed iterations per setting in rank 0 (barrier before each op), the settings alternating in the same "
+                f"processes, after warm-up; median of {reps} job(s); every rank at 1 torch intra-op thread. "
+                "Paired ratio: the median, over every iteration of every job, of checked / unchecked time of "
+                "the two calls of one iteration (one right after the other)."
+            ),
+            markdown_table(headers, rows),
+            f"Whole run: {elapsed:.0f} s of wall time.",
+        ]
+    )
 
     def profile(timer: str, quick: bool) -> str:
         case = ("all_reduce", 4 * KIB, *iters[4 * KIB])
         prof = simdist.spawn(bench_socket.simdist_rank, args=(2, [], case, timer), nprocs=2, backend="socket")[0]
-        return (f"Profile of rank 0, socket backend, checked all_reduce 4 KiB world 2, {case[3]} iterations "
-                f"(barrier + op), {timer} time:\n\n```\n{prof}```")
+        return (
+            f"Profile of rank 0, socket backend, checked all_reduce 4 KiB world 2, {case[3]} iterations "
+            f"(barrier + op), {timer} time:\n\n```\n{prof}```"
+        )
 
     return publish("bench_socket_checked", args, info, reps, raw, text, [], profile, elapsed_s=elapsed)
 

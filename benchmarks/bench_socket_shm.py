@@ -52,6 +52,7 @@ def run_side(side: str, world: int, cases: list) -> dict:
 
 # --- per-call overhead ----------------------------------------------------------------------
 
+
 def _per_op(fns: dict, iters: int, blocks: int = 10) -> dict:
     """Median seconds per call of each of ``fns`` over ``blocks`` blocks of ``iters // blocks`` calls,
     the functions' blocks interleaved (load that comes and goes hits them alike)."""
@@ -99,8 +100,12 @@ def overhead_rank(rank: int, iters: int) -> dict | None:
                 simdist.recv(got, peer)
                 simdist.send(one, peer)
 
-        fns = {"raw_exchange": exchange, "api_all_reduce": lambda: simdist.all_reduce(one),
-               "raw_pingpong": raw_pingpong, "api_pingpong": api_pingpong}
+        fns = {
+            "raw_exchange": exchange,
+            "api_all_reduce": lambda: simdist.all_reduce(one),
+            "raw_pingpong": raw_pingpong,
+            "api_pingpong": api_pingpong,
+        }
         for fn in fns.values():
             for _ in range(100):
                 fn()
@@ -125,6 +130,7 @@ def measure_overhead(iters: int = LATENCY_ITERS) -> dict:
 
 # --- report -------------------------------------------------------------------------------------
 
+
 def _gbs(x: float) -> str:
     return f"{x / 1e9:.2f}"
 
@@ -144,8 +150,19 @@ def main(argv=None) -> dict:
     overhead = measure_overhead(200 if args.quick else LATENCY_ITERS)
 
     raw, verdicts, parts = [], [], []
-    headers = ["op", "size", "gloo ms", "tcp ms", "shm ms", "gloo busbw GB/s", "tcp busbw GB/s", "shm busbw GB/s",
-               "shm/tcp", "shm/gloo", "target"]
+    headers = [
+        "op",
+        "size",
+        "gloo ms",
+        "tcp ms",
+        "shm ms",
+        "gloo busbw GB/s",
+        "tcp busbw GB/s",
+        "shm busbw GB/s",
+        "shm/tcp",
+        "shm/gloo",
+        "target",
+    ]
     for w in WORLDS:
         rows = []
         for op in OPS:
@@ -156,38 +173,86 @@ def main(argv=None) -> dict:
                 ratio = bus["shm"] / bus["gloo"]
                 goal = TARGET_BIG if s >= 16 * MIB else TARGET_ALL
                 met = ratio >= goal
-                rows.append([op, size_label(s), fmt_ms(t["gloo"]), fmt_ms(t["tcp"]), fmt_ms(t["shm"]),
-                             _gbs(bus["gloo"]), _gbs(bus["tcp"]), _gbs(bus["shm"]), fmt_ratio(bus["shm"] / bus["tcp"]),
-                             fmt_ratio(ratio), f">= {goal:g}x: " + ("met" if met else "**missed**")])
-                entry = {"world": w, "op": op, "bytes": s, **{f"{side}_s": t[side] for side in SIDES},
-                         **{f"{side}_busbw": bus[side] for side in SIDES}, "ratio": ratio, "goal": goal, "met": met}
+                rows.append(
+                    [
+                        op,
+                        size_label(s),
+                        fmt_ms(t["gloo"]),
+                        fmt_ms(t["tcp"]),
+                        fmt_ms(t["shm"]),
+                        _gbs(bus["gloo"]),
+                        _gbs(bus["tcp"]),
+                        _gbs(bus["shm"]),
+                        fmt_ratio(bus["shm"] / bus["tcp"]),
+                        fmt_ratio(ratio),
+                        f">= {goal:g}x: " + ("met" if met else "**missed**"),
+                    ]
+                )
+                entry = {
+                    "world": w,
+                    "op": op,
+                    "bytes": s,
+                    **{f"{side}_s": t[side] for side in SIDES},
+                    **{f"{side}_busbw": bus[side] for side in SIDES},
+                    "ratio": ratio,
+                    "goal": goal,
+                    "met": met,
+                }
                 raw.append(entry)
                 verdicts.append(entry)
-        parts.append(f"World {w} (busbw factor: all_reduce x{bus_factor('all_reduce', w):g}, "
-                     f"all_gather / reduce_scatter x{bus_factor('all_gather', w):g}, broadcast x1):\n\n"
-                     + markdown_table(headers, rows))
+        parts.append(
+            f"World {w} (busbw factor: all_reduce x{bus_factor('all_reduce', w):g}, "
+            f"all_gather / reduce_scatter x{bus_factor('all_gather', w):g}, broadcast x1):\n\n"
+            + markdown_table(headers, rows)
+        )
     elapsed = time.perf_counter() - t_start
     finish_info(info)
     missed = [v for v in verdicts if not v["met"]]
-    head = (f"Per-op time = rank 0's median over {', '.join(f'{size_label(s)}: {iters[s][1]}' for s in SIZES)} "
-            f"timed iterations (barrier before each op), after warm-up; {reps} run(s) per side, interleaved; "
-            "GB/s = 1e9 bytes/s; every rank at 1 torch intra-op thread.")
+    head = (
+        f"Per-op time = rank 0's median over {', '.join(f'{size_label(s)}: {iters[s][1]}' for s in SIZES)} "
+        f"timed iterations (barrier before each op), after warm-up; {reps} run(s) per side, interleaved; "
+        "GB/s = 1e9 bytes/s; every rank at 1 torch intra-op thread."
+    )
     us = 1e6
-    lat = (f"Per-call overhead (world 2, checks off, median of 10 interleaved blocks of {LATENCY_ITERS // 10} calls): all_reduce "
-           f"of one float32 {overhead['api_all_reduce'] * us:.1f} µs against {overhead['raw_exchange'] * us:.1f} µs "
-           f"for the same exchange on the PeerNetwork: overhead {overhead['all_reduce_overhead_s'] * us:.1f} µs; "
-           f"send/recv ping-pong {overhead['api_pingpong'] * us:.1f} µs per round trip against "
-           f"{overhead['raw_pingpong'] * us:.1f} µs: overhead {overhead['p2p_overhead_s'] * us:.1f} µs per call. "
-           f"Target <= {OVERHEAD_TARGET_US:g} µs: "
-           + ("met." if max(overhead['all_reduce_overhead_s'], overhead['p2p_overhead_s']) * us
-              <= OVERHEAD_TARGET_US else "**missed**."))
-    summary = (f"Verdict: {len(verdicts) - len(missed)} of {len(verdicts)} cases meet their target (>= 2x gloo "
-               "busbw at 16 and 64 MiB, >= 1x at 1 MiB)."
-               + (" Missed: " + ", ".join(f"{v['op']} {size_label(v['bytes'])} world {v['world']} "
-                                          f"({fmt_ratio(v['ratio'])})" for v in missed) + "." if missed else ""))
+    lat = (
+        f"Per-call overhead (world 2, checks off, median of 10 interleaved blocks of {LATENCY_ITERS // 10} calls): all_reduce "
+        f"of one float32 {overhead['api_all_reduce'] * us:.1f} µs against {overhead['raw_exchange'] * us:.1f} µs "
+        f"for the same exchange on the PeerNetwork: overhead {overhead['all_reduce_overhead_s'] * us:.1f} µs; "
+        f"send/recv ping-pong {overhead['api_pingpong'] * us:.1f} µs per round trip against "
+        f"{overhead['raw_pingpong'] * us:.1f} µs: overhead {overhead['p2p_overhead_s'] * us:.1f} µs per call. "
+        f"Target <= {OVERHEAD_TARGET_US:g} µs: "
+        + (
+            "met."
+            if max(overhead["all_reduce_overhead_s"], overhead["p2p_overhead_s"]) * us <= OVERHEAD_TARGET_US
+            else "**missed**."
+        )
+    )
+    summary = (
+        f"Verdict: {len(verdicts) - len(missed)} of {len(verdicts)} cases meet their target (>= 2x gloo "
+        "busbw at 16 and 64 MiB, >= 1x at 1 MiB)."
+        + (
+            " Missed: "
+            + ", ".join(
+                f"{v['op']} {size_label(v['bytes'])} world {v['world']} ({fmt_ratio(v['ratio'])})" for v in missed
+            )
+            + "."
+            if missed
+            else ""
+        )
+    )
     text = "\n\n".join([head, *parts, summary, lat, f"Whole run: {elapsed:.0f} s of wall time."])
-    return publish("bench_socket_shm", args, info, reps, raw, text, verdicts,
-                   lambda timer, quick: "no profile for this benchmark", overhead=overhead, elapsed_s=elapsed)
+    return publish(
+        "bench_socket_shm",
+        args,
+        info,
+        reps,
+        raw,
+        text,
+        verdicts,
+        lambda timer, quick: "no profile for this benchmark",
+        overhead=overhead,
+        elapsed_s=elapsed,
+    )
 
 
 if __name__ == "__main__":

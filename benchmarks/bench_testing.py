@@ -91,8 +91,18 @@ def first_message_race(rank: int) -> None:
 
 
 def explore_rate(strategy: str, runs: int) -> tuple[float, float]:
-    wall, cpu, summary = timed_cpu(partial(sdt.explore, exchange_program, WORLD, args=(ROUNDS,), strategy=strategy,
-                                           max_runs=runs, seed=0, progress=False))
+    wall, cpu, summary = timed_cpu(
+        partial(
+            sdt.explore,
+            exchange_program,
+            WORLD,
+            args=(ROUNDS,),
+            strategy=strategy,
+            max_runs=runs,
+            seed=0,
+            progress=False,
+        )
+    )
     assert summary.runs == runs, summary
     return wall, cpu
 
@@ -112,10 +122,12 @@ def runs_to_find(seed: int, depth: int = DEPTH, max_runs: int = MAX_RUNS) -> int
 
 def cross_check(seed: int, count: int) -> bool:
     """``explore`` itself fails within ``count`` runs, and (if ``count > 1``) not within ``count - 1``."""
+
     def fails(k: int) -> bool:
         try:
-            sdt.explore(first_message_race, RACE_WORLD, strategy="pct", depth=DEPTH, max_runs=k, seed=seed,
-                        progress=False)
+            sdt.explore(
+                first_message_race, RACE_WORLD, strategy="pct", depth=DEPTH, max_runs=k, seed=seed, progress=False
+            )
         except simdist.DistError:
             return True
         return False
@@ -127,8 +139,10 @@ def measure(reps: int, quick: bool) -> dict:
     runs = 50 if quick else 200
     seeds = 20 if quick else 100
     points = run_sim(exchange_program, WORLD, (ROUNDS,), seed=0).points
-    raw: dict = {"rate": {"world": WORLD, "rounds": ROUNDS, "points_seed0": points, "runs": runs, "strategies": {}},
-                 "find": {"world": RACE_WORLD, "depth": DEPTH, "max_runs": MAX_RUNS, "seeds": seeds}}
+    raw: dict = {
+        "rate": {"world": WORLD, "rounds": ROUNDS, "points_seed0": points, "runs": runs, "strategies": {}},
+        "find": {"world": RACE_WORLD, "depth": DEPTH, "max_runs": MAX_RUNS, "seeds": seeds},
+    }
     for _ in range(reps):
         for strategy in ("random", "pct"):
             wall, cpu = explore_rate(strategy, runs)
@@ -142,9 +156,15 @@ def measure(reps: int, quick: bool) -> dict:
     wall, _, counts = timed_cpu(lambda: [runs_to_find(s * 1000) for s in range(seeds)])
     found = [c for c in counts if c is not None]
     checked = [(s * 1000, c) for s, c in enumerate(counts) if c is not None][:5]
-    raw["find"].update(counts=counts, wall=wall, found=len(found), share=len(found) / seeds,
-                       median_runs=median(found) if found else None, max_runs_seen=max(found) if found else None,
-                       cross_checked={str(s): cross_check(s, c) for s, c in checked})
+    raw["find"].update(
+        counts=counts,
+        wall=wall,
+        found=len(found),
+        share=len(found) / seeds,
+        median_runs=median(found) if found else None,
+        max_runs_seen=max(found) if found else None,
+        cross_checked={str(s): cross_check(s, c) for s, c in checked},
+    )
     return raw
 
 
@@ -154,23 +174,66 @@ def report(raw: dict, reps: int) -> tuple[str, list[dict]]:
     for strategy, e in rate["strategies"].items():
         ok = e["schedules_per_s"] >= RATE_TARGET
         verdicts.append({"case": f"explore {strategy}", "schedules_per_s": e["schedules_per_s"], "met": ok})
-        rows.append([strategy, WORLD, rate["points_seed0"], rate["runs"], fmt_ms(e["median_wall"], 0),
-                     f"{e['median_wall'] / rate['runs'] * 1e3:.2f}", fmt_int(e["schedules_per_s"]),
-                     fmt_int(e["schedules_per_cpu_s"]), fmt_int(e["schedules_per_s"] * rate["points_seed0"]),
-                     verdict(ok)])
-    table = markdown_table(["strategy", "world", "points/run (seed 0)", "runs", "wall ms (median)", "ms/schedule",
-                            "schedules/s", "schedules/CPU-s", "~points/s", f"target >= {RATE_TARGET}"], rows)
+        rows.append(
+            [
+                strategy,
+                WORLD,
+                rate["points_seed0"],
+                rate["runs"],
+                fmt_ms(e["median_wall"], 0),
+                f"{e['median_wall'] / rate['runs'] * 1e3:.2f}",
+                fmt_int(e["schedules_per_s"]),
+                fmt_int(e["schedules_per_cpu_s"]),
+                fmt_int(e["schedules_per_s"] * rate["points_seed0"]),
+                verdict(ok),
+            ]
+        )
+    table = markdown_table(
+        [
+            "strategy",
+            "world",
+            "points/run (seed 0)",
+            "runs",
+            "wall ms (median)",
+            "ms/schedule",
+            "schedules/s",
+            "schedules/CPU-s",
+            "~points/s",
+            f"target >= {RATE_TARGET}",
+        ],
+        rows,
+    )
     ok = find["share"] >= FOUND_TARGET
-    verdicts.append({"case": "pct depth 2 finds the race", "share": find["share"], "median_runs": find["median_runs"],
-                     "met": ok})
+    verdicts.append(
+        {"case": "pct depth 2 finds the race", "share": find["share"], "median_runs": find["median_runs"], "met": ok}
+    )
     checks = find["cross_checked"]
     find_table = markdown_table(
-        ["bug", "world", "depth", "seeds", "found within 100 runs", "runs to find (median)", "(max)",
-         "wall s (all seeds)", f"target >= {FOUND_TARGET:.0%}"],
-        [["recv(src=None) race (demo (a))", find["world"], find["depth"], find["seeds"],
-          f"{find['found']} ({find['share']:.0%})", find["median_runs"] if find["median_runs"] is not None else "-",
-          find["max_runs_seen"] if find["max_runs_seen"] is not None else "-", f"{find['wall']:.2f}",
-          verdict(ok)]])
+        [
+            "bug",
+            "world",
+            "depth",
+            "seeds",
+            "found within 100 runs",
+            "runs to find (median)",
+            "(max)",
+            "wall s (all seeds)",
+            f"target >= {FOUND_TARGET:.0%}",
+        ],
+        [
+            [
+                "recv(src=None) race (demo (a))",
+                find["world"],
+                find["depth"],
+                find["seeds"],
+                f"{find['found']} ({find['share']:.0%})",
+                find["median_runs"] if find["median_runs"] is not None else "-",
+                find["max_runs_seen"] if find["max_runs_seen"] is not None else "-",
+                f"{find['wall']:.2f}",
+                verdict(ok),
+            ]
+        ],
+    )
     text = (
         "### (f) simdist.testing: exploration speed and detection\n\n"
         f"Schedules/s = runs / wall time of one `explore(program, {WORLD}, strategy=S, max_runs={rate['runs']}, "
@@ -189,8 +252,11 @@ def report(raw: dict, reps: int) -> tuple[str, list[dict]]:
 
 def profile_worst(timer: str, quick: bool) -> str:
     runs = 20 if quick else 100
-    return (f"#### profile: explore pct, {runs} runs of the {WORLD}-rank program\n\n```\n"
-            + profile_call(partial(explore_rate, "pct", runs), timer=timer) + "```\n")
+    return (
+        f"#### profile: explore pct, {runs} runs of the {WORLD}-rank program\n\n```\n"
+        + profile_call(partial(explore_rate, "pct", runs), timer=timer)
+        + "```\n"
+    )
 
 
 def main(argv=None) -> dict:

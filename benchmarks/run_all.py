@@ -48,17 +48,28 @@ def _summary(results: dict) -> str:
         worst = max(cells, key=lambda v: v["ratio"] or 0.0)
         ok = all(v["met"] for v in cells)
         figures = ", ".join(f"{v['size']} {fmt_ratio(v['ratio'])}" for v in cells)
-        rows.append([f"(a) all_reduce world 4, {mode}: ours/torch <= 1.0x", figures,
-                     verdict(ok) + ("" if ok else f" (worst {worst['size']})")])
+        rows.append(
+            [
+                f"(a) all_reduce world 4, {mode}: ours/torch <= 1.0x",
+                figures,
+                verdict(ok) + ("" if ok else f" (worst {worst['size']})"),
+            ]
+        )
     for v in results["b"]["verdicts"]:
-        rows.append([f"(b) {v['program']}: >= {v['target_share']:.0%} of a bare baton",
-                     f"{fmt_int(v['points_per_s'])} points/s = {v['share']:.0%}", verdict(v["met"])])
+        rows.append(
+            [
+                f"(b) {v['program']}: >= {v['target_share']:.0%} of a bare baton",
+                f"{fmt_int(v['points_per_s'])} points/s = {v['share']:.0%}",
+                verdict(v["met"]),
+            ]
+        )
     for v in results["c"]["verdicts"]:
         if "target_s" in v:
             rows.append([f"(c) {v['case']}: < {v['target_s']:g} s", f"{v['seconds']:.2f} s", verdict(v["met"])])
         else:
-            rows.append([f"(c) {v['case']}: < {v['target_mb'] / 1024:g} GB peak", f"{v['peak_mb']:.0f} MB",
-                         verdict(v["met"])])
+            rows.append(
+                [f"(c) {v['case']}: < {v['target_mb'] / 1024:g} GB peak", f"{v['peak_mb']:.0f} MB", verdict(v["met"])]
+            )
     if "d" in results:
         d = results["d"]["verdicts"]
         for key in dict.fromkeys((v["world"], v["op"]) for v in d):
@@ -68,21 +79,36 @@ def _summary(results: dict) -> str:
             rows.append([f"(d) socket {key[1]} world {key[0]}, >= 1 MiB: busbw >= 1.0x gloo", figures, verdict(ok)])
     if "e" in results:
         for v in results["e"]["verdicts"]:
-            rows.append([f"(e) DDP step, {v['case']}: simdist socket / torch gloo <= {v['target']:.2f}x",
-                         f"{v['simdist_s'] * 1e3:.1f} / {v['torch_s'] * 1e3:.1f} ms = {fmt_ratio(v['ratio'])}",
-                         verdict(v["met"])])
+            rows.append(
+                [
+                    f"(e) DDP step, {v['case']}: simdist socket / torch gloo <= {v['target']:.2f}x",
+                    f"{v['simdist_s'] * 1e3:.1f} / {v['torch_s'] * 1e3:.1f} ms = {fmt_ratio(v['ratio'])}",
+                    verdict(v["met"]),
+                ]
+            )
     if "f" in results:
         for v in results["f"]["verdicts"]:
             if "schedules_per_s" in v:
-                rows.append([f"(f) {v['case']}, 4 ranks, ~50 points: >= {bench_testing.RATE_TARGET} schedules/s",
-                             f"{fmt_int(v['schedules_per_s'])} schedules/s", verdict(v["met"])])
+                rows.append(
+                    [
+                        f"(f) {v['case']}, 4 ranks, ~50 points: >= {bench_testing.RATE_TARGET} schedules/s",
+                        f"{fmt_int(v['schedules_per_s'])} schedules/s",
+                        verdict(v["met"]),
+                    ]
+                )
             else:
-                rows.append([f"(f) {v['case']} within 100 runs: >= {bench_testing.FOUND_TARGET:.0%} of seeds",
-                             f"{v['share']:.0%} (median {v['median_runs']} runs)", verdict(v["met"])])
+                rows.append(
+                    [
+                        f"(f) {v['case']} within 100 runs: >= {bench_testing.FOUND_TARGET:.0%} of seeds",
+                        f"{v['share']:.0%} (median {v['median_runs']} runs)",
+                        verdict(v["met"]),
+                    ]
+                )
     if "g" in results:
         for v in results["g"]["verdicts"]:
-            rows.append([f"(g) app, world 16, 1 MiB: {v['case']} < 1 s", f"{v['median_s'] * 1e3:.0f} ms",
-                         verdict(v["met"])])
+            rows.append(
+                [f"(g) app, world 16, 1 MiB: {v['case']} < 1 s", f"{v['median_s'] * 1e3:.0f} ms", verdict(v["met"])]
+            )
     return markdown_table(["target", "measured (median)", "verdict"], rows)
 
 
@@ -90,8 +116,9 @@ def main(argv=None) -> dict:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--no-socket", action="store_true", help="skip (d) bench_socket (real processes, ~2 min)")
     parser.add_argument("--no-ddp", action="store_true", help="skip (e) bench_ddp (real processes, ~1-2 min)")
-    parser.add_argument("--no-testing", action="store_true",
-                        help="skip (f) bench_testing (simdist.testing exploration, ~5-15 s)")
+    parser.add_argument(
+        "--no-testing", action="store_true", help="skip (f) bench_testing (simdist.testing exploration, ~5-15 s)"
+    )
     parser.add_argument("--no-app", action="store_true", help="skip (g) bench_app (the visualizer, ~20 s)")
     args = parser.parse_args(argv)
     common = []

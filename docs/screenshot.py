@@ -22,15 +22,18 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DONE = ('[data-testid="stApp"][data-test-connection-state="CONNECTED"]'
-        ':is([data-test-script-state="notRunning"], [data-test-script-state="compilationError"])')
+DONE = (
+    '[data-testid="stApp"][data-test-connection-state="CONNECTED"]'
+    ':is([data-test-script-state="notRunning"], [data-test-script-state="compilationError"])'
+)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "app.png")
-    ap.add_argument("--chromium", default=os.environ.get("SIMDIST_CHROMIUM") or shutil.which("chromium")
-                    or "/usr/bin/chromium")
+    ap.add_argument(
+        "--chromium", default=os.environ.get("SIMDIST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    )
     ap.add_argument("--width", type=int, default=1400)
     args = ap.parse_args()
 
@@ -41,10 +44,30 @@ def main() -> int:
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
-         "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-         "--server.fileWatcherType", "none", "--client.toolbarMode", "viewer"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(ROOT / "app.py"),
+            "--server.headless",
+            "true",
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--browser.gatherUsageStats",
+            "false",
+            "--server.fileWatcherType",
+            "none",
+            "--client.toolbarMode",
+            "viewer",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -58,8 +81,11 @@ def main() -> int:
                 sys.exit(f"streamlit did not start on {url}")
             time.sleep(0.5)
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=args.chromium, headless=True,
-                                         args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+            browser = pw.chromium.launch(
+                executable_path=args.chromium,
+                headless=True,
+                args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
+            )
             try:
                 page = browser.new_page(viewport={"width": args.width, "height": 900})
                 page.goto(url + "/", wait_until="domcontentloaded", timeout=60_000)

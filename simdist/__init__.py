@@ -144,7 +144,6 @@ __all__ = [
 ]
 
 
-
 def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:

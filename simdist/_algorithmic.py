@@ -118,9 +118,21 @@ class AlgorithmicGroup(ProcessGroup):
         sig.update(extra)
         return sig
 
-    def _call(self, op: str, opts: Options, x: Any, nbytes: int, args: NamedTuple, finish: list, outputs: list,
-              snapshot: Any, equal_counts: bool = True, staged: tuple[int, ...] = (), copied: int = 0,
-              **extra: Any) -> Work:
+    def _call(
+        self,
+        op: str,
+        opts: Options,
+        x: Any,
+        nbytes: int,
+        args: NamedTuple,
+        finish: list,
+        outputs: list,
+        snapshot: Any,
+        equal_counts: bool = True,
+        staged: tuple[int, ...] = (),
+        copied: int = 0,
+        **extra: Any,
+    ) -> Work:
         """Start this rank's part of collective ``op`` on the staged buffers ``args``: its Work.
 
         ``finish`` lists the steps after the algorithm (``None`` entries skipped); ``extra`` adds fields to
@@ -158,19 +170,29 @@ class AlgorithmicGroup(ProcessGroup):
     def all_reduce(self, tensor: Any, opts: Options) -> Work:
         buf, back = A.stage_out(tensor)
         op, avg = self._averaged(opts.op or ReduceOp.SUM, buf)
-        return self._call("all_reduce", opts, tensor, A.nbytes(buf), AllReduceArgs(buf, op), [avg, back], [tensor],
-                          snapshot=buf)
+        return self._call(
+            "all_reduce", opts, tensor, A.nbytes(buf), AllReduceArgs(buf, op), [avg, back], [tensor], snapshot=buf
+        )
 
     def broadcast(self, tensor: Any, opts: Options) -> Work:
         buf, back = A.stage_out(tensor)
-        return self._call("broadcast", opts, tensor, A.nbytes(buf), BroadcastArgs(buf, opts.root_rank), [back], [tensor],
-                          snapshot=buf)
+        return self._call(
+            "broadcast", opts, tensor, A.nbytes(buf), BroadcastArgs(buf, opts.root_rank), [back], [tensor], snapshot=buf
+        )
 
     def reduce(self, tensor: Any, opts: Options) -> Work:
         buf, back = A.stage_out(tensor)
         op, avg = self._averaged(opts.op or ReduceOp.SUM, buf, here=self.rank == opts.root_rank)
-        return self._call("reduce", opts, tensor, A.nbytes(buf), ReduceArgs(buf, op, opts.root_rank), [avg, back],
-                          [tensor], snapshot=buf)
+        return self._call(
+            "reduce",
+            opts,
+            tensor,
+            A.nbytes(buf),
+            ReduceArgs(buf, op, opts.root_rank),
+            [avg, back],
+            [tensor],
+            snapshot=buf,
+        )
 
     def all_gather(self, output_list: list, tensor: Any, opts: Options) -> Work:
         inp = A.stage_in(tensor)
@@ -183,25 +205,51 @@ class AlgorithmicGroup(ProcessGroup):
         out, back = A.stage_out(output)
         return self._gathered(opts, input, inp, out, [back], [output], {})
 
-    def _gathered(self, opts: Options, x: Any, inp: Any, out: Any, finish: list, outputs: list,
-                  staging: dict) -> Work:
-        return self._call("all_gather", opts, x, A.nbytes(inp) * self.size, AllGatherArgs(inp, out), finish,
-                          outputs, snapshot=out, **staging)
+    def _gathered(self, opts: Options, x: Any, inp: Any, out: Any, finish: list, outputs: list, staging: dict) -> Work:
+        return self._call(
+            "all_gather",
+            opts,
+            x,
+            A.nbytes(inp) * self.size,
+            AllGatherArgs(inp, out),
+            finish,
+            outputs,
+            snapshot=out,
+            **staging,
+        )
 
     def gather(self, tensor: Any, gather_list: list | None, opts: Options) -> Work:
         root = opts.root_rank
         inp = A.stage_in(tensor)
         out = A.zeros(inp, A.numel(inp) * self.size) if self.rank == root else None
         finish = [A.split_into(out, gather_list or [])] if out is not None else []
-        return self._call("gather", opts, tensor, A.nbytes(inp) * self.size, GatherArgs(inp, out, root), finish,
-                          list(gather_list or []), snapshot=out if out is not None else inp, **_staging([out], [out]))
+        return self._call(
+            "gather",
+            opts,
+            tensor,
+            A.nbytes(inp) * self.size,
+            GatherArgs(inp, out, root),
+            finish,
+            list(gather_list or []),
+            snapshot=out if out is not None else inp,
+            **_staging([out], [out]),
+        )
 
     def scatter(self, tensor: Any, scatter_list: list | None, opts: Options) -> Work:
         root = opts.root_rank
         out, back = A.stage_out(tensor)
         inp = A.concat(scatter_list or []) if self.rank == root else None
-        return self._call("scatter", opts, tensor, A.nbytes(out) * self.size, ScatterArgs(inp, out, root), [back],
-                          [tensor], snapshot=out, **_staging([inp], [inp]))
+        return self._call(
+            "scatter",
+            opts,
+            tensor,
+            A.nbytes(out) * self.size,
+            ScatterArgs(inp, out, root),
+            [back],
+            [tensor],
+            snapshot=out,
+            **_staging([inp], [inp]),
+        )
 
     def reduce_scatter(self, output: Any, input_list: list, opts: Options) -> Work:
         # Outputs may differ in size between ranks (uneven counts); the counts, which every
@@ -213,12 +261,24 @@ class AlgorithmicGroup(ProcessGroup):
     def reduce_scatter_tensor(self, output: Any, input: Any, opts: Options) -> Work:
         return self._reduce_scatter(output, A.stage_in(input), [A.numel(output)] * self.size, opts, {})
 
-    def _reduce_scatter(self, output: Any, inp: Any, counts: list[int], opts: Options, staging: dict,
-                        **extra: Any) -> Work:
+    def _reduce_scatter(
+        self, output: Any, inp: Any, counts: list[int], opts: Options, staging: dict, **extra: Any
+    ) -> Work:
         out, back = A.stage_out(output)
         op, avg = self._averaged(opts.op or ReduceOp.SUM, out)
-        return self._call("reduce_scatter", opts, output, A.nbytes(inp), ReduceScatterArgs(inp, out, counts, op),
-                          [avg, back], [output], snapshot=out, counts=tuple(counts), **staging, **extra)
+        return self._call(
+            "reduce_scatter",
+            opts,
+            output,
+            A.nbytes(inp),
+            ReduceScatterArgs(inp, out, counts, op),
+            [avg, back],
+            [output],
+            snapshot=out,
+            counts=tuple(counts),
+            **staging,
+            **extra,
+        )
 
     def all_to_all(self, output_list: list, input_list: list, opts: Options) -> Work:
         inp = A.concat(input_list)
@@ -229,8 +289,9 @@ class AlgorithmicGroup(ProcessGroup):
         # a rank cannot see the other ranks' lists, so lists never count as equal.
         split = A.split_into(out, output_list)
         staging = _staging([inp, out], [inp, out])
-        return self._all_to_all(output_list[0], AllToAllArgs(inp, out, send, recv), [split], output_list, opts,
-                                False, staging)
+        return self._all_to_all(
+            output_list[0], AllToAllArgs(inp, out, send, recv), [split], output_list, opts, False, staging
+        )
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts) -> Work:
         inp = A.stage_in(input)
@@ -244,14 +305,36 @@ class AlgorithmicGroup(ProcessGroup):
         equal = output_split_sizes is None and input_split_sizes is None
         return self._all_to_all(output, AllToAllArgs(inp, out, send, recv), [back], [output], opts, equal, staging)
 
-    def _all_to_all(self, x: Any, args: AllToAllArgs, finish: list, outputs: list, opts: Options, equal: bool,
-                    staging: dict) -> Work:
-        return self._call("all_to_all", opts, x, A.nbytes(args.inp), args, finish, outputs, snapshot=args.out,
-                          equal_counts=equal, shape=None, **staging)
+    def _all_to_all(
+        self, x: Any, args: AllToAllArgs, finish: list, outputs: list, opts: Options, equal: bool, staging: dict
+    ) -> Work:
+        return self._call(
+            "all_to_all",
+            opts,
+            x,
+            A.nbytes(args.inp),
+            args,
+            finish,
+            outputs,
+            snapshot=args.out,
+            equal_counts=equal,
+            shape=None,
+            **staging,
+        )
 
     def barrier(self, opts: Options) -> Work:
-        return self._call("barrier", opts, _BARRIER_SCRATCH, 0, BarrierArgs(_BARRIER_SCRATCH), [], [], snapshot=None,
-                          dtype=None, shape=None)
+        return self._call(
+            "barrier",
+            opts,
+            _BARRIER_SCRATCH,
+            0,
+            BarrierArgs(_BARRIER_SCRATCH),
+            [],
+            [],
+            snapshot=None,
+            dtype=None,
+            shape=None,
+        )
 
 
 def _staging(new: Sequence[Any], copied: Sequence[Any]) -> dict[str, Any]:

@@ -371,8 +371,9 @@ def new_group(
     """
     world = require_world("new_group")
     if group_desc is not None and not isinstance(group_desc, str):
-        raise TypeError(f"group_desc must be a str naming the group, got {type(group_desc).__name__} "
-                        f"({group_desc!r:.60})")
+        raise TypeError(
+            f"group_desc must be a str naming the group, got {type(group_desc).__name__} ({group_desc!r:.60})"
+        )
     if ranks is None:
         members = list(range(world.size))
     else:
@@ -482,8 +483,10 @@ def get_group_rank(group: Any, global_rank: int) -> int:
     """
     world, pg = resolve("get_group_rank", group)
     if pg is None:
-        raise ValueError("group is GroupMember.NON_GROUP_MEMBER (new_group's answer on a rank outside the new group): "
-                         "it has no group ranks to look up here")
+        raise ValueError(
+            "group is GroupMember.NON_GROUP_MEMBER (new_group's answer on a rank outside the new group): "
+            "it has no group ranks to look up here"
+        )
     return to_group_rank(world, pg, global_rank, "global_rank")
 
 

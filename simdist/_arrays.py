@@ -95,8 +95,10 @@ def check_array(x: Any, argname: str) -> None:
         if x.layout is torch.strided and not x.is_quantized and not x.is_meta:
             return
         if x.layout is not torch.strided:
-            raise TypeError(f"{argname} must be a dense (strided) tensor, got layout {x.layout}: simdist moves dense "
-                            "tensors only; convert it with .to_dense() (and back with .to_sparse())")
+            raise TypeError(
+                f"{argname} must be a dense (strided) tensor, got layout {x.layout}: simdist moves dense "
+                "tensors only; convert it with .to_dense() (and back with .to_sparse())"
+            )
         if x.is_quantized:
             raise TypeError(f"{argname} is a quantized tensor (dtype {dtype_name(x)}); send its int_repr() instead")
         if x.device.type == "meta":

@@ -128,8 +128,9 @@ def _gamma(reps: int) -> float:
     return statistics.median(per_byte)
 
 
-def _rank(rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], reps: int,
-          checked: bool = True) -> dict[str, Any]:
+def _rank(
+    rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], reps: int, checked: bool = True
+) -> dict[str, Any]:
     """One rank's part: ping-pong, gamma and copies (world 2), its times of a shift around the ring of each
     size, and of a 4-byte all_gather (``checked``: with the cross-rank check of every collective)."""
     import torch
@@ -236,8 +237,10 @@ def calibrate(path: str | Path | None = None, *, quick: bool = False, name: str 
     gathers: dict[int, tuple[float, float]] = {}  # world -> (seconds with the check, seconds without)
     for world, ranks in ((2, ranks2), (4, ranks4)):
         unchecked = spawn(_rank, args=(world, (), (), reps, False), nprocs=world, backend="socket")
-        gathers[world] = (_slowest_median([r["all_gather"] for r in ranks]),
-                          _slowest_median([r["all_gather"] for r in unchecked]))
+        gathers[world] = (
+            _slowest_median([r["all_gather"] for r in ranks]),
+            _slowest_median([r["all_gather"] for r in unchecked]),
+        )
     single = _slowest_median([r["single"] for r in ranks2])  # one small shift after a barrier
     memory = fit_memory(two["copies"]["fresh"], two["copies"]["used"])
     spec = {
@@ -278,8 +281,13 @@ def _parser() -> argparse.ArgumentParser:
         "backend over loopback, and write a topology file for simulate(topology=PATH) and the app.",
         allow_abbrev=False,
     )
-    p.add_argument("--out", "-o", default="simdist-topology.json", metavar="PATH",
-                   help="where to write the topology file, a .json path (default simdist-topology.json)")
+    p.add_argument(
+        "--out",
+        "-o",
+        default="simdist-topology.json",
+        metavar="PATH",
+        help="where to write the topology file, a .json path (default simdist-topology.json)",
+    )
     p.add_argument("--name", default="calibrated", help="the topology's name in reports (default 'calibrated')")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (about 15 s)")
     return p
@@ -298,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def describe(spec: dict[str, Any]) -> str:
     """One line of a topology file's terms, in the units people read (us, GB/s, ps per byte)."""
+
     def rate(key: str) -> str:
         return "unlimited" if spec.get(key) is None else f"{spec[key] / 1e9:.2f} GB/s"
 

@@ -10,8 +10,14 @@ from types import CodeType, FrameType
 from typing import Any
 
 __all__ = [
-    "INSTALLED", "is_library_file", "is_user_file", "skip_directory", "trace_user_code", "user_call_site",
-    "user_stacklevel", "user_tracer",
+    "INSTALLED",
+    "is_library_file",
+    "is_user_file",
+    "skip_directory",
+    "trace_user_code",
+    "user_call_site",
+    "user_stacklevel",
+    "user_tracer",
 ]
 
 INSTALLED = tuple(sorted({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}))

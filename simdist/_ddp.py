@@ -89,8 +89,7 @@ def bucket_assignment(params: Sequence[torch.Tensor], limits: list[int]) -> list
 class GradBucket:
     """One bucket of gradients, as handed to a communication hook (torch's ``dist.GradBucket``)."""
 
-    def __init__(self, index: int, params: list[nn.Parameter], offsets: list[int], buffer: torch.Tensor,
-                 last: bool):
+    def __init__(self, index: int, params: list[nn.Parameter], offsets: list[int], buffer: torch.Tensor, last: bool):
         self._index, self._params, self._offsets, self._buffer, self._last = index, params, offsets, buffer, last
 
     def index(self) -> int:
@@ -137,8 +136,11 @@ class _Bucket:
 
 def _default_hook(state: Any, bucket: GradBucket) -> Future:
     """All-reduce (SUM) the bucket, which the reducer has already divided by the world size."""
-    return started_work(api.all_reduce(bucket.buffer(), group=state, async_op=True)).get_future().then(
-        lambda f: f.value()[0])
+    return (
+        started_work(api.all_reduce(bucket.buffer(), group=state, async_op=True))
+        .get_future()
+        .then(lambda f: f.value()[0])
+    )
 
 
 def started_work(work: Work | None) -> Work:
@@ -198,8 +200,11 @@ class DistributedDataParallel(nn.Module):
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
         if check_reduction:
-            warnings.warn("The `check_reduction` argument of DistributedDataParallel is deprecated and has no effect",
-                          FutureWarning, stacklevel=2)
+            warnings.warn(
+                "The `check_reduction` argument of DistributedDataParallel is deprecated and has no effect",
+                FutureWarning,
+                stacklevel=2,
+            )
         self._names = {p: n for n, p in module.named_parameters() if p.requires_grad}
         self._params = list(self._names)
         self._world = api.get_world_size(process_group)
@@ -365,8 +370,9 @@ class DistributedDataParallel(nn.Module):
         self._hook_state, self._hook, self._custom_hook = state, hook, True
 
     @contextmanager
-    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
-             throw_on_early_termination: bool = False) -> Iterator[None]:
+    def join(
+        self, divide_by_initial_world_size: bool = True, enable: bool = True, throw_on_early_termination: bool = False
+    ) -> Iterator[None]:
         """Train on uneven inputs: a rank that runs out of data shadows the others' collectives until all are done.
 
         As torch's ``Join``: each forward inside the context first all-reduces how many
@@ -403,8 +409,9 @@ class _JoinState:
         """Called by each forward of a rank that still has data."""
         active = self._count(1)
         if self.throw and active < self.ddp._world:
-            raise RuntimeError(f"rank {api.get_rank()} found that a rank exhausted all inputs (join: "
-                               "throw_on_early_termination=True)")
+            raise RuntimeError(
+                f"rank {api.get_rank()} found that a rank exhausted all inputs (join: throw_on_early_termination=True)"
+            )
         if not self.by_initial:
             self.divisor = active
 
@@ -418,8 +425,9 @@ class _JoinState:
                 break
             last = False
             if self.throw:
-                raise RuntimeError(f"rank {api.get_rank()} exhausted all inputs "
-                                   "(join: throw_on_early_termination=True)")
+                raise RuntimeError(
+                    f"rank {api.get_rank()} exhausted all inputs (join: throw_on_early_termination=True)"
+                )
             if not self.by_initial:
                 self.divisor = active
             if ddp.broadcast_buffers and ddp.require_forward_param_sync:
@@ -494,12 +502,16 @@ def _verify_same_model(module: nn.Module, group: Any) -> None:
     ref = everyone[0]
     for rank, theirs in enumerate(everyone):
         if len(theirs) != len(ref):
-            raise ValueError(f"DistributedDataParallel needs the same model on every rank: group rank {rank} has "
-                             f"{len(theirs)} parameters, group rank 0 has {len(ref)}")
+            raise ValueError(
+                f"DistributedDataParallel needs the same model on every rank: group rank {rank} has "
+                f"{len(theirs)} parameters, group rank 0 has {len(ref)}"
+            )
         for (n, s, d), (n0, s0, d0) in zip(theirs, ref):
             if (s, d) != (s0, d0):
-                raise ValueError(f"DistributedDataParallel needs the same model on every rank: parameter {n!r} of "
-                                 f"group rank {rank} is {s} {d}, but group rank 0's {n0!r} is {s0} {d0}")
+                raise ValueError(
+                    f"DistributedDataParallel needs the same model on every rank: parameter {n!r} of "
+                    f"group rank {rank} is {s} {d}, but group rank 0's {n0!r} is {s0} {d0}"
+                )
 
 
 def _names_device(d: Any, device: torch.device) -> bool:
@@ -517,8 +529,9 @@ def _names_device(d: Any, device: torch.device) -> bool:
 def _check_arguments(module: Any, bucket_cap_mb: Any, dim: Any, args: dict) -> None:
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__} ({module!r:.60})")
-    if bucket_cap_mb is not None and (isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float))
-                                      or not bucket_cap_mb > 0):
+    if bucket_cap_mb is not None and (
+        isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0
+    ):
         raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r} must be a positive number of MiB (or None: 25)")
     devices = {p.device for p in module.parameters()}
     for name in ("device_ids", "output_device"):
@@ -527,12 +540,22 @@ def _check_arguments(module: Any, bucket_cap_mb: Any, dim: Any, args: dict) -> N
             continue
         wanted = value if isinstance(value, (list, tuple)) else [value]
         if len(devices) != 1 or not all(_names_device(d, next(iter(devices))) for d in wanted):
-            raise ValueError(f"{name}={value!r} must be None or name the module's single device (the module is on "
-                             f"{sorted(map(str, devices))})")
-    defaults = {"delay_all_reduce_named_params": None, "param_to_hook_all_reduce": None, "mixed_precision": None,
-                "device_mesh": None, "skip_all_reduce_unused_params": False, "bucket_cap_mb_list": None,
-                "batched_grad_copy": False, "forward_sync_buffers": None}
+            raise ValueError(
+                f"{name}={value!r} must be None or name the module's single device (the module is on "
+                f"{sorted(map(str, devices))})"
+            )
+    defaults = {
+        "delay_all_reduce_named_params": None,
+        "param_to_hook_all_reduce": None,
+        "mixed_precision": None,
+        "device_mesh": None,
+        "skip_all_reduce_unused_params": False,
+        "bucket_cap_mb_list": None,
+        "batched_grad_copy": False,
+        "forward_sync_buffers": None,
+    }
     for name, default in defaults.items():
         if args[name] != default:
-            raise NotImplementedError(f"{name}={args[name]!r} is not supported by simdist's DistributedDataParallel "
-                                      f"(leave it at {default!r})")
+            raise NotImplementedError(
+                f"{name}={args[name]!r} is not supported by simdist's DistributedDataParallel (leave it at {default!r})"
+            )

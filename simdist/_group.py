@@ -163,4 +163,3 @@ class group:  # noqa: N801 - torch's name
     """``simdist.group.WORLD``: the default group, as ``torch.distributed.group.WORLD``."""
 
     WORLD: Any = None
-

@@ -101,8 +101,10 @@ class LibraryGroup(ProcessGroup):
 
     def _lib_batch(self, ops: list[tuple[str, Any, int, int]]) -> list[Handle]:
         """Start ``(kind, buffer, peer, tag)`` sends and receives together; one handle each."""
-        return [self._lib_send(buf, peer, tag) if kind == "send" else self._lib_recv(buf, peer, tag)[0]
-                for kind, buf, peer, tag in ops]
+        return [
+            self._lib_send(buf, peer, tag) if kind == "send" else self._lib_recv(buf, peer, tag)[0]
+            for kind, buf, peer, tag in ops
+        ]
 
     def note_algorithm(self, op: str, opts: Options) -> None:
         """Warn once per group and op that ``algorithm=`` names one of simdist's algorithms, not the library's."""
@@ -159,8 +161,13 @@ class LibraryGroup(ProcessGroup):
         handle = self._lib_all_gather(A.byte_view(everyone), A.byte_view(buf))
         return handle, self._reduce_blocks(buf, everyone, n, op)
 
-    def _work(self, handles: Sequence[Handle], *steps: Callable[[], None] | None, outputs: list,
-              source: Callable[[], int] | None = None) -> Work:
+    def _work(
+        self,
+        handles: Sequence[Handle],
+        *steps: Callable[[], None] | None,
+        outputs: list,
+        source: Callable[[], int] | None = None,
+    ) -> Work:
         """A Work that waits for ``handles``, then runs ``steps`` (write-backs) once."""
         after = chain(*steps)
 
@@ -188,8 +195,10 @@ class LibraryGroup(ProcessGroup):
             buf, back = (self._input(tensor), None) if kind == "send" else self._output(tensor)
             prepared.append((kind, A.byte_view(buf), peer, opts.tag or 0, back, tensor))
         handles = self._lib_batch([p[:4] for p in prepared])
-        return [self._work([h], back, outputs=[tensor], source=partial(self.ranks.__getitem__, peer))
-                for h, (kind, _, peer, _, back, tensor) in zip(handles, prepared)]
+        return [
+            self._work([h], back, outputs=[tensor], source=partial(self.ranks.__getitem__, peer))
+            for h, (kind, _, peer, _, back, tensor) in zip(handles, prepared)
+        ]
 
     # --- collectives ------------------------------------------------------------------------
 
@@ -271,8 +280,9 @@ class LibraryGroup(ProcessGroup):
         n = counts[self.rank]
         blocks = A.empty(out, n * self.size)
         size = A.itemsize(out)
-        handle = self._lib_all_to_all(A.byte_view(blocks), [n * size] * self.size, A.byte_view(inp),
-                                      [c * size for c in counts])
+        handle = self._lib_all_to_all(
+            A.byte_view(blocks), [n * size] * self.size, A.byte_view(inp), [c * size for c in counts]
+        )
         return self._work([handle], self._reduce_blocks(out, blocks, n, op), back, outputs=[output])
 
     def all_to_all(self, output_list: list, input_list: list, opts: Options) -> Work:
@@ -280,8 +290,12 @@ class LibraryGroup(ProcessGroup):
         inp = self.library_buffer(A.concat(input_list), written=False)[0]
         out = A.empty(inp, sum(A.numel(x) for x in output_list))
         size = A.itemsize(inp)
-        handle = self._lib_all_to_all(A.byte_view(out), [A.numel(x) * size for x in output_list],
-                                      A.byte_view(inp), [A.numel(x) * size for x in input_list])
+        handle = self._lib_all_to_all(
+            A.byte_view(out),
+            [A.numel(x) * size for x in output_list],
+            A.byte_view(inp),
+            [A.numel(x) * size for x in input_list],
+        )
         return self._work([handle], A.split_into(out, output_list), outputs=output_list)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts) -> Work:

@@ -17,10 +17,19 @@ OPTIONS: dict[str, Any] = {"replay": None, "max_schedules": None, "test": None}
 
 def pytest_addoption(parser: Any) -> None:
     group = parser.getgroup("simdist", "simdist: simulated distributed programs")
-    group.addoption("--simdist-replay", metavar="TOKEN", default=None,
-                    help="replay this schedule (a token printed by a failing simdist test) in every simulated run")
-    group.addoption("--simdist-max-schedules", metavar="N", type=int, default=None,
-                    help="schedules that @simdist.testing.spmd tests and explore() try (default 100)")
+    group.addoption(
+        "--simdist-replay",
+        metavar="TOKEN",
+        default=None,
+        help="replay this schedule (a token printed by a failing simdist test) in every simulated run",
+    )
+    group.addoption(
+        "--simdist-max-schedules",
+        metavar="N",
+        type=int,
+        default=None,
+        help="schedules that @simdist.testing.spmd tests and explore() try (default 100)",
+    )
 
 
 def pytest_configure(config: Any) -> None:

@@ -46,8 +46,10 @@ class BackendSpec:
         module, _, attr = self.target.partition(":")
         target = getattr(importlib.import_module(module), attr)
         if not (isinstance(target, type) and issubclass(target, World)):
-            raise ValueError(f"backend {self.name!r} is registered as {self.target!r}, which is {target!r}, "
-                             "not a simdist World subclass")
+            raise ValueError(
+                f"backend {self.name!r} is registered as {self.target!r}, which is {target!r}, "
+                "not a simdist World subclass"
+            )
         return target
 
 
@@ -79,6 +81,12 @@ register_backend(BackendSpec("sim", "simdist.backends.sim:SimWorld", (), "the de
 register_backend(BackendSpec("socket", "simdist.backends.socket:SocketWorld", (), "real processes over TCP"))
 register_backend(BackendSpec("nccl", "simdist.backends.nccl:NcclWorld", ("cupy",), "NCCL on GPUs, through cupy"))
 register_backend(BackendSpec("gloo", "simdist.backends.torchdist:GlooWorld", (), "torch.distributed's gloo"))
-register_backend(BackendSpec("torch-nccl", "simdist.backends.torchdist:TorchNcclWorld", (),
-                             "torch.distributed's NCCL for CUDA tensors (gloo for CPU tensors)"))
+register_backend(
+    BackendSpec(
+        "torch-nccl",
+        "simdist.backends.torchdist:TorchNcclWorld",
+        (),
+        "torch.distributed's NCCL for CUDA tensors (gloo for CPU tensors)",
+    )
+)
 register_backend(BackendSpec("mpi", "simdist.backends.torchdist:MpiWorld", (), "torch.distributed's MPI"))

@@ -139,9 +139,7 @@ def decode_signature(data: bytes) -> dict[str, Any]:
     except ValueError as exc:  # UnicodeDecodeError is one
         raise ProtocolError(f"a collective signature of {len(data)} bytes does not decode: {exc}") from None
     if reader.pos != len(data):
-        raise ProtocolError(
-            f"a collective signature of {len(data)} bytes has {len(data) - reader.pos} bytes left over"
-        )
+        raise ProtocolError(f"a collective signature of {len(data)} bytes has {len(data) - reader.pos} bytes left over")
     return out
 
 
@@ -161,7 +159,7 @@ class _Reader:
         if self.pos + n > len(self.data):
             raise ValueError(f"cut short: {n} bytes wanted at byte {self.pos}")
         self.pos += n
-        return self.data[self.pos - n:self.pos]
+        return self.data[self.pos - n : self.pos]
 
     def varint(self) -> int:
         n = shift = 0

@@ -121,8 +121,9 @@ def _join_simdist(rank: int, world_size: int, timeout: Any) -> None:
         api.init_process_group("sim", rank=rank, world_size=world_size, timeout=timeout)
 
 
-def _new_process_group_helper(group_size: int, group_rank: Any, global_ranks: list, backend: Any, store: Any,
-                              *args: Any, **kwargs: Any) -> Any:
+def _new_process_group_helper(
+    group_size: int, group_rank: Any, global_ranks: list, backend: Any, store: Any, *args: Any, **kwargs: Any
+) -> Any:
     """torch's group factory on a rank thread: the simdist group first, then torch's bridge group over it."""
     if not in_rank():
         return _state["helper"](group_size, group_rank, global_ranks, backend, store, *args, **kwargs)
@@ -227,9 +228,13 @@ def install() -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     _state.update(
-        c10d=c10d, world=c10d._world, rendezvous=c10d.rendezvous, helper=c10d._new_process_group_helper,
+        c10d=c10d,
+        world=c10d._world,
+        rendezvous=c10d.rendezvous,
+        helper=c10d._new_process_group_helper,
         multithreading=torch._C._is_multithreading_enabled(),
-        rank_world=_rank_world_class(), ddp_logging_data=DDP._get_ddp_logging_data,
+        rank_world=_rank_world_class(),
+        ddp_logging_data=DDP._get_ddp_logging_data,
     )
     DDP._get_ddp_logging_data = _ddp_logging_data
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
@@ -294,8 +299,10 @@ def _refusing(original: Any, reason: str) -> Any:
     @functools.wraps(original)
     def refuse(*args: Any, **kwargs: Any) -> Any:
         if getattr(_local, "rank", None):
-            raise RuntimeError(f"{reason}; torch.distributed code cannot run on simulated ranks with it "
-                               "(simdist's own API, `import simdist as dist`, still can)")
+            raise RuntimeError(
+                f"{reason}; torch.distributed code cannot run on simulated ranks with it "
+                "(simdist's own API, `import simdist as dist`, still can)"
+            )
         return original(*args, **kwargs)
 
     return refuse

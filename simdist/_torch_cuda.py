@@ -55,8 +55,20 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["ACCELERATOR", "CUDA", "NotSimulatedError", "Stream", "Event", "install", "uninstall",
-           "enter_thread", "leave_thread", "simulated_gpus", "gpu_count", "names_simulated_gpu"]
+__all__ = [
+    "ACCELERATOR",
+    "CUDA",
+    "NotSimulatedError",
+    "Stream",
+    "Event",
+    "install",
+    "uninstall",
+    "enter_thread",
+    "leave_thread",
+    "simulated_gpus",
+    "gpu_count",
+    "names_simulated_gpu",
+]
 
 _CPU = torch.device("cpu")
 _local = threading.local()
@@ -103,12 +115,14 @@ class _Gpus:
         code that passes on a tensor's device (``torch.cuda.synchronize(t.device)``) means it.
         """
         cpu = (isinstance(device, str) and device.split(":")[0] == "cpu") or (
-            isinstance(device, torch.device) and device.type == "cpu")
+            isinstance(device, torch.device) and device.type == "cpu"
+        )
         if device is None or cpu:
             return self.current
         if not self.names_gpu(device):
-            raise ValueError(f"simdist: {call} got {device!r}; expected a GPU: an int, 'cuda', 'cuda:N' or "
-                             "torch.device('cuda', N)")
+            raise ValueError(
+                f"simdist: {call} got {device!r}; expected a GPU: an int, 'cuda', 'cuda:N' or torch.device('cuda', N)"
+            )
         if isinstance(device, int):
             i = device
         else:
@@ -227,8 +241,9 @@ class Stream:
 class Event:
     """A simulated CUDA event: ``record`` notes the recording rank's virtual time, in seconds."""
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
-                 external: bool = False):
+    def __init__(
+        self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, external: bool = False
+    ):
         self.enable_timing = bool(enable_timing)
         self.time: float | None = None
         self.device_index: int | None = None
@@ -508,7 +523,7 @@ def _tensor_cuda(gpus: _Gpus, args: tuple, kwargs: dict) -> Any:
 
 def _tensor_type(gpus: _Gpus, args: tuple, kwargs: dict) -> Any:
     if len(args) > 1 and isinstance(args[1], str) and args[1].startswith("torch.cuda."):
-        args = (args[0], "torch." + args[1][len("torch.cuda."):], *args[2:])
+        args = (args[0], "torch." + args[1][len("torch.cuda.") :], *args[2:])
     return torch.Tensor.type(*args, **kwargs)
 
 
@@ -539,7 +554,7 @@ class _OnCpu(TorchFunctionMode):
             kwargs = {**kwargs, "device": self.gpus.cpu(kwargs["device"], f"{_name(func)}(device=...)")}
         at = _DEVICE_AT.get(func)
         if at is not None and len(args) > at:
-            args = (*args[:at], self.gpus.cpu(args[at], f"{_name(func)}(device)"), *args[at + 1:])
+            args = (*args[:at], self.gpus.cpu(args[at], f"{_name(func)}(device)"), *args[at + 1 :])
         return func(*args, **kwargs)
 
 
@@ -555,8 +570,9 @@ def _name(func: Any) -> str:
 
 
 def _ddp_init(original: Callable) -> Callable:
-    def __init__(self: Any, module: Any, device_ids: Any = None, output_device: Any = None, *args: Any,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self: Any, module: Any, device_ids: Any = None, output_device: Any = None, *args: Any, **kwargs: Any
+    ) -> None:
         """torch's DDP constructor; with simulated GPUs, ``device_ids``/``output_device`` are checked, then dropped."""
         gpus = getattr(_local, "gpus", None)
         if gpus is not None:
@@ -622,9 +638,14 @@ def _wrapped() -> list[tuple[Any, str, Callable]]:
     from torch.utils._device import DeviceContext
     from torch.utils.data._utils import pin_memory
 
-    return [(DistributedDataParallel, "__init__", _ddp_init), (torch.storage._StorageBase, "cuda", _storage_cuda),
-            (torch.storage.TypedStorage, "cuda", _storage_cuda), (pin_memory, "_pin_memory_loop", _pin_memory_loop),
-            (DeviceContext, "__init__", _device_context_init), (torch.Tensor, "record_stream", _record_stream)]
+    return [
+        (DistributedDataParallel, "__init__", _ddp_init),
+        (torch.storage._StorageBase, "cuda", _storage_cuda),
+        (torch.storage.TypedStorage, "cuda", _storage_cuda),
+        (pin_memory, "_pin_memory_loop", _pin_memory_loop),
+        (DeviceContext, "__init__", _device_context_init),
+        (torch.Tensor, "record_stream", _record_stream),
+    ]
 
 
 def _restore_on_cpu(storage: Any, location: str) -> Any:

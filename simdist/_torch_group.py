@@ -267,8 +267,10 @@ def bridge_classes() -> tuple[type, type]:
         def allgather_coalesced(self, output_lists, inputs, opts=None):
             """``output_lists[r][i]`` receives rank r's ``inputs[i]``."""
             self._record("all_gather", inputs)
-            works = [api.all_gather([outs[i] for outs in output_lists], x, group=self._g, async_op=True)
-                     for i, x in enumerate(inputs)]
+            works = [
+                api.all_gather([outs[i] for outs in output_lists], x, group=self._g, async_op=True)
+                for i, x in enumerate(inputs)
+            ]
             return self._start(works, output_lists)
 
         def _allgather_base(self, output, input, opts=None):
@@ -288,15 +290,18 @@ def bridge_classes() -> tuple[type, type]:
         def reduce_scatter(self, outputs, input_lists, opts=None):
             self._record("reduce_scatter", [x for xs in input_lists for x in xs])
             op, factor = _reduction(opts, "reduce_scatter")
-            works = [api.reduce_scatter(o, [_scaled(x, factor, copy=True) for x in xs], op=op, group=self._g,
-                                        async_op=True) for o, xs in zip(outputs, input_lists)]
+            works = [
+                api.reduce_scatter(o, [_scaled(x, factor, copy=True) for x in xs], op=op, group=self._g, async_op=True)
+                for o, xs in zip(outputs, input_lists)
+            ]
             return self._start(works, outputs)
 
         def _reduce_scatter_base(self, output, input, opts=None):
             self._record("all_reduce", [input])  # gloo's own title for it
             op, factor = _reduction(opts, "reduce_scatter_tensor")
-            work = api.reduce_scatter_tensor(output, _scaled(input, factor, copy=True), op=op, group=self._g,
-                                             async_op=True)
+            work = api.reduce_scatter_tensor(
+                output, _scaled(input, factor, copy=True), op=op, group=self._g, async_op=True
+            )
             return self._start([work], [output])
 
         reduce_scatter_single = reduce_scatter_tensor = _reduce_scatter_base
@@ -304,16 +309,24 @@ def bridge_classes() -> tuple[type, type]:
         def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
             self._record("reduce_scatter_tensor_coalesced", inputs)
             op, factor = _reduction(opts, "reduce_scatter_tensor")
-            works = [api.reduce_scatter_tensor(o, _scaled(x, factor, copy=True), op=op, group=self._g, async_op=True)
-                     for o, x in zip(outputs, inputs)]
+            works = [
+                api.reduce_scatter_tensor(o, _scaled(x, factor, copy=True), op=op, group=self._g, async_op=True)
+                for o, x in zip(outputs, inputs)
+            ]
             return self._start(works, outputs)
 
         reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
         def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
             self._record("all_to_all", [input])
-            work = api.all_to_all_single(output, input, list(output_split_sizes) or None,
-                                         list(input_split_sizes) or None, group=self._g, async_op=True)
+            work = api.all_to_all_single(
+                output,
+                input,
+                list(output_split_sizes) or None,
+                list(input_split_sizes) or None,
+                group=self._g,
+                async_op=True,
+            )
             return self._start([work], [output])
 
         all_to_all_single = alltoall_base
@@ -325,8 +338,10 @@ def bridge_classes() -> tuple[type, type]:
         def gather(self, output_lists, inputs, opts):
             self._record("gather", inputs)
             dst, root = self._global(opts.rootRank), self.rank() == opts.rootRank
-            works = [api.gather(x, outs if root else None, dst=dst, group=self._g, async_op=True)
-                     for outs, x in zip(output_lists or [None] * len(inputs), inputs)]
+            works = [
+                api.gather(x, outs if root else None, dst=dst, group=self._g, async_op=True)
+                for outs, x in zip(output_lists or [None] * len(inputs), inputs)
+            ]
             return self._start(works, output_lists)
 
         def _gather_base(self, output, input, opts):
@@ -342,8 +357,10 @@ def bridge_classes() -> tuple[type, type]:
         def scatter(self, outputs, input_lists, opts):
             self._record("scatter", [x for xs in input_lists or () for x in xs])
             src, root = self._global(opts.rootRank), self.rank() == opts.rootRank
-            works = [api.scatter(o, xs if root else None, src=src, group=self._g, async_op=True)
-                     for o, xs in zip(outputs, input_lists or [None] * len(outputs))]
+            works = [
+                api.scatter(o, xs if root else None, src=src, group=self._g, async_op=True)
+                for o, xs in zip(outputs, input_lists or [None] * len(outputs))
+            ]
             return self._start(works, outputs)
 
         def barrier(self, opts=None):

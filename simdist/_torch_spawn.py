@@ -68,8 +68,14 @@ def starting_ranks(start: Callable[[Callable, tuple, int, str], Any]) -> Iterato
 
 
 def _replacement(name: str) -> Callable:
-    def replacement(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
-                    start_method: str = "spawn") -> Any:
+    def replacement(
+        fn: Callable,
+        args: tuple = (),
+        nprocs: int = 1,
+        join: bool = True,
+        daemon: bool = False,
+        start_method: str = "spawn",
+    ) -> Any:
         world = thread_world()
         if world is not None:
             raise RuntimeError(
@@ -90,6 +96,8 @@ def _replacement(name: str) -> Callable:
         return None
 
     replacement.__name__ = replacement.__qualname__ = name
-    replacement.__doc__ = (f"torch.multiprocessing.{name}, as simdist runs it: simulated ranks for the parent of "
-                           "'simdist run --backend sim', an error on a simulated rank, torch's elsewhere.")
+    replacement.__doc__ = (
+        f"torch.multiprocessing.{name}, as simdist runs it: simulated ranks for the parent of "
+        "'simdist run --backend sim', an error on a simulated rank, torch's elsewhere."
+    )
     return replacement

@@ -45,11 +45,15 @@ DIFFERENCES = {
 
 _NEEDED = (  # internals the bridge needs, present in every tested release
     ("torch.distributed.distributed_c10d._World", lambda c10d: hasattr(c10d, "_World")),
-    ("torch.distributed.distributed_c10d._new_process_group_helper",
-     lambda c10d: hasattr(c10d, "_new_process_group_helper")),
+    (
+        "torch.distributed.distributed_c10d._new_process_group_helper",
+        lambda c10d: hasattr(c10d, "_new_process_group_helper"),
+    ),
     ("torch.distributed.distributed_c10d.rendezvous", lambda c10d: hasattr(c10d, "rendezvous")),
-    ("torch._C._distributed_c10d._set_thread_isolation_mode",
-     lambda c10d: hasattr(torch._C._distributed_c10d, "_set_thread_isolation_mode")),
+    (
+        "torch._C._distributed_c10d._set_thread_isolation_mode",
+        lambda c10d: hasattr(torch._C._distributed_c10d, "_set_thread_isolation_mode"),
+    ),
 )
 
 
@@ -79,5 +83,7 @@ def unsupported() -> str | None:
     if release() in TESTED or os.environ.get(UNTESTED_ENV) == "1":
         return None
     tested = ", ".join(f"{a}.{b}" for a, b in TESTED)
-    return (f"simdist's torch.distributed bridge was tested on torch {tested}, not on torch {torch.__version__}: "
-            f"install one of those (pip install torch==2.13.0), or set {UNTESTED_ENV}=1 to try this torch anyway")
+    return (
+        f"simdist's torch.distributed bridge was tested on torch {tested}, not on torch {torch.__version__}: "
+        f"install one of those (pip install torch==2.13.0), or set {UNTESTED_ENV}=1 to try this torch anyway"
+    )

@@ -77,8 +77,9 @@ class DeferredWork(Work):
     ``source`` is, for a receive, the sender's global rank or a function that gives it once done.
     """
 
-    def __init__(self, finish: Callable[[float | None], None], done: Callable[[], bool], outputs: list,
-                 source: Any = None):
+    def __init__(
+        self, finish: Callable[[float | None], None], done: Callable[[], bool], outputs: list, source: Any = None
+    ):
         self._finish = finish
         self._done = done
         self._finished = False

@@ -15,8 +15,16 @@ from typing import Any, Callable, Sequence
 from ._errors import NotInitializedError
 from ._group import ProcessGroup
 
-__all__ = ["DEFAULT_TIMEOUT", "ProcessWorld", "World", "current_world", "require_world", "set_thread_world", "set_process_world",
-           "thread_world"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "ProcessWorld",
+    "World",
+    "current_world",
+    "require_world",
+    "set_thread_world",
+    "set_process_world",
+    "thread_world",
+]
 
 
 class World(ABC):
@@ -47,8 +55,17 @@ class World(ABC):
         return self.default_group is not None
 
     @classmethod
-    def spawn(cls, fn: Callable, args: tuple, nprocs: int, *, daemon: bool, start_method: str | None,
-              backend: str, **options: Any) -> list:
+    def spawn(
+        cls,
+        fn: Callable,
+        args: tuple,
+        nprocs: int,
+        *,
+        daemon: bool,
+        start_method: str | None,
+        backend: str,
+        **options: Any,
+    ) -> list:
         """The values of ``fn(rank, *args)`` on ``nprocs`` ranks of this backend (what :func:`simdist.spawn` runs).
 
         A backend that can start its ranks itself overrides this; here it raises ``ValueError``.
@@ -113,8 +130,17 @@ class ProcessWorld(World):
             raise ValueError(f"SIMDIST_TIMEOUT={raw!r} must be a finite number of seconds > 0") from None
 
     @classmethod
-    def spawn(cls, fn: Callable, args: tuple, nprocs: int, *, daemon: bool, start_method: str | None,
-              backend: str, **options: Any) -> list:
+    def spawn(
+        cls,
+        fn: Callable,
+        args: tuple,
+        nprocs: int,
+        *,
+        daemon: bool,
+        start_method: str | None,
+        backend: str,
+        **options: Any,
+    ) -> list:
         """The values of ``fn(rank, *args)`` on ``nprocs`` processes of this machine, each with torchrun's
         environment (:func:`simdist.backends.socket.spawn`)."""
         from simdist.backends.socket import spawn

@@ -27,8 +27,11 @@ def allreduce_hook(process_group: Any, bucket: Any) -> Future:
     """The bucket's average over the group: divide by the group size, then all-reduce (SUM)."""
     buffer = bucket.buffer()
     buffer.div_(api.get_world_size(process_group))
-    return started_work(api.all_reduce(buffer, group=process_group, async_op=True)).get_future().then(
-        lambda f: f.value()[0])
+    return (
+        started_work(api.all_reduce(buffer, group=process_group, async_op=True))
+        .get_future()
+        .then(lambda f: f.value()[0])
+    )
 
 
 def _compressed(dtype: torch.dtype, process_group: Any, bucket: Any) -> Future:

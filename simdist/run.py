@@ -74,33 +74,79 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
         epilog="Like torchrun, when OMP_NUM_THREADS is unset and N > 1, the ranks get OMP_NUM_THREADS=1.",
         allow_abbrev=False,
     )
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, metavar="N",
-                   help="ranks to start on this node (default 1)")
-    p.add_argument("--nnodes", type=int, default=1, metavar="M",
-                   help="number of nodes; each runs its own 'simdist run' (default 1)")
-    p.add_argument("--node-rank", "--node_rank", type=int, default=0, metavar="K",
-                   help="this node's index in 0..M-1; its ranks are K*N .. K*N+N-1 (default 0)")
-    p.add_argument("--master-addr", "--master_addr", default="127.0.0.1", metavar="HOST",
-                   help="address of node 0, where rank 0 serves the rendezvous store (default 127.0.0.1)")
-    p.add_argument("--master-port", "--master_port", type=int, default=None, metavar="P",
-                   help=f"port of the rendezvous store (default: a free port on one node, {DEFAULT_PORT} on several)")
-    p.add_argument("--backend", choices=PROCESS_BACKENDS + ("sim",), default="socket",
-                   help="'socket': one process per rank over TCP (default); 'nccl': one process per rank on "
-                   "GPUs; 'gloo', 'torch-nccl', 'mpi': torch.distributed's own backends; 'sim': every rank "
-                   "of the job as a simulated rank in this process, each running the script in a fresh namespace "
-                   "(or the script once, starting its own ranks: see --launch)")
-    p.add_argument("--log-dir", "--log_dir", default=None, metavar="DIR",
-                   help="write each rank's stdout and stderr to DIR/rank_R.log instead of this terminal "
-                   "(socket backend only)")
-    p.add_argument("--no-prefix", "--no_prefix", action="store_true",
-                   help="do not start each output line with '[rank R] '")
-    p.add_argument("--timeout", type=float, default=None, metavar="S",
-                   help="socket: seconds an operation waits for its peers (SIMDIST_TIMEOUT); "
-                   "sim: real seconds each simulation may take")
+    p.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="ranks to start on this node (default 1)",
+    )
+    p.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        metavar="M",
+        help="number of nodes; each runs its own 'simdist run' (default 1)",
+    )
+    p.add_argument(
+        "--node-rank",
+        "--node_rank",
+        type=int,
+        default=0,
+        metavar="K",
+        help="this node's index in 0..M-1; its ranks are K*N .. K*N+N-1 (default 0)",
+    )
+    p.add_argument(
+        "--master-addr",
+        "--master_addr",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address of node 0, where rank 0 serves the rendezvous store (default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--master-port",
+        "--master_port",
+        type=int,
+        default=None,
+        metavar="P",
+        help=f"port of the rendezvous store (default: a free port on one node, {DEFAULT_PORT} on several)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=PROCESS_BACKENDS + ("sim",),
+        default="socket",
+        help="'socket': one process per rank over TCP (default); 'nccl': one process per rank on "
+        "GPUs; 'gloo', 'torch-nccl', 'mpi': torch.distributed's own backends; 'sim': every rank "
+        "of the job as a simulated rank in this process, each running the script in a fresh namespace "
+        "(or the script once, starting its own ranks: see --launch)",
+    )
+    p.add_argument(
+        "--log-dir",
+        "--log_dir",
+        default=None,
+        metavar="DIR",
+        help="write each rank's stdout and stderr to DIR/rank_R.log instead of this terminal (socket backend only)",
+    )
+    p.add_argument(
+        "--no-prefix", "--no_prefix", action="store_true", help="do not start each output line with '[rank R] '"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="socket: seconds an operation waits for its peers (SIMDIST_TIMEOUT); "
+        "sim: real seconds each simulation may take",
+    )
     p.add_argument("--launch", choices=LAUNCHES, default="auto", help=LAUNCH_HELP)
-    p.add_argument("--cuda-as-cpu", "--cuda_as_cpu", action="store_true",
-                   help="sim: give ranks simulated GPUs backed by the CPU even where CUDA is available (the "
-                   "default without CUDA); each node has N of them (see docs/gpu-scripts.md)")
+    p.add_argument(
+        "--cuda-as-cpu",
+        "--cuda_as_cpu",
+        action="store_true",
+        help="sim: give ranks simulated GPUs backed by the CPU even where CUDA is available (the "
+        "default without CUDA); each node has N of them (see docs/gpu-scripts.md)",
+    )
     p.add_argument("script", nargs="?", help="the Python script to run (by every rank, or once: see --launch)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script (sys.argv[1:])")
     return p
@@ -128,8 +174,10 @@ def _check(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
             parser.error("--log-dir is supported with the process backends only, not --backend sim")
     elif opts.launch == "spawn" or opts.cuda_as_cpu:
         flag = "--launch spawn" if opts.launch == "spawn" else "--cuda-as-cpu"
-        parser.error(f"{flag} is supported with --backend sim only (a process backend runs the script on "
-                     "every rank, as torchrun does)")
+        parser.error(
+            f"{flag} is supported with --backend sim only (a process backend runs the script on "
+            "every rank, as torchrun does)"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,14 +200,16 @@ COMMANDS = {
 def _usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name.ljust(width)}  {summary}" for name, summary in COMMANDS.items()]
-    return ("usage: simdist <command> [options]\n"
-            "       simdist --version\n\n"
-            "simdist teaches and tests distributed training code written for torch.distributed.\n\n"
-            "commands:\n" + "\n".join(lines) + "\n\n"
-            "options:\n"
-            "  -h, --help     show this help and exit\n"
-            "  -V, --version  show simdist's version and exit\n\n"
-            "'simdist <command> --help' describes a command.\n")
+    return (
+        "usage: simdist <command> [options]\n"
+        "       simdist --version\n\n"
+        "simdist teaches and tests distributed training code written for torch.distributed.\n\n"
+        "commands:\n" + "\n".join(lines) + "\n\n"
+        "options:\n"
+        "  -h, --help     show this help and exit\n"
+        "  -V, --version  show simdist's version and exit\n\n"
+        "'simdist <command> --help' describes a command.\n"
+    )
 
 
 def cli() -> int:
@@ -180,8 +230,10 @@ def cli() -> int:
         sys.stdout.write(f"simdist {__version__}\n")
         return 0
     problem = f"unknown command {args[0]!r}" if args else "a command is required"
-    sys.stderr.write(f"usage: simdist <command> [options]  (simdist --help lists the commands)\n"
-                     f"simdist: error: {problem}; expected one of: {', '.join(COMMANDS)}\n")
+    sys.stderr.write(
+        f"usage: simdist <command> [options]  (simdist --help lists the commands)\n"
+        f"simdist: error: {problem}; expected one of: {', '.join(COMMANDS)}\n"
+    )
     return 2
 
 
@@ -315,12 +367,24 @@ def _run_socket(opts: argparse.Namespace) -> int:
                 env[SERVED_ENV] = f"{opts.master_addr}:{port}"
             if opts.log_dir is not None:
                 with open(os.path.join(opts.log_dir, f"rank_{rank}.log"), "wb") as log:
-                    p = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                    p = subprocess.Popen(
+                        command,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
                 threads = []
             else:
-                p = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+                p = subprocess.Popen(
+                    command,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
                 prefix = "" if opts.no_prefix else f"[rank {rank}] "
                 threads = [
                     threading.Thread(target=_pump, args=(p.stdout, sys.stdout, prefix, lock), daemon=True),
@@ -370,9 +434,15 @@ def _serve_store(opts: argparse.Namespace, port: int, secret: str) -> Any:
     return StoreServer("127.0.0.1" if is_loopback(opts.master_addr) else "0.0.0.0", port, secret)
 
 
-def _supervise(procs: list[subprocess.Popen], pumps: list[list[threading.Thread]],
-               exits: Queue[tuple[int, int]], base: int, lock: threading.Lock,
-               store: tuple[str, int, str, int] | None = None, watch: Any = None) -> tuple[int, bool]:
+def _supervise(
+    procs: list[subprocess.Popen],
+    pumps: list[list[threading.Thread]],
+    exits: Queue[tuple[int, int]],
+    base: int,
+    lock: threading.Lock,
+    store: tuple[str, int, str, int] | None = None,
+    watch: Any = None,
+) -> tuple[int, bool]:
     """Wait for the ranks in the order they exit; at the first failure, stop the rest.
 
     ``store``: ``(host, port, secret, world size)`` of a socket job's store, where the failure is
@@ -399,8 +469,10 @@ def _supervise(procs: list[subprocess.Popen], pumps: list[list[threading.Thread]
             first = launcher_saw(*store, base + local, _describe(code)) or watch.text
         others = [i for i, p in enumerate(procs) if p.poll() is None]
         with lock:
-            sys.stderr.write(f"simdist run: rank {base + local} (local rank {local}, pid {procs[local].pid}) "
-                             f"{_describe(code)}; stopping {len(others)} other rank(s)\n")
+            sys.stderr.write(
+                f"simdist run: rank {base + local} (local rank {local}, pid {procs[local].pid}) "
+                f"{_describe(code)}; stopping {len(others)} other rank(s)\n"
+            )
             if first is not None:
                 sys.stderr.write(f"simdist run: the job's first failure: {first}\n")
             sys.stderr.flush()
@@ -452,8 +524,12 @@ def _spawn_line(path: str) -> int | None:
             owner = func.value
             if isinstance(owner, ast.Name) and owner.id in modules:
                 lines.append(node.lineno)
-            elif (isinstance(owner, ast.Attribute) and owner.attr == "multiprocessing"
-                  and isinstance(owner.value, ast.Name) and owner.value.id in torches):
+            elif (
+                isinstance(owner, ast.Attribute)
+                and owner.attr == "multiprocessing"
+                and isinstance(owner.value, ast.Name)
+                and owner.value.id in torches
+            ):
                 lines.append(node.lineno)
     return min(lines) if lines else None
 

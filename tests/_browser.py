@@ -21,27 +21,51 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["APP", "DONE", "DRAWN", "LAUNCH_ARGS", "PAGE_LINKS", "ROOT", "RUN_TIMEOUT_MS", "SKELETON", "START_TIMEOUT",
-           "app_url", "chromium", "chromium_path", "free_port", "full_page_screenshot", "healthy", "page_links",
-           "slug", "wait_for_run"]
+__all__ = [
+    "APP",
+    "DONE",
+    "DRAWN",
+    "LAUNCH_ARGS",
+    "PAGE_LINKS",
+    "ROOT",
+    "RUN_TIMEOUT_MS",
+    "SKELETON",
+    "START_TIMEOUT",
+    "app_url",
+    "chromium",
+    "chromium_path",
+    "free_port",
+    "full_page_screenshot",
+    "healthy",
+    "page_links",
+    "slug",
+    "wait_for_run",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "app.py"
 
-START_TIMEOUT = 90.0   # s for the server to answer (a cold import of torch + streamlit on a loaded machine)
+START_TIMEOUT = 90.0  # s for the server to answer (a cold import of torch + streamlit on a loaded machine)
 RUN_TIMEOUT_MS = 90_000  # for one page's script run to finish
-DONE = ('[data-testid="stApp"][data-test-connection-state="CONNECTED"]'
-        ':is([data-test-script-state="notRunning"], [data-test-script-state="compilationError"])')
+DONE = (
+    '[data-testid="stApp"][data-test-connection-state="CONNECTED"]'
+    ':is([data-test-script-state="notRunning"], [data-test-script-state="compilationError"])'
+)
 DRAWN = '[data-testid="stMain"] [data-testid="stElementContainer"]'
 SKELETON = '[data-testid="stSkeleton"]'  # what stands in for an element whose code is still loading
 LAUNCH_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
-PAGE_LINKS = ('[data-testid="stSidebarNav"] a[href], a[data-testid="stSidebarNavLink"][href], '
-              'a[data-testid="stTopNavLink"][href]')
+PAGE_LINKS = (
+    '[data-testid="stSidebarNav"] a[href], a[data-testid="stSidebarNavLink"][href], a[data-testid="stTopNavLink"][href]'
+)
 
 
 def chromium() -> str | None:
-    for candidate in (os.environ.get("SIMDIST_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
-                      shutil.which("chromium-browser")):
+    for candidate in (
+        os.environ.get("SIMDIST_CHROMIUM"),
+        "/usr/bin/chromium",
+        shutil.which("chromium"),
+        shutil.which("chromium-browser"),
+    ):
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -64,12 +88,15 @@ def healthy(url: str) -> bool:
 @pytest.fixture(scope="module")
 def chromium_path() -> str:
     pytest.importorskip("streamlit", reason="the app extra (streamlit) is not installed")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (it is in the test extra: "
-                                                      "bash install.sh)")
+    pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (it is in the test extra: bash install.sh)"
+    )
     path = chromium()
     if path is None:
-        pytest.skip("no Chromium at /usr/bin/chromium or on PATH (Debian: apt-get install chromium; .ci/run "
-                    "installs it where it can; Playwright cannot download its own browsers here)")
+        pytest.skip(
+            "no Chromium at /usr/bin/chromium or on PATH (Debian: apt-get install chromium; .ci/run "
+            "installs it where it can; Playwright cannot download its own browsers here)"
+        )
     return path
 
 
@@ -82,10 +109,29 @@ def app_url(chromium_path, tmp_path_factory):
     env = dict(os.environ, STREAMLIT_BROWSER_GATHER_USAGE_STATS="false", PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
-             "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-             "--server.fileWatcherType", "none"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            [
+                sys.executable,
+                "-m",
+                "streamlit",
+                "run",
+                str(APP),
+                "--server.headless",
+                "true",
+                "--server.port",
+                str(port),
+                "--server.address",
+                "127.0.0.1",
+                "--browser.gatherUsageStats",
+                "false",
+                "--server.fileWatcherType",
+                "none",
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
     try:
         deadline = time.monotonic() + START_TIMEOUT
         while not healthy(url):
@@ -162,4 +208,4 @@ def full_page_screenshot(page, path: Path) -> None:
 
 
 def slug(url: str, base: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_-]+", "_", url[len(base):].strip("/")) or "main"
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", url[len(base) :].strip("/")) or "main"

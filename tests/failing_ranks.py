@@ -90,8 +90,6 @@ def main(scenario: str) -> None:
     emit(event="done")
 
 
-
-
 def destroy() -> None:
     """``destroy_process_group``, its error (if any) printed as an event first."""
     try:

@@ -31,12 +31,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import simdist as dist  # noqa: E402
 
-_TYPES = {100 + i: (name, dt) for i, (name, dt) in enumerate([
-    ("NCCL_UINT8", torch.uint8), ("NCCL_INT8", torch.int8), ("NCCL_INT32", torch.int32), ("NCCL_INT64", torch.int64),
-    ("NCCL_FLOAT16", torch.float16), ("NCCL_BFLOAT16", torch.bfloat16), ("NCCL_FLOAT32", torch.float32),
-    ("NCCL_FLOAT64", torch.float64)])}
-_OPS = {0: ("NCCL_SUM", torch.add), 1: ("NCCL_PROD", torch.mul), 2: ("NCCL_MAX", torch.maximum),
-        3: ("NCCL_MIN", torch.minimum), 4: ("NCCL_AVG", None)}
+_TYPES = {
+    100 + i: (name, dt)
+    for i, (name, dt) in enumerate(
+        [
+            ("NCCL_UINT8", torch.uint8),
+            ("NCCL_INT8", torch.int8),
+            ("NCCL_INT32", torch.int32),
+            ("NCCL_INT64", torch.int64),
+            ("NCCL_FLOAT16", torch.float16),
+            ("NCCL_BFLOAT16", torch.bfloat16),
+            ("NCCL_FLOAT32", torch.float32),
+            ("NCCL_FLOAT64", torch.float64),
+        ]
+    )
+}
+_OPS = {
+    0: ("NCCL_SUM", torch.add),
+    1: ("NCCL_PROD", torch.mul),
+    2: ("NCCL_MAX", torch.maximum),
+    3: ("NCCL_MIN", torch.minimum),
+    4: ("NCCL_AVG", None),
+}
 _state: dict = {"store": None, "pending": None}
 
 
@@ -178,8 +194,9 @@ def _point_to_point(rank: int) -> list:
     dist.init_process_group("nccl")
     peer = 1 - rank
     out = torch.zeros(4)
-    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((4,), float(rank)), peer),
-                                    dist.P2POp(dist.irecv, out, peer)])
+    works = dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, torch.full((4,), float(rank)), peer), dist.P2POp(dist.irecv, out, peer)]
+    )
     for w in works:
         w.wait()
     got = torch.zeros(2)
@@ -219,15 +236,16 @@ def main(worlds: list[int]) -> None:
     import test_api_collectives as suite
     from reference import ARRAY_TYPES
 
-    suite.run = lambda fn, n, backend, args=(): dist.spawn(fn, args, n, start_method="fork", backend="nccl",
-                                                           timeout=60)
+    suite.run = lambda fn, n, backend, args=(): dist.spawn(fn, args, n, start_method="fork", backend="nccl", timeout=60)
     for world in worlds:
         batch = [c for op, _ in suite._own_algorithms("gloo") for c in suite._algorithm_batch(op, None, world)]
         batch += [c for kind, dtype in ARRAY_TYPES for c in suite._dtype_batch(kind, dtype, world)]
         batch += suite._subgroup_batch(world)
         for layout in ("transposed", "strided"):
-            batch += [suite.Case(op=op, world=world, layout=layout,
-                                 rop=dist.ReduceOp.SUM if op in suite.REDUCING else None) for op in suite.OPS]
+            batch += [
+                suite.Case(op=op, world=world, layout=layout, rop=dist.ReduceOp.SUM if op in suite.REDUCING else None)
+                for op in suite.OPS
+            ]
         batch += [suite.replace(c, async_op=True) for c in batch[:30]]
         suite.check(batch, world, "messages", backend="nccl")
         print(f"world {world}: {len(batch)} cases: ok", flush=True)

@@ -172,9 +172,7 @@ def check_case(op, name, size, n, kind, dtype, rop=None, root=0, even=True, seed
     elif op == "all_gather" or op == "gather":
         data = [values(rng, dtype, n) for _ in range(size)]
         inps = [frozen(make(kind, dtype, d)) for d in data]
-        outs = [
-            empty(kind, dtype, size * n) if op == "all_gather" or r == root else None for r in range(size)
-        ]
+        outs = [empty(kind, dtype, size * n) if op == "all_gather" or r == root else None for r in range(size)]
         if op == "all_gather":
             lb = run(size, lambda t: fn(t, inps[t.rank], outs[t.rank]), seed)
         else:
@@ -317,15 +315,13 @@ def test_in_place_all_gather_and_reduce_scatter(kind: str, size: int) -> None:
             inps = [make(kind, "int32", d) for d in data]
             run(
                 size,
-                lambda t: fn(
-                    t, inps[t.rank], A.narrow(inps[t.rank], offs[t.rank], counts[t.rank]), counts, R.SUM
-                ),
+                lambda t: fn(t, inps[t.rank], A.narrow(inps[t.rank], offs[t.rank], counts[t.rank]), counts, R.SUM),
                 seed=n,
             )
             full = ref_reduce(data, R.SUM)
-            assert all(
-                same(A.narrow(inps[r], offs[r], counts[r]), full[offs[r] : offs[r + 1]]) for r in range(size)
-            ), name
+            assert all(same(A.narrow(inps[r], offs[r], counts[r]), full[offs[r] : offs[r + 1]]) for r in range(size)), (
+                name
+            )
 
 
 @pytest.mark.parametrize("size", [2, 3, 5, 7, 8, 9])
@@ -520,17 +516,13 @@ def test_registry_shape() -> None:
 
 
 def test_get_errors_name_value_and_choices() -> None:
-    with pytest.raises(
-        ValueError, match=r"algorithm='foo' is not an all_reduce algorithm; expected one of .*'ring'"
-    ):
+    with pytest.raises(ValueError, match=r"algorithm='foo' is not an all_reduce algorithm; expected one of .*'ring'"):
         alg.get("all_reduce", "foo")
     with pytest.raises(
         ValueError, match=r"not a broadcast algorithm.*'binomial', 'chain_pipelined', 'scatter_allgather'"
     ):
         alg.get("broadcast", "ring")
-    with pytest.raises(
-        ValueError, match=r"op='allreduce' is not a collective; expected one of .*'all_reduce'"
-    ):
+    with pytest.raises(ValueError, match=r"op='allreduce' is not a collective; expected one of .*'all_reduce'"):
         alg.get("allreduce", "ring")
 
 
@@ -624,9 +616,7 @@ def test_chunk_bounds() -> None:
     for n in range(40):
         for parts in range(1, 12):
             b = alg.chunk_bounds(n, parts)
-            assert sum(k for _, k in b) == n and all(
-                s == sum(k for _, k in b[:i]) for i, (s, _) in enumerate(b)
-            )
+            assert sum(k for _, k in b) == n and all(s == sum(k for _, k in b[:i]) for i, (s, _) in enumerate(b))
             assert max(k for _, k in b) - min(k for _, k in b) <= 1
     with pytest.raises(ValueError, match="parts=0"):
         alg.chunk_bounds(3, 0)

@@ -506,8 +506,17 @@ def _subgroup_batch(world: int) -> list[Case]:
     members = tuple(range(world - 1, 0, -1)) if world > 2 else (0,)
     size = len(members)
     return [
-        Case(op=op, world=world, members=members, shape=(2, 3), root=size - 1, root_kw="group",
-             rop=R.SUM if op in REDUCING else None, uneven=op in UNEVEN, seed=7 * n)
+        Case(
+            op=op,
+            world=world,
+            members=members,
+            shape=(2, 3),
+            root=size - 1,
+            root_kw="group",
+            rop=R.SUM if op in REDUCING else None,
+            uneven=op in UNEVEN,
+            seed=7 * n,
+        )
         for n, op in enumerate(OPS)
     ]
 
@@ -534,8 +543,11 @@ def test_every_algorithm_and_array_type_on_processes(world: int, backend: str) -
 def test_one_element_views_with_any_stride_on_processes(layout: str, backend: str) -> None:
     """torch calls a one-element view contiguous whatever its stride; its bytes must still go on the wire."""
     ops = ("broadcast", "all_reduce", "all_gather_into_tensor", "scatter")
-    batch = [Case(op=op, dtype=dtype, world=3, shape=(1,), layout=layout, rop=R.SUM if op in REDUCING else None)
-             for op in ops for dtype in ("float16", "int64")]
+    batch = [
+        Case(op=op, dtype=dtype, world=3, shape=(1,), layout=layout, rop=R.SUM if op in REDUCING else None)
+        for op in ops
+        for dtype in ("float16", "int64")
+    ]
     check(batch, 3, "messages", backend=backend)
 
 

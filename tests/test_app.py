@@ -77,8 +77,9 @@ def test_previous_next_and_play_walk_through_every_step():
     assert "Round 14 of 14: 8 messages" in [s.value for s in at.subheader]
 
 
-@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
-                                "gather", "scatter"])
+@pytest.mark.parametrize(
+    "op", ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"]
+)
 def test_every_collective_and_algorithm_renders(op):
     at = page()
     at.sidebar.selectbox(key="op").select(op)
@@ -89,7 +90,9 @@ def test_every_collective_and_algorithm_renders(op):
         assert int(metric(at, "messages")) > 0
 
 
-@pytest.mark.parametrize("topology", ["switch", "ring", "fully_connected", "two_level", "dgx-a100-nvlink", "ib-hdr-4node"])
+@pytest.mark.parametrize(
+    "topology", ["switch", "ring", "fully_connected", "two_level", "dgx-a100-nvlink", "ib-hdr-4node"]
+)
 def test_world_16_at_1_mib_on_every_topology(topology):
     at = page()
     at.sidebar.slider(key="world").set_value(16)
@@ -161,8 +164,9 @@ def chart(at: AppTest, key: str) -> dict:
     """The plotly figure a chart element holds, as its JSON."""
     import json
 
-    return json.loads(next(c for c in at.get("plotly_chart") if c.proto.id.endswith(key) or key in c.proto.id)
-                      .proto.spec)
+    return json.loads(
+        next(c for c in at.get("plotly_chart") if c.proto.id.endswith(key) or key in c.proto.id).proto.spec
+    )
 
 
 @pytest.mark.parametrize("world", [2, 8])
@@ -176,8 +180,7 @@ def test_ddp_page_counts_overlap_as_the_gradient_order_does(world):
     launched = [max(ready[n] for b in run.buckets[: i + 1] for n in b.params) for i in range(len(run.buckets))]
     during = sum(at_ < len(ready) - 1 for at_ in launched)  # launched before the last gradient
     assert metric(at, "all-reduces started in backward") == f"{during} of {len(run.buckets)}"
-    assert [r["parameters"] for r in at.table[0].value.to_dict("records")] == [", ".join(b.params)
-                                                                                for b in run.buckets]
+    assert [r["parameters"] for r in at.table[0].value.to_dict("records")] == [", ".join(b.params) for b in run.buckets]
     names = [t.get("name", "") for t in chart(at, "ddp_gantt")["data"]]
     assert not [n for n in names if "construction" in n or n == "message that shared a link"]
     at.sidebar.checkbox(key="ddp_construction").check()

@@ -32,8 +32,11 @@ def test_every_page_renders_without_an_exception(app_url, chromium_path, tmp_pat
 
     shots = []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
-                                     args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+        browser = pw.chromium.launch(
+            executable_path=chromium_path,
+            headless=True,
+            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
+        )
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page_errors = []
@@ -50,8 +53,10 @@ def test_every_page_renders_without_an_exception(app_url, chromium_path, tmp_pat
                 shots.append(shot)
                 exceptions = page.locator('[data-testid="stException"]')
                 assert exceptions.count() == 0, (
-                    f"{url} shows an exception (screenshot {shot}):\n" + "\n---\n".join(exceptions.all_inner_texts())
-                    + ("\nbrowser errors:\n" + "\n".join(page_errors) if page_errors else ""))
+                    f"{url} shows an exception (screenshot {shot}):\n"
+                    + "\n---\n".join(exceptions.all_inner_texts())
+                    + ("\nbrowser errors:\n" + "\n".join(page_errors) if page_errors else "")
+                )
         finally:
             browser.close()
             out = os.environ.get("SIMDIST_SCREENSHOTS")
@@ -75,8 +80,11 @@ def test_traces_page_shows_an_uploaded_trace(app_url, chromium_path, tmp_path):
     bad = tmp_path / "not_a_trace.json"
     bad.write_text('{"hello": 1}')
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
-                                     args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+        browser = pw.chromium.launch(
+            executable_path=chromium_path,
+            headless=True,
+            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
+        )
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(app_url + "/traces", wait_until="domcontentloaded", timeout=60_000)
@@ -89,7 +97,8 @@ def test_traces_page_shows_an_uploaded_trace(app_url, chromium_path, tmp_path):
             page.screenshot(path=str(tmp_path / "uploaded.png"), full_page=True)
             upload.set_input_files(str(bad))
             page.get_by_text("was left out: it is JSON but not a simdist trace", exact=False).wait_for(
-                timeout=RUN_TIMEOUT_MS)
+                timeout=RUN_TIMEOUT_MS
+            )
             assert page.locator('[data-testid="stException"]').count() == 0
         finally:
             browser.close()

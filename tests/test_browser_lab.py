@@ -149,8 +149,12 @@ def _two_ranks_trade(rank, world_size):
 
 
 @pytest.mark.timeout(300)
-def test_traces_page_shows_a_real_run_on_a_wall_clock_and_names_a_bad_file(app_url, chromium_path, tmp_path,  # noqa: F811
-                                                                           monkeypatch):
+def test_traces_page_shows_a_real_run_on_a_wall_clock_and_names_a_bad_file(
+    app_url,  # noqa: F811 - pytest fixtures imported from _browser
+    chromium_path,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
     import simdist as dist
 
     monkeypatch.setenv("SIMDIST_TRACE", str(tmp_path / "run"))
@@ -170,8 +174,12 @@ def test_traces_page_shows_a_real_run_on_a_wall_clock_and_names_a_bad_file(app_u
             wait_for_run(page)
             warning = page.locator('[data-testid="stAlert"]').inner_text()
             assert "notes.json was left out" in warning and "not a simdist trace" in warning, warning
-            metrics = dict(zip(page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
-                               page.locator('[data-testid="stMetricValue"]').all_inner_texts()))
+            metrics = dict(
+                zip(
+                    page.locator('[data-testid="stMetricLabel"]').all_inner_texts(),
+                    page.locator('[data-testid="stMetricValue"]').all_inner_texts(),
+                )
+            )
             assert metrics["clock"] == "real" and metrics["messages"] == str(sends), metrics
             title = f"real run (wall-clock time): 2 ranks, 2 collectives, {sends} messages"
             assert page.get_by_text(title).count() == 1

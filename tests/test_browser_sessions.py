@@ -94,17 +94,25 @@ async def settled(page, what: str) -> None:
     try:
         await page.wait_for_function(SETTLED, arg=[DONE, DRAWN, SKELETON], polling=250, timeout=RUN_TIMEOUT_MS)
     except PlaywrightTimeout:
-        pytest.fail(f"{what}: the page did not settle within {RUN_TIMEOUT_MS / 1000:.0f} s; {await page.evaluate(STATE)}")
+        pytest.fail(
+            f"{what}: the page did not settle within {RUN_TIMEOUT_MS / 1000:.0f} s; {await page.evaluate(STATE)}"
+        )
 
 
 async def problems(page, where: str, errors: list[str]) -> list[str]:
     """What is wrong on ``page``: exception elements, error messages, error text, errors in the browser."""
-    found = [f"{where}: exception: {text}" for text in await page.locator('[data-testid="stException"]').all_inner_texts()]
-    found += [f"{where}: error message: {text}"
-              for text in await page.locator('[data-testid="stAlertContentError"]').all_inner_texts()]
+    found = [
+        f"{where}: exception: {text}" for text in await page.locator('[data-testid="stException"]').all_inner_texts()
+    ]
+    found += [
+        f"{where}: error message: {text}"
+        for text in await page.locator('[data-testid="stAlertContentError"]').all_inner_texts()
+    ]
     text = await page.locator("body").inner_text()
-    found += [f"{where}: shows {m.group(0)!r} in ...{text[max(0, m.start() - 80):m.end() + 80]!r}..."
-              for m in ERROR_TEXT.finditer(text)]
+    found += [
+        f"{where}: shows {m.group(0)!r} in ...{text[max(0, m.start() - 80) : m.end() + 80]!r}..."
+        for m in ERROR_TEXT.finditer(text)
+    ]
     found += [f"{where}: browser error: {e}" for e in errors]
     errors.clear()
     return found
@@ -127,7 +135,9 @@ class Session:
         self.page.on("pageerror", lambda err: self.errors.append(str(err)))
         await self.page.goto(self.base + "/", wait_until="domcontentloaded", timeout=RUN_TIMEOUT_MS)
         await settled(self.page, f"session {self.index}, opening the app")
-        hrefs = await self.page.eval_on_selector_all('[data-testid="stSidebarNav"] a[href]', "els => els.map(e => e.href)")
+        hrefs = await self.page.eval_on_selector_all(
+            '[data-testid="stSidebarNav"] a[href]', "els => els.map(e => e.href)"
+        )
         return [h for i, h in enumerate(hrefs) if h.startswith(self.base) and h not in hrefs[:i]]
 
     async def pick(self, label: str, option: str | None = None) -> str:
@@ -157,7 +167,7 @@ class Session:
     async def visit(self, url: str) -> None:
         await self.page.goto(url, wait_until="domcontentloaded", timeout=RUN_TIMEOUT_MS)
         await settled(self.page, f"session {self.index}, {url}")
-        await self.check(url[len(self.base):] or "/")
+        await self.check(url[len(self.base) :] or "/")
 
     async def check(self, what: str) -> None:
         where = f"session {self.index} ({self.viewport['width']}x{self.viewport['height']}), {what}"

@@ -255,8 +255,13 @@ def test_fit_recovers_the_terms_of_times_made_by_the_model():
     shift2 = {8: alpha + 2 * overhead, 4 * MIB: alpha + 2 * 4 * MIB / rank_bw}
     shift4 = {8: alpha + 4 * overhead, 4 * MIB: alpha + 4 * (overhead + 4 * MIB / host)}
     got = fit(one_way, shift2, shift4)
-    expected = {"alpha": alpha, "bandwidth": bw, "rank_bandwidth": rank_bw, "host_bandwidth": host,
-                "host_overhead": overhead}
+    expected = {
+        "alpha": alpha,
+        "bandwidth": bw,
+        "rank_bandwidth": rank_bw,
+        "host_bandwidth": host,
+        "host_overhead": overhead,
+    }
     assert got == pytest.approx(expected, rel=1e-9)
 
 
@@ -264,17 +269,31 @@ def test_fit_recovers_the_terms_of_times_made_by_the_model():
 def test_simdist_calibrate_quick_writes_a_loadable_file(tmp_path):
     out = tmp_path / "here.json"
     done = subprocess.run(
-        [sys.executable, "-c", "from simdist.run import cli; raise SystemExit(cli())", "calibrate", "--quick",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=200,
+        [
+            sys.executable,
+            "-c",
+            "from simdist.run import cli; raise SystemExit(cli())",
+            "calibrate",
+            "--quick",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
     )
     assert done.returncode == 0, done.stderr
     assert f"wrote {out}" in done.stdout and "alpha" in done.stdout
     written = F.read_topology_file(out)
     assert written["bandwidth"] > 0 and written["gamma"] > 0 and written["rank_bandwidth"] > 0
-    assert set(written["measured"]) == {"one_way_seconds", "shift_seconds_world2", "shift_seconds_world4",
-                                        "copy_seconds_per_byte", "all_gather_4_bytes_seconds",
-                                        "one_shift_8_bytes_seconds_world2"}
+    assert set(written["measured"]) == {
+        "one_way_seconds",
+        "shift_seconds_world2",
+        "shift_seconds_world4",
+        "copy_seconds_per_byte",
+        "all_gather_4_bytes_seconds",
+        "one_shift_8_bytes_seconds_world2",
+    }
     assert written["fresh_from"] in FRESH_SIZES and written["memcpy"] > 0
     assert written["check_overhead"] >= 0 and written["fresh_memory"] >= 0
     topo = as_topology(str(out), 3)

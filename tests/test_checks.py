@@ -12,8 +12,13 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.mark.parametrize(
     ("value", "bounds", "expected"),
-    [(3, {}, 3), (-7, {}, -7), (np.int64(5), {"minimum": 0}, 5), (0, {"minimum": 0, "maximum": 0}, 0),
-     (2**64 - 1, {"minimum": 0, "maximum": 2**64 - 1}, 2**64 - 1)],
+    [
+        (3, {}, 3),
+        (-7, {}, -7),
+        (np.int64(5), {"minimum": 0}, 5),
+        (0, {"minimum": 0, "maximum": 0}, 0),
+        (2**64 - 1, {"minimum": 0, "maximum": 2**64 - 1}, 2**64 - 1),
+    ],
 )
 def test_check_int_returns_a_plain_int(value, bounds, expected) -> None:
     got = check_int(value, "n", **bounds)
@@ -29,8 +34,12 @@ def test_check_int_returns_a_plain_int(value, bounds, expected) -> None:
         (np.float32(2.0), {}, TypeError, "n must be an int, got float32 (np.float32(2.0))"),
         (-1, {"minimum": 0}, ValueError, "n=-1 must be at least 0"),
         (9, {"maximum": 8}, ValueError, "n=9 must be at most 8"),
-        (2**32, {"minimum": 0, "maximum": 2**32 - 1}, ValueError,
-         f"n={2**32} is out of range; expected an int in 0..{2**32 - 1}"),
+        (
+            2**32,
+            {"minimum": 0, "maximum": 2**32 - 1},
+            ValueError,
+            f"n={2**32} is out of range; expected an int in 0..{2**32 - 1}",
+        ),
         (np.int8(-2), {"minimum": 0, "maximum": 3}, ValueError, "n=-2 is out of range; expected an int in 0..3"),
     ],
 )
@@ -42,8 +51,15 @@ def test_check_int_names_the_argument_the_value_and_what_was_expected(value, bou
 
 @pytest.mark.parametrize(
     ("value", "options", "expected"),
-    [(2, {}, 2.0), (0.25, {}, 0.25), (0, {}, 0.0), (datetime.timedelta(minutes=1, milliseconds=500), {}, 60.5),
-     (None, {"default": 7.0}, 7.0), (None, {"default": None}, None), (np.float64(1.5), {"positive": True}, 1.5)],
+    [
+        (2, {}, 2.0),
+        (0.25, {}, 0.25),
+        (0, {}, 0.0),
+        (datetime.timedelta(minutes=1, milliseconds=500), {}, 60.5),
+        (None, {"default": 7.0}, 7.0),
+        (None, {"default": None}, None),
+        (np.float64(1.5), {"positive": True}, 1.5),
+    ],
 )
 def test_timeout_seconds_takes_numbers_and_timedeltas(value, options, expected) -> None:
     assert timeout_seconds(value, "timeout", **options) == expected
@@ -53,15 +69,23 @@ def test_timeout_seconds_takes_numbers_and_timedeltas(value, options, expected) 
     ("value", "options", "exc", "message"),
     [
         (None, {}, TypeError, "timeout must be a number of seconds, a datetime.timedelta, got NoneType (None)"),
-        ("5", {"default": None}, TypeError,
-         "timeout must be a number of seconds, a datetime.timedelta or None, got str ('5')"),
+        (
+            "5",
+            {"default": None},
+            TypeError,
+            "timeout must be a number of seconds, a datetime.timedelta or None, got str ('5')",
+        ),
         (True, {}, TypeError, "timeout must be a number of seconds, a datetime.timedelta, got bool (True)"),
         (-1, {}, ValueError, "timeout=-1 must be a finite number of seconds >= 0"),
         (float("inf"), {}, ValueError, "timeout=inf must be a finite number of seconds >= 0"),
         (float("nan"), {}, ValueError, "timeout=nan must be a finite number of seconds >= 0"),
         (0, {"positive": True}, ValueError, "timeout=0 must be a finite number of seconds > 0"),
-        (datetime.timedelta(0), {"positive": True}, ValueError,
-         "timeout=datetime.timedelta(0) must be a finite number of seconds > 0"),
+        (
+            datetime.timedelta(0),
+            {"positive": True},
+            ValueError,
+            "timeout=datetime.timedelta(0) must be a finite number of seconds > 0",
+        ),
     ],
 )
 def test_timeout_seconds_names_the_argument_the_value_and_what_was_expected(value, options, exc, message) -> None:

@@ -55,8 +55,14 @@ def readme_server(tmp_path):
     env["HOME"] = str(tmp_path)  # no ~/.streamlit of the person running the tests
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(APP.name), "--server.port", str(port)],
-                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", str(APP.name), "--server.port", str(port)],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
     try:
         deadline = time.monotonic() + START_TIMEOUT
         while not healthy(url):
@@ -78,8 +84,7 @@ def test_the_app_listens_on_loopback_only_and_the_browser_stays_there(readme_ser
     assert "Email" not in log_path.read_text()
     requests, console_errors = [], []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
-                                     args=LAUNCH_ARGS)
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True, args=LAUNCH_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 720})
             page.on("request", lambda r: requests.append(r.url))
@@ -95,6 +100,7 @@ def test_the_app_listens_on_loopback_only_and_the_browser_stays_there(readme_ser
                 wait_for_run(page)
         finally:
             browser.close()
-    assert requests and all(r.startswith((url + "/", url.replace("http", "ws") + "/", "data:", "blob:"))
-                            for r in requests), [r for r in requests if not r.startswith(url)]
+    assert requests and all(
+        r.startswith((url + "/", url.replace("http", "ws") + "/", "data:", "blob:")) for r in requests
+    ), [r for r in requests if not r.startswith(url)]
     assert not console_errors, console_errors

@@ -130,7 +130,6 @@ def test_fresh_from_is_the_smallest_buffer_charged():
     assert _topo(2).fresh_from == FRESH_BYTES and topo.copy().fresh_from == 32 * MIB
 
 
-
 # --- copies and page faults inside the algorithms ----------------------------------------------------
 
 
@@ -189,6 +188,7 @@ def test_scratch_faults_of_ranks_on_one_host_share_its_cores(cores):
     free = _ends(program, world, **terms)
     shared = _ends(program, world, host_cores=cores, **terms)
     assert max(shared) - max(free) == pytest.approx((2 - cores) * nbytes * fresh, rel=1e-9)
+
 
 # --- calibration's arithmetic -----------------------------------------------------------------------
 

@@ -85,8 +85,11 @@ def test_constructor_takes_torchs_parameters_in_torchs_order():
 
 @settings(max_examples=200, deadline=None)
 @given(
-    sizes=st.lists(st.tuples(st.integers(1, 3000), st.sampled_from([torch.float32, torch.float64, torch.float16])),
-                   min_size=1, max_size=12),
+    sizes=st.lists(
+        st.tuples(st.integers(1, 3000), st.sampled_from([torch.float32, torch.float64, torch.float16])),
+        min_size=1,
+        max_size=12,
+    ),
     limits=st.lists(st.integers(1, 20_000), min_size=1, max_size=3),
 )
 def test_bucket_assignment_is_torchs(sizes, limits):
@@ -198,8 +201,11 @@ def test_trace_shows_a_bucket_all_reduce_starting_before_backward_ends():
     res = dist.simulate(train_ddp, 2, args=(2, (8, 16, 16, 4), 0, 1, kwargs))
     for rank in range(2):
         backward = [e for e in res.trace if e.rank == rank and e.kind == "compute" and e.op == "backward"]
-        buckets = [e for e in res.trace if e.rank == rank and e.kind == "collective" and e.op == "all_reduce"
-                   and e.t_start >= backward[0].t_start]
+        buckets = [
+            e
+            for e in res.trace
+            if e.rank == rank and e.kind == "collective" and e.op == "all_reduce" and e.t_start >= backward[0].t_start
+        ]
         assert backward and len(buckets) >= 2
         end = max(e.t_end for e in backward)
         assert min(e.t_start for e in buckets) < end, "no bucket all-reduce started before the backward pass ended"
@@ -308,8 +314,10 @@ def _uneven_without_join(rank):
 def test_uneven_inputs_without_join_are_a_deadlock_report_not_a_hang():
     with pytest.raises(dist.DeadlockError) as info:
         dist.simulate(_uneven_without_join, 2)
-    line = inspect.getsource(_uneven_without_join).splitlines().index(
-        "        ddp(torch.ones(1, 2)).sum().backward()") + _uneven_without_join.__code__.co_firstlineno
+    line = (
+        inspect.getsource(_uneven_without_join).splitlines().index("        ddp(torch.ones(1, 2)).sum().backward()")
+        + _uneven_without_join.__code__.co_firstlineno
+    )
     assert f"test_ddp.py:{line}" in str(info.value), "the report must name the user's backward() line"
     assert "torch/autograd" not in str(info.value)
 

@@ -47,11 +47,15 @@ CONFIG_VALUES = [tuple(c.values) for c in CONFIGS]
 
 # --- the shared training program ------------------------------------------------------------
 
+
 def make_model() -> nn.Module:
     torch.manual_seed(1234)
     return nn.Sequential(
-        nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(),
-        nn.Linear(32, 32), nn.ReLU(),
+        nn.Linear(8, 32),
+        nn.BatchNorm1d(32),
+        nn.ReLU(),
+        nn.Linear(32, 32),
+        nn.ReLU(),
         nn.Linear(32, 4),
     )
 
@@ -94,6 +98,7 @@ def train(ddp_class, rank: int, view: bool, cap_mb: float | None) -> list[dict[s
 # Starting two processes that import torch takes seconds, so each real-process run trains
 # every configuration in turn (a fresh model and DDP wrapper each) and the runs are shared
 # by the parametrized cases (module-scoped fixtures); the simulator runs per case.
+
 
 def train_all(ddp_class, rank: int) -> dict:
     return {(view, cap_mb): train(ddp_class, rank, view, cap_mb) for view, cap_mb in CONFIG_VALUES}
@@ -170,6 +175,7 @@ def socket_runs() -> dict:
 
 # --- comparison ------------------------------------------------------------------------------
 
+
 def assert_same(a: list, b: list, what: str) -> None:
     """Two runs' per-rank, per-step states agree within tolerance."""
     assert len(a) == len(b) == WORLD, what
@@ -184,8 +190,10 @@ def assert_same(a: list, b: list, what: str) -> None:
                     ok = torch.allclose(ta, tb, atol=ATOL, rtol=RTOL)
                 else:
                     ok = torch.equal(ta, tb)
-                assert ok, (f"{what}: rank {rank} after step {step}, {name} differs by "
-                            f"{(ta.double() - tb.double()).abs().max().item():.3g}")
+                assert ok, (
+                    f"{what}: rank {rank} after step {step}, {name} differs by "
+                    f"{(ta.double() - tb.double()).abs().max().item():.3g}"
+                )
 
 
 def assert_ranks_agree(run: list, what: str) -> None:
@@ -195,7 +203,8 @@ def assert_ranks_agree(run: list, what: str) -> None:
         for name in params:
             for rank in range(1, WORLD):
                 assert torch.allclose(run[0][step][name], run[rank][step][name], atol=ATOL, rtol=RTOL), (
-                    f"{what}: {name} differs between rank 0 and rank {rank} after step {step}")
+                    f"{what}: {name} differs between rank 0 and rank {rank} after step {step}"
+                )
 
 
 @pytest.mark.timeout(180)
@@ -219,6 +228,7 @@ def test_parity_with_torch_ddp(torch_runs, socket_runs, view, cap_mb):
 @pytest.mark.timeout(180)
 def test_small_cap_makes_several_buckets():
     """The small-cap cases really exercise several buckets (and the default one bucket) on simdist's side."""
+
     def rank_fn(rank):
         dist.init_process_group("gloo")
         try:

@@ -85,11 +85,15 @@ def outcomes(fn, n, **kw):
 
 
 def test_schedules_come_in_order_of_preemptions():
-    levels = [preemptions(run.choices) for run in Search(any_source, 3, (), preemption_bound=3, reduce=False,
-                                                         max_runs=10_000, options=dict(OPTS))]
+    levels = [
+        preemptions(run.choices)
+        for run in Search(any_source, 3, (), preemption_bound=3, reduce=False, max_runs=10_000, options=dict(OPTS))
+    ]
     assert levels == sorted(levels) and levels[0] == 0 and levels[-1] == 3
-    reduced = [preemptions(run.choices) for run in Search(mixed, 4, (), preemption_bound=2, reduce=True,
-                                                          max_runs=10_000, options=dict(OPTS))]
+    reduced = [
+        preemptions(run.choices)
+        for run in Search(mixed, 4, (), preemption_bound=2, reduce=True, max_runs=10_000, options=dict(OPTS))
+    ]
     assert reduced == sorted(reduced) and set(reduced) == {0, 1, 2}
 
 
@@ -143,10 +147,19 @@ def test_each_bug_kind_is_found_within_100_runs_with_one_preemption(name, reduce
         sdt.explore(BUGS[name], WORLD, strategy="exhaustive", preemption_bound=1, max_runs=100, reduction=reduce)
 
 
-@pytest.mark.parametrize("fn, n, bound", [(any_source, 3, None), (relay, 3, None), (independent, 2, None),
-                                          (any_source, 3, 1), (mixed, 4, 1), (mixed, 4, 2),
-                                          (BUGS["parameter server"], WORLD, None),
-                                          (BUGS["torch task server"], WORLD, 1)])
+@pytest.mark.parametrize(
+    "fn, n, bound",
+    [
+        (any_source, 3, None),
+        (relay, 3, None),
+        (independent, 2, None),
+        (any_source, 3, 1),
+        (mixed, 4, 1),
+        (mixed, 4, 2),
+        (BUGS["parameter server"], WORLD, None),
+        (BUGS["torch task server"], WORLD, 1),
+    ],
+)
 def test_reduction_finds_every_outcome_that_full_search_finds(fn, n, bound):
     args = (2,) if fn is independent else ()
     full, plain = outcomes(fn, n, args=args, preemption_bound=bound, reduce=False, max_runs=20_000)

@@ -77,8 +77,14 @@ def failure(fn, nprocs, check, **options):
 
 def described(err) -> tuple:
     cause = err.__cause__
-    return (type(err), str(err), err.schedule, list(err.choices), list(getattr(err, "__notes__", [])),
-            None if cause is None else (type(cause), str(cause)))
+    return (
+        type(err),
+        str(err),
+        err.schedule,
+        list(err.choices),
+        list(getattr(err, "__notes__", [])),
+        None if cause is None else (type(cause), str(cause)),
+    )
 
 
 @pytest.mark.parametrize("strategy", ["pct", "random", "exhaustive"])
@@ -105,8 +111,7 @@ def test_the_explained_decisions_are_those_of_the_token():
 
 def test_unrecorded_turns_off_snapshots_unless_the_options_say_otherwise():
     assert unrecorded({"detail": "messages"}) == {"detail": "messages", "record_steps": False}
-    for kept in ({"record_steps": True}, {"record_steps": False}, {"record_steps": None},
-                 {"trace_file": "run.json"}):
+    for kept in ({"record_steps": True}, {"record_steps": False}, {"record_steps": None}, {"trace_file": "run.json"}):
         assert unrecorded(kept) is kept
     options = {"eager_limit": 0}
     unrecorded(options)

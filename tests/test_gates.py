@@ -1,5 +1,5 @@
-"""The tree's gates: ruff's rules (``[tool.ruff.lint]`` in pyproject.toml) find nothing, and mypy's errors per
-file of the installed layout never exceed ``tests/typing_baseline.json`` (simdist's core and
+"""The tree's gates: ruff's rules (``[tool.ruff.lint]`` in pyproject.toml) find nothing, ``ruff format`` would
+change nothing, and mypy's errors per file of the installed layout never exceed ``tests/typing_baseline.json`` (simdist's core and
 ``simdist.algorithms``: none at all).
 
 To shrink the baseline after fixing type errors: ``python tests/test_gates.py --write``.
@@ -40,9 +40,24 @@ def type_errors(workdir: Path) -> Counter:
     """mypy's error count per file of the installed layout (paths like ``simdist/backends/sim/_engine.py``)."""
     root = installed_layout(workdir / "layout")
     proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "-p", "simdist", "--config-file", str(ROOT / "pyproject.toml"),
-         "--cache-dir", str(workdir / "cache"), "--no-error-summary", "--show-error-codes"],
-        cwd=root, capture_output=True, text=True, timeout=280, check=False,
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "-p",
+            "simdist",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--cache-dir",
+            str(workdir / "cache"),
+            "--no-error-summary",
+            "--show-error-codes",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
     )
     found = Counter(m["path"] for line in proc.stdout.splitlines() if (m := _ERROR.match(line)))
     if proc.returncode not in (0, 1) or (proc.returncode == 1) != bool(found):  # 1: errors found; 2: it failed
@@ -57,8 +72,26 @@ def must_be_clean(path: str) -> bool:
 
 
 def test_ruff_finds_nothing():
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-1000:]
+
+
+def test_ruff_format_changes_nothing():
+    proc = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-1000:]
 
 
@@ -75,8 +108,13 @@ def test_type_errors_only_go_down(tmp_path):
 def test_the_layout_is_what_pip_installs(tmp_path):
     """The copy checked has the modules of the wheel: the backends and the visualizer inside the package."""
     root = installed_layout(tmp_path)
-    for module in ("simdist/_api.py", "simdist/backends/sim/_engine.py", "simdist/visualize/__init__.py",
-                   "simdist/algorithms/_args.py", "simdist/py.typed"):
+    for module in (
+        "simdist/_api.py",
+        "simdist/backends/sim/_engine.py",
+        "simdist/visualize/__init__.py",
+        "simdist/algorithms/_args.py",
+        "simdist/py.typed",
+    ):
         assert (root / module).is_file(), module
 
 

@@ -60,12 +60,21 @@ def test_each_rank_sees_its_node_of_gpus():
         before = torch.cuda.current_device()
         torch.cuda.set_device(rank)
         acc = torch.accelerator.current_accelerator()
-        return (torch.cuda.is_available(), torch.cuda.device_count(), before, torch.cuda.current_device(),
-                torch.accelerator.is_available(), acc.type, torch.accelerator.device_count(),
-                torch.accelerator.current_device_index(), dist.get_default_backend_for_device(acc))
+        return (
+            torch.cuda.is_available(),
+            torch.cuda.device_count(),
+            before,
+            torch.cuda.current_device(),
+            torch.accelerator.is_available(),
+            acc.type,
+            torch.accelerator.device_count(),
+            torch.accelerator.current_device_index(),
+            dist.get_default_backend_for_device(acc),
+        )
 
     assert simdist.simulate(program, 3, **ON_CPU).values == [
-        (True, 3, 0, r, True, "cuda", 3, r, "nccl") for r in range(3)]
+        (True, 3, 0, r, True, "cuda", 3, r, "nccl") for r in range(3)
+    ]
 
     def two_per_node(rank):
         torch.accelerator.set_device_index(rank % 2)
@@ -74,7 +83,11 @@ def test_each_rank_sees_its_node_of_gpus():
         return torch.cuda.device_count(), inside, torch.cuda.current_device()
 
     assert simdist.simulate(two_per_node, 4, gpus_per_node=2, **ON_CPU).values == [
-        (2, 1, 0), (2, 0, 1), (2, 1, 0), (2, 0, 1)]
+        (2, 1, 0),
+        (2, 0, 1),
+        (2, 1, 0),
+        (2, 0, 1),
+    ]
 
 
 def test_gpu_devices_become_the_cpu():
@@ -82,10 +95,17 @@ def test_gpu_devices_become_the_cpu():
         torch.cuda.set_device(rank)
         model = TwoLayer().to(rank)
         also = nn.Linear(2, 2).cuda()
-        tensors = [torch.ones(2).to(rank), torch.ones(2).to(f"cuda:{rank}"), torch.ones(2).cuda(),
-                   torch.ones(2).to(torch.device("cuda", rank), torch.float64), torch.zeros(2, device="cuda"),
-                   torch.randn(2, device=rank), torch.ones(2).new_zeros(3, device="cuda:0"),
-                   torch.ones(2).pin_memory(), torch.ones(2).type("torch.cuda.DoubleTensor")]
+        tensors = [
+            torch.ones(2).to(rank),
+            torch.ones(2).to(f"cuda:{rank}"),
+            torch.ones(2).cuda(),
+            torch.ones(2).to(torch.device("cuda", rank), torch.float64),
+            torch.zeros(2, device="cuda"),
+            torch.randn(2, device=rank),
+            torch.ones(2).new_zeros(3, device="cuda:0"),
+            torch.ones(2).pin_memory(),
+            torch.ones(2).type("torch.cuda.DoubleTensor"),
+        ]
         with torch.device("cuda"):
             tensors.append(torch.empty(1))
         torch.set_default_device(f"cuda:{rank}")
@@ -108,8 +128,12 @@ def test_a_gpu_the_node_lacks_is_a_clear_error():
         elif what == "device_ids":
             DDP(TwoLayer().to(0), device_ids=[3])
 
-    for what, call, value in [("set_device", "torch.cuda.set_device", "2"), ("to", "Tensor.to", "5"),
-                              ("device=", "zeros", "'cuda:7'"), ("device_ids", "device_ids", "3")]:
+    for what, call, value in [
+        ("set_device", "torch.cuda.set_device", "2"),
+        ("to", "Tensor.to", "5"),
+        ("device=", "zeros", "'cuda:7'"),
+        ("device_ids", "device_ids", "3"),
+    ]:
         with pytest.raises(simdist.RankError) as info:
             simdist.simulate(program, 1, args=(what,), gpus_per_node=2, **ON_CPU)
         message = str(info.value.__cause__)
@@ -125,10 +149,12 @@ def test_unmapped_calls_name_simdist_and_the_call():
     def program(rank, call):
         call()
 
-    calls = {"torch.cuda.memory_allocated": lambda: torch.cuda.memory_allocated(),
-             "torch.cuda.get_device_properties": lambda: torch.cuda.get_device_properties(0),
-             "torch.cuda.FloatTensor": lambda: torch.cuda.FloatTensor(2),
-             "torch.accelerator.memory_allocated": lambda: torch.accelerator.memory_allocated()}
+    calls = {
+        "torch.cuda.memory_allocated": lambda: torch.cuda.memory_allocated(),
+        "torch.cuda.get_device_properties": lambda: torch.cuda.get_device_properties(0),
+        "torch.cuda.FloatTensor": lambda: torch.cuda.FloatTensor(2),
+        "torch.accelerator.memory_allocated": lambda: torch.accelerator.memory_allocated(),
+    }
     for name, call in calls.items():
         with pytest.raises(simdist.RankError) as info:
             simdist.simulate(program, 1, args=(call,), **ON_CPU)
@@ -201,8 +227,14 @@ def test_torch_load_maps_gpu_checkpoints_onto_the_cpu(tmp_path):
         if rank == 0:
             torch.save({"w": torch.arange(4.0).cuda()}, path)
         dist.barrier()
-        forms = [f"cuda:{rank}", torch.device("cuda", rank), {"cuda:0": f"cuda:{rank}"}, None,
-                 lambda storage, location: storage.cuda(rank), lambda storage, location: storage]
+        forms = [
+            f"cuda:{rank}",
+            torch.device("cuda", rank),
+            {"cuda:0": f"cuda:{rank}"},
+            None,
+            lambda storage, location: storage.cuda(rank),
+            lambda storage, location: storage,
+        ]
         loaded = [torch.load(path, map_location=form)["w"] for form in forms]
         try:
             torch.load(path, map_location="cuda:7")
@@ -226,8 +258,9 @@ def test_torch_ddp_takes_simulated_device_ids():
         return model.device_ids, model.module.fc1.weight.grad.device.type
 
     same = simdist.simulate(program, 2, args=(lambda r: [r], lambda r: r), **ON_CPU).values
-    as_devices = simdist.simulate(program, 2, args=(lambda r: [torch.device("cuda", r)], lambda r: f"cuda:{r}"),
-                                  **ON_CPU).values
+    as_devices = simdist.simulate(
+        program, 2, args=(lambda r: [torch.device("cuda", r)], lambda r: f"cuda:{r}"), **ON_CPU
+    ).values
     assert same == as_devices == [(None, "cpu")] * 2
     with pytest.raises(simdist.RankError, match="device_ids can only be None or contain a single element"):
         simdist.simulate(program, 2, args=(lambda r: [0, 1], lambda r: None), **ON_CPU)
@@ -247,8 +280,10 @@ def test_object_collectives_after_init_nccl():
         dist.destroy_process_group()
         return gathered, objects, on_gpu
 
-    assert simdist.simulate(program, 3, **ON_CPU).values == [
-        ([{"rank": 0}, {"rank": 1}, {"rank": 2}], ["from 2"], [1])] * 3
+    assert (
+        simdist.simulate(program, 3, **ON_CPU).values
+        == [([{"rank": 0}, {"rank": 1}, {"rank": 2}], ["from 2"], [1])] * 3
+    )
 
 
 @pytest.mark.timeout(180)
@@ -259,8 +294,10 @@ def test_dataloader_pins_memory_on_simulated_gpus():
         return [b.to(rank, non_blocking=True).tolist() for (b,) in loader]
 
     for workers in (0, 1):
-        assert simdist.simulate(program, 2, args=(workers,), **ON_CPU).values == [
-            [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]] * 2
+        assert (
+            simdist.simulate(program, 2, args=(workers,), **ON_CPU).values
+            == [[[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]] * 2
+        )
 
 
 # -- the numbers: a GPU-style script against an independent truth ---------------------------------------------
@@ -342,15 +379,25 @@ def test_simulated_gpus_belong_to_rank_threads_and_are_gone_after_the_run():
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data._utils import pin_memory
 
-    real = (torch.cuda, torch.accelerator, DistributedDataParallel.__init__, torch.UntypedStorage.cuda,
-            pin_memory._pin_memory_loop, torch.multiprocessing.spawn)
+    real = (
+        torch.cuda,
+        torch.accelerator,
+        DistributedDataParallel.__init__,
+        torch.UntypedStorage.cuda,
+        pin_memory._pin_memory_loop,
+        torch.multiprocessing.spawn,
+    )
     real_count = torch.cuda.device_count()
     seen = {}
 
     def program(rank):
         def other_thread():
-            seen["thread"] = (torch.cuda.device_count(), torch.cuda.is_available(),
-                              torch.accelerator.current_accelerator())
+            seen["thread"] = (
+                torch.cuda.device_count(),
+                torch.cuda.is_available(),
+                torch.accelerator.current_accelerator(),
+            )
+
         t = threading.Thread(target=other_thread)
         t.start()
         t.join()
@@ -358,10 +405,19 @@ def test_simulated_gpus_belong_to_rank_threads_and_are_gone_after_the_run():
         return torch.cuda.device_count  # a reference taken on a rank
 
     taken = simdist.simulate(program, 2, **ON_CPU).values[0]
-    assert seen == {0: 2, 1: 2, "thread": (real_count, torch.cuda.is_available(),
-                                            torch.accelerator.current_accelerator())}
-    assert (torch.cuda, torch.accelerator, DistributedDataParallel.__init__, torch.UntypedStorage.cuda,
-            pin_memory._pin_memory_loop, torch.multiprocessing.spawn) == real
+    assert seen == {
+        0: 2,
+        1: 2,
+        "thread": (real_count, torch.cuda.is_available(), torch.accelerator.current_accelerator()),
+    }
+    assert (
+        torch.cuda,
+        torch.accelerator,
+        DistributedDataParallel.__init__,
+        torch.UntypedStorage.cuda,
+        pin_memory._pin_memory_loop,
+        torch.multiprocessing.spawn,
+    ) == real
     assert sys.modules["torch.cuda"] is torch.cuda and type(torch.cuda).__name__ == "module"
     assert taken() == real_count  # the rank's reference is torch's own function here
     assert torch.ones(1).to("cpu").device.type == "cpu" and not torch.overrides._get_current_function_mode()

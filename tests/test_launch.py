@@ -81,8 +81,11 @@ def test_spawn_refuses_backends_that_cannot_launch(registered):
     registered("not-a-world", "os:getcwd")
     with pytest.raises(ValueError, match=r"^backend='no-launcher' cannot launch ranks; use backend='sim'$"):
         simdist.spawn(summed, args=(2,), nprocs=2, backend="no-launcher")
-    with pytest.raises(ValueError, match=r"backend 'not-a-world' is registered as 'os:getcwd', which is "
-                                         r"<built-in function getcwd>, not a simdist World subclass"):
+    with pytest.raises(
+        ValueError,
+        match=r"backend 'not-a-world' is registered as 'os:getcwd', which is "
+        r"<built-in function getcwd>, not a simdist World subclass",
+    ):
         simdist.spawn(summed, args=(2,), nprocs=2, backend="not-a-world")
 
 
@@ -98,8 +101,13 @@ def test_each_backend_declares_spawn_on_its_world_class():
         assert isinstance(vars(owner)["spawn"], classmethod), (name, owner)
         declared[name] = world_type.spawn.__qualname__
     # the process backends share the process-world base's launcher (processes with torchrun's environment)
-    assert declared == {"sim": "SimWorld.spawn", "socket": "ProcessWorld.spawn", "gloo": "ProcessWorld.spawn",
-                        "torch-nccl": "ProcessWorld.spawn", "mpi": "ProcessWorld.spawn"}
+    assert declared == {
+        "sim": "SimWorld.spawn",
+        "socket": "ProcessWorld.spawn",
+        "gloo": "ProcessWorld.spawn",
+        "torch-nccl": "ProcessWorld.spawn",
+        "mpi": "ProcessWorld.spawn",
+    }
 
 
 def test_process_backends_share_the_process_world_base_and_declare_their_capabilities():
@@ -111,6 +119,11 @@ def test_process_backends_share_the_process_world_base_and_declare_their_capabil
     for name in ("sim", "socket", "gloo", "torch-nccl", "mpi"):
         world_type = _registry.backend_spec(name).load()
         kinds[name] = (issubclass(world_type, ProcessWorld), world_type.process_world, world_type.needs_rendezvous)
-    assert kinds == {"sim": (False, False, True), "socket": (True, True, True), "gloo": (True, True, True),
-                     "torch-nccl": (True, True, True), "mpi": (True, True, False)}
+    assert kinds == {
+        "sim": (False, False, True),
+        "socket": (True, True, True),
+        "gloo": (True, True, True),
+        "torch-nccl": (True, True, True),
+        "mpi": (True, True, False),
+    }
     assert "compute" in vars(World)  # a real world computes in real time: the base does nothing

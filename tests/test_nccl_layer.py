@@ -21,8 +21,9 @@ SCRIPT = Path(__file__).resolve().parent / "nccl_emulation.py"
 
 @pytest.mark.timeout(300)
 def test_every_op_dtype_and_reduce_op_on_the_nccl_layer() -> None:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "1", "2", "3", "4"], capture_output=True, text=True,
-                          timeout=280)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "1", "2", "3", "4"], capture_output=True, text=True, timeout=280
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for world in (1, 2, 3, 4):
         assert re.search(rf"^world {world}: \d+ cases: ok$", proc.stdout, re.MULTILINE), proc.stdout

@@ -22,8 +22,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SKIP = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", ".venv", "__pycache__", ".hypothesis",
-                              ".pytest_cache", ".benchmarks", "*.whl")
+SKIP = shutil.ignore_patterns(
+    ".git",
+    "build",
+    "dist",
+    "*.egg-info",
+    ".venv",
+    "__pycache__",
+    ".hypothesis",
+    ".pytest_cache",
+    ".benchmarks",
+    "*.whl",
+)
 
 CHECK = r"""
 import importlib.util, json, sys
@@ -75,8 +85,13 @@ def _see_our_dependencies(py: Path) -> None:
     to ``sys.path`` without running their own ``.pth`` files, so an editable install of
     simdist here does not reach the new environment.
     """
-    theirs = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                            capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    theirs = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
     ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
     Path(theirs, "simdist-test-dependencies.pth").write_text("".join(f"{d}\n" for d in ours))
 
@@ -93,9 +108,14 @@ def test_wheel_installs_the_package_layout(tmp_path: Path):
     tops = sorted({n.split("/", 1)[0] for n in names})
     assert len(tops) == 2 and tops[0] == "simdist" and tops[1].startswith("simdist-"), tops
     assert tops[1].endswith(".dist-info"), tops
-    for required in ("simdist/__init__.py", "simdist/py.typed", "simdist/backends/__init__.py",
-                     "simdist/backends/sim/__init__.py", "simdist/visualize/__init__.py",
-                     "simdist/algorithms/__init__.py"):
+    for required in (
+        "simdist/__init__.py",
+        "simdist/py.typed",
+        "simdist/backends/__init__.py",
+        "simdist/backends/sim/__init__.py",
+        "simdist/visualize/__init__.py",
+        "simdist/algorithms/__init__.py",
+    ):
         assert required in names, f"{required} missing from {wheel.name}"
 
     venv = tmp_path / "venv"

@@ -63,8 +63,9 @@ def uses_of_sim(source: str, package: str | None) -> list[tuple[int, str, str | 
         elif isinstance(node, ast.ImportFrom):
             module = absolute(node, package)
             if module == SIM:
-                found += [(node.lineno, f"{SIM}.{a.name}" if a.name.startswith("_") else SIM, a.name)
-                          for a in node.names]
+                found += [
+                    (node.lineno, f"{SIM}.{a.name}" if a.name.startswith("_") else SIM, a.name) for a in node.names
+                ]
             elif module == "simdist.backends":
                 found += [(node.lineno, SIM, None) for a in node.names if a.name == "sim"]
             elif module.startswith(SIM + "."):
@@ -78,8 +79,11 @@ def uses_of_sim(source: str, package: str | None) -> list[tuple[int, str, str | 
 
 def all_uses() -> list[tuple[str, int, str, str | None]]:
     """``(file, line, module, name)`` of every use of the simulator in the scanned sources."""
-    return [(p.relative_to(ROOT).as_posix(), *use)
-            for p in sources() for use in uses_of_sim(p.read_text(encoding="utf-8"), package_of(p))]
+    return [
+        (p.relative_to(ROOT).as_posix(), *use)
+        for p in sources()
+        for use in uses_of_sim(p.read_text(encoding="utf-8"), package_of(p))
+    ]
 
 
 def test_the_scan_sees_the_known_users():
@@ -92,17 +96,25 @@ def test_the_scan_sees_the_known_users():
 
 def test_the_scan_flags_private_imports():
     """Each way of reaching a private module is reported; a mention in prose is not."""
-    text = ("import simdist.backends.sim._engine\n"
-            "from simdist.backends.sim._strategies import decode_choices\n"
-            "from simdist.backends.sim import _isolation, simulate\n"
-            "TARGET = 'simdist.backends.sim._group:SimWorld'\n"
-            "DOC = 'see simdist.backends.sim._strategies for the format'\n"
-            "from .sim import _runner\n"
-            "from . import sim\n")
+    text = (
+        "import simdist.backends.sim._engine\n"
+        "from simdist.backends.sim._strategies import decode_choices\n"
+        "from simdist.backends.sim import _isolation, simulate\n"
+        "TARGET = 'simdist.backends.sim._group:SimWorld'\n"
+        "DOC = 'see simdist.backends.sim._strategies for the format'\n"
+        "from .sim import _runner\n"
+        "from . import sim\n"
+    )
     found = uses_of_sim(text, "simdist.backends")
-    assert sorted(found) == [(1, f"{SIM}._engine", None), (2, f"{SIM}._strategies", None),
-                             (3, SIM, "simulate"), (3, f"{SIM}._isolation", "_isolation"),
-                             (4, f"{SIM}._group", None), (6, f"{SIM}._runner", "_runner"), (7, SIM, None)]
+    assert sorted(found) == [
+        (1, f"{SIM}._engine", None),
+        (2, f"{SIM}._strategies", None),
+        (3, SIM, "simulate"),
+        (3, f"{SIM}._isolation", "_isolation"),
+        (4, f"{SIM}._group", None),
+        (6, f"{SIM}._runner", "_runner"),
+        (7, SIM, None),
+    ]
 
 
 @pytest.mark.timeout(60)
@@ -114,8 +126,11 @@ def test_nothing_outside_the_simulator_imports_its_private_modules():
 @pytest.mark.timeout(60)
 def test_names_taken_from_the_simulator_are_public():
     public = set(SIM_PACKAGE.__all__)
-    bad = [f"{file}:{line}: {name}" for file, line, module, name in all_uses()
-           if module == SIM and name is not None and name not in public]
+    bad = [
+        f"{file}:{line}: {name}"
+        for file, line, module, name in all_uses()
+        if module == SIM and name is not None and name not in public
+    ]
     assert not bad, "names imported from simdist.backends.sim but not in its __all__:\n" + "\n".join(bad)
 
 

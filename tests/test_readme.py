@@ -19,7 +19,7 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 def _section_code(text: str, heading: str) -> str:
     """The first fenced python block after ``heading``."""
-    after = text[text.index(heading):]
+    after = text[text.index(heading) :]
     match = re.search(r"```python\n(.*?)```", after, re.DOTALL)
     assert match, f"no python block after {heading!r}"
     return match.group(1)
@@ -42,8 +42,9 @@ def test_the_quick_start_prints_what_its_comments_say(tmp_path):
     assert len(expected) == 4, expected
     script = tmp_path / "quick_start.py"
     script.write_text(code)
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=110,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=110, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == expected, proc.stdout
     assert (tmp_path / "all_reduce.json").stat().st_size > 1000

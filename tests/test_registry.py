@@ -60,5 +60,6 @@ def test_inside_a_simulation_names_are_checked_by_the_registry():
         assert simdist.simulate(_init_and_name, 2, (name,)).values == [name, name]
     with pytest.raises(simdist.RankError) as caught:
         simdist.simulate(_init_and_name, 2, ("torch-gloo",))  # not registered: torch's gloo is "gloo"
-    assert str(caught.value.__cause__) == (f"backend='torch-gloo' is not a known backend; expected one of "
-                                           f"{_registry.backend_names()}")
+    assert str(caught.value.__cause__) == (
+        f"backend='torch-gloo' is not a known backend; expected one of {_registry.backend_names()}"
+    )

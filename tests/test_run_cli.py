@@ -108,7 +108,11 @@ def test_python_m_runs_three_processes(tmp_path: Path) -> None:
     script = _script(tmp_path, ALL_REDUCE)
     proc = subprocess.run(
         [sys.executable, "-m", "simdist.run", "--nproc-per-node", "3", script, "--flag", "x"],
-        capture_output=True, text=True, timeout=35, cwd=tmp_path, check=False,
+        capture_output=True,
+        text=True,
+        timeout=35,
+        cwd=tmp_path,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     _check_all_reduce(proc.stdout, 3)
@@ -118,8 +122,13 @@ def test_python_m_runs_three_processes(tmp_path: Path) -> None:
 def test_console_script(tmp_path: Path) -> None:
     exe = _console_script()
     script = _script(tmp_path, ALL_REDUCE)
-    proc = subprocess.run([exe, "run", "--nproc_per_node", "2", script, "--flag", "x"],
-                          capture_output=True, text=True, timeout=35, check=False)
+    proc = subprocess.run(
+        [exe, "run", "--nproc_per_node", "2", script, "--flag", "x"],
+        capture_output=True,
+        text=True,
+        timeout=35,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     _check_all_reduce(proc.stdout, 2)
     bad = subprocess.run([exe, "walk"], capture_output=True, text=True, timeout=35, check=False)
@@ -152,11 +161,13 @@ def test_version_and_help_list_the_commands() -> None:
 
 @pytest.mark.timeout(60)
 def test_run_without_a_script_says_only_the_script_is_required() -> None:
-    proc = subprocess.run([_console_script(), "run", "--nproc-per-node", "2"], capture_output=True, text=True,
-                          timeout=50, check=False)
+    proc = subprocess.run(
+        [_console_script(), "run", "--nproc-per-node", "2"], capture_output=True, text=True, timeout=50, check=False
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
-        "simdist run: error: the following argument is required: script (the Python script to run)")
+        "simdist run: error: the following argument is required: script (the Python script to run)"
+    )
     assert "script_args" not in proc.stderr
 
 
@@ -187,13 +198,16 @@ def test_sim_backend_runs_the_same_script(tmp_path: Path, capfd: pytest.CaptureF
 
 @pytest.mark.timeout(20)
 def test_sim_ranks_see_their_own_environment(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
-    script = _script(tmp_path, "import os\nos.environ['MINE'] = os.environ['RANK']\n" + ENV.replace(
-        '"SIMDIST_BACKEND")', '"MINE")'))
+    script = _script(
+        tmp_path, "import os\nos.environ['MINE'] = os.environ['RANK']\n" + ENV.replace('"SIMDIST_BACKEND")', '"MINE")')
+    )
     assert run.main(["--backend", "sim", "--nproc-per-node", "2", "--nnodes", "2", script, "a"]) == 0
     out = capfd.readouterr().out
     for r in range(4):
-        assert f"[rank {r}] RANK={r} LOCAL_RANK={r % 2} WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 " \
-               f"MASTER_ADDR=127.0.0.1 MINE={r} argv=a" in out, out
+        assert (
+            f"[rank {r}] RANK={r} LOCAL_RANK={r % 2} WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 "
+            f"MASTER_ADDR=127.0.0.1 MINE={r} argv=a" in out
+        ), out
     assert "MINE" not in os.environ
 
 
@@ -222,8 +236,10 @@ def test_environment_args_and_prefixes(tmp_path: Path, capfd: pytest.CaptureFixt
     assert run.main(["--nproc-per-node", "2", script, "--nproc-per-node", "7", "b"]) == 0
     out, err = capfd.readouterr()
     for r in range(2):
-        assert f"[rank {r}] RANK={r} LOCAL_RANK={r} WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 " \
-               f"SIMDIST_BACKEND=socket argv=--nproc-per-node,7,b" in out, out
+        assert (
+            f"[rank {r}] RANK={r} LOCAL_RANK={r} WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "
+            f"SIMDIST_BACKEND=socket argv=--nproc-per-node,7,b" in out
+        ), out
         assert f"[rank {r}] to stderr" in err
     assert run.main(["--nproc-per-node", "2", "--no-prefix", script]) == 0
     out = capfd.readouterr().out
@@ -264,8 +280,7 @@ def test_failing_rank_stops_the_others(tmp_path: Path, capfd: pytest.CaptureFixt
 
 
 @pytest.mark.timeout(45)
-def test_two_nodes_form_one_job(tmp_path: Path, capfd: pytest.CaptureFixture,
-                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_nodes_form_one_job(tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two launchers (run in threads of this process) with the same secret make one world of 4."""
     script = _script(tmp_path, ALL_REDUCE)
     monkeypatch.setenv("SIMDIST_SECRET", new_secret())
@@ -273,8 +288,23 @@ def test_two_nodes_form_one_job(tmp_path: Path, capfd: pytest.CaptureFixture,
     statuses: dict[int, int] = {}
 
     def node(k: int) -> None:
-        statuses[k] = run.main(["--nnodes", "2", "--node-rank", str(k), "--master-port", str(port),
-                                "--nproc-per-node", "2", "--timeout", "30", script, "--flag", "x"])
+        statuses[k] = run.main(
+            [
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(k),
+                "--master-port",
+                str(port),
+                "--nproc-per-node",
+                "2",
+                "--timeout",
+                "30",
+                script,
+                "--flag",
+                "x",
+            ]
+        )
 
     threads = [threading.Thread(target=node, args=(k,)) for k in (0, 1)]
     for t in threads:
@@ -299,12 +329,25 @@ def test_help_and_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture) -
         run.main(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--backend",
-                 "--log-dir", "--no-prefix", "--timeout"):
+    for flag in (
+        "--nproc-per-node",
+        "--nnodes",
+        "--node-rank",
+        "--master-addr",
+        "--master-port",
+        "--backend",
+        "--log-dir",
+        "--no-prefix",
+        "--timeout",
+    ):
         assert flag in text
     script = _script(tmp_path, ENV)
-    for bad in (["--nproc-per-node", "0", script], ["--nnodes", "2", "--node-rank", "2", script],
-                ["missing.py"], ["--backend", "sim", "--log-dir", "x", script]):
+    for bad in (
+        ["--nproc-per-node", "0", script],
+        ["--nnodes", "2", "--node-rank", "2", script],
+        ["missing.py"],
+        ["--backend", "sim", "--log-dir", "x", script],
+    ):
         with pytest.raises(SystemExit) as exit_info:
             run.main(bad)
         assert exit_info.value.code == 2
@@ -312,16 +355,23 @@ def test_help_and_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture) -
 
 @pytest.mark.timeout(40)
 def test_sigterm_to_the_launcher_stops_every_rank(tmp_path: Path) -> None:
-    script = _script(tmp_path, """\
+    script = _script(
+        tmp_path,
+        """\
         import os, sys, time
         path = os.path.join(sys.argv[1], f"pid{os.environ['RANK']}")
         with open(path + ".tmp", "w") as f:
             f.write(str(os.getpid()))
         os.rename(path + ".tmp", path)
         time.sleep(60)
-        """)
-    launcher = subprocess.Popen([sys.executable, "-m", "simdist.run", "--nproc-per-node", "2", script, str(tmp_path)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        """,
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "simdist.run", "--nproc-per-node", "2", script, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not all((tmp_path / f"pid{r}").exists() for r in range(2)):

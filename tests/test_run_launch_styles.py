@@ -91,8 +91,14 @@ def _script(tmp_path: Path, text: str, name: str = "script.py") -> str:
 def _simdist_run(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT")}
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "simdist.run", "--backend", "sim", "--cuda-as-cpu", *args],
-                          capture_output=True, text=True, timeout=110, env=full, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "simdist.run", "--backend", "sim", "--cuda-as-cpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env=full,
+        cwd=cwd,
+    )
 
 
 def test_a_spawn_script_runs_once_as_the_parent_and_its_spawns_become_ranks(tmp_path: Path) -> None:
@@ -102,16 +108,18 @@ def test_a_spawn_script_runs_once_as_the_parent_and_its_spawns_become_ranks(tmp_
     assert out[0] == "parent: 4 GPUs available=True omp=1 argv=['--flag']"
     assert out[-1] == "parent: done, MASTER_PORT=None"  # the ranks' environments are their own
     for rank in range(4):
-        assert (f"[rank {rank}] all rank={rank} gpu={rank}/4 sum=10 seen=[{rank}] omp=1 inherited=yes RANK=None"
-                in out), out
+        assert (
+            f"[rank {rank}] all rank={rank} gpu={rank}/4 sum=10 seen=[{rank}] omp=1 inherited=yes RANK=None" in out
+        ), out
     for rank in range(2):  # the node keeps its 4 GPUs when a spawn starts 2 ranks
         assert f"[rank {rank}] half rank={rank} gpu={rank}/4 sum=3 seen=[{rank}] omp=1 inherited=yes RANK=None" in out
     assert len(out) == 2 + 4 + 2
 
 
 def test_a_torchrun_script_runs_on_every_rank_of_every_node(tmp_path: Path) -> None:
-    proc = _simdist_run("--nnodes", "2", "--nproc-per-node", "2", _script(tmp_path, TORCHRUN_STYLE),
-                        env={"CKPT_DIR": str(tmp_path)})
+    proc = _simdist_run(
+        "--nnodes", "2", "--nproc-per-node", "2", _script(tmp_path, TORCHRUN_STYLE), env={"CKPT_DIR": str(tmp_path)}
+    )
     assert proc.returncode == 0, proc.stderr
     for rank in range(4):
         local = rank % 2
@@ -124,29 +132,39 @@ def test_a_spawn_reached_on_a_rank_says_what_to_do(tmp_path: Path) -> None:
     assert "simdist: torch.multiprocessing.spawn was called on simulated rank" in proc.stderr, proc.stderr
     assert "--launch spawn" in proc.stderr
 
-    lambdas = _script(tmp_path, """\
+    lambdas = _script(
+        tmp_path,
+        """\
         import torch.multiprocessing as mp
         if __name__ == "__main__":
             mp.spawn(lambda rank: None, nprocs=2)
-        """, "lambdas.py")
+        """,
+        "lambdas.py",
+    )
     proc = _simdist_run(lambdas)
     assert proc.returncode == 1 and "simdist: torch.multiprocessing.spawn got <function <lambda>" in proc.stderr
     assert "define it at module level" in proc.stderr, proc.stderr
 
-    unjoined = _script(tmp_path, """\
+    unjoined = _script(
+        tmp_path,
+        """\
         from torch.multiprocessing import start_processes
         def work(rank):
             pass
         if __name__ == "__main__":
             start_processes(work, nprocs=2, join=False)
-        """, "unjoined.py")
+        """,
+        "unjoined.py",
+    )
     proc = _simdist_run(unjoined)
     assert proc.returncode == 1
     assert "simdist: torch.multiprocessing.start_processes(join=False) cannot be simulated" in proc.stderr
 
 
 def test_a_failing_spawned_rank_fails_the_run(tmp_path: Path) -> None:
-    script = _script(tmp_path, """\
+    script = _script(
+        tmp_path,
+        """\
         import sys
         import torch.multiprocessing as mp
         def work(rank):
@@ -156,14 +174,17 @@ def test_a_failing_spawned_rank_fails_the_run(tmp_path: Path) -> None:
         if __name__ == "__main__":
             mp.spawn(work, nprocs=2)
             print("not reached")
-        """)
+        """,
+    )
     proc = _simdist_run(script)
     assert proc.returncode == 1 and "not reached" not in proc.stdout
     assert "KeyError: 'lost'" in proc.stderr and "rank 1" in proc.stderr, proc.stderr
 
 
 def test_the_fork_start_method_calls_the_parents_function(tmp_path: Path) -> None:
-    script = _script(tmp_path, """\
+    script = _script(
+        tmp_path,
+        """\
         import torch
         from torch.multiprocessing import start_processes
         def work(rank, word):
@@ -171,7 +192,8 @@ def test_the_fork_start_method_calls_the_parents_function(tmp_path: Path) -> Non
         if __name__ == "__main__":
             SET_BY_THE_PARENT = "parent's"
             start_processes(work, args=("forked",), nprocs=3, start_method="fork")
-        """)
+        """,
+    )
     proc = _simdist_run("--nproc-per-node", "3", "--no-prefix", script)
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == [f"forked {r} parent's 3" for r in range(3)]
@@ -182,13 +204,19 @@ def test_launch_arguments_are_checked(tmp_path: Path, capsys: pytest.CaptureFixt
         run.main(["--help"])
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    for words in ("--launch {auto,torchrun,spawn}", "--cuda-as-cpu", "runs once, as 'python script.py' would",
-                  "torch.multiprocessing.spawn"):
+    for words in (
+        "--launch {auto,torchrun,spawn}",
+        "--cuda-as-cpu",
+        "runs once, as 'python script.py' would",
+        "torch.multiprocessing.spawn",
+    ):
         assert words in text, words
     spawner = _script(tmp_path, SPAWN_STYLE)
-    for bad, words in ((["--launch", "spawn", spawner], "--launch spawn is supported with --backend sim only"),
-                       (["--cuda-as-cpu", spawner], "--cuda-as-cpu is supported with --backend sim only"),
-                       (["--launch", "elsewhere", spawner], "invalid choice: 'elsewhere'")):
+    for bad, words in (
+        (["--launch", "spawn", spawner], "--launch spawn is supported with --backend sim only"),
+        (["--cuda-as-cpu", spawner], "--cuda-as-cpu is supported with --backend sim only"),
+        (["--launch", "elsewhere", spawner], "invalid choice: 'elsewhere'"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             run.main(bad)
         assert exit_info.value.code == 2 and words in capsys.readouterr().err
@@ -197,9 +225,14 @@ def test_launch_arguments_are_checked(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 @pytest.mark.parametrize(("n", "preset", "expected"), [(2, None, "1"), (2, "3", "3"), (1, None, "None")])
-def test_omp_num_threads_as_torchrun_sets_it(tmp_path: Path, capfd: pytest.CaptureFixture,
-                                             monkeypatch: pytest.MonkeyPatch, n: int, preset: str | None,
-                                             expected: str) -> None:
+def test_omp_num_threads_as_torchrun_sets_it(
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    n: int,
+    preset: str | None,
+    expected: str,
+) -> None:
     script = _script(tmp_path, "import os\nprint('omp', os.environ.get('OMP_NUM_THREADS'))\n")
     if preset is None:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -93,8 +93,9 @@ def test_a_token_records_the_world_size_and_replays_only_there():
     with pytest.raises(simdist.RankError) as info:
         sdt.run(first_message_race, 4, schedule=[0, 2])
     token = info.value.schedule
-    assert token.endswith("@world=4@test=tests/test_schedule_tokens.py::"
-                          "test_a_token_records_the_world_size_and_replays_only_there"), token
+    assert token.endswith(
+        "@world=4@test=tests/test_schedule_tokens.py::test_a_token_records_the_world_size_and_replays_only_there"
+    ), token
     with pytest.raises(ValueError, match=r"was made for world size 4, not nprocs=3"):
         simdist.simulate(first_message_race, 3, schedule=token)
     with pytest.raises(ValueError, match=r"was made for world size 4, not nprocs=5"):
@@ -103,23 +104,29 @@ def test_a_token_records_the_world_size_and_replays_only_there():
     assert res.schedule.startswith("choices:0@world=4")
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (([0, -1],), r"choices=\[0, -1\] has -1; a schedule's choices are non-negative ints"),
-    (([True],), r"choices=\[True\] has True"),
-    (([0], 0), r"world=0 must be a positive int"),
-    (([0], None, ""), r"test='' must be a pytest node id"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (([0, -1],), r"choices=\[0, -1\] has -1; a schedule's choices are non-negative ints"),
+        (([True],), r"choices=\[True\] has True"),
+        (([0], 0), r"world=0 must be a positive int"),
+        (([0], None, ""), r"test='' must be a pytest node id"),
+    ],
+)
 def test_bad_schedules_are_refused(args, message):
     with pytest.raises(ValueError, match=message):
         Schedule(*args)
 
 
-@pytest.mark.parametrize(("token", "message"), [
-    ("random:3@world=2", r"token='random:3@world=2' is a seeded strategy's token"),
-    ("choices:0,1@world=x", r"schedule='choices:0,1@world=x' is not a valid replay token; expected SCHEDULE"),
-    ("choices:0,1@world=0", r"with N a positive int"),
-    ("choices:!!", r"schedule='choices:!!' is not a valid replay token"),
-])
+@pytest.mark.parametrize(
+    ("token", "message"),
+    [
+        ("random:3@world=2", r"token='random:3@world=2' is a seeded strategy's token"),
+        ("choices:0,1@world=x", r"schedule='choices:0,1@world=x' is not a valid replay token; expected SCHEDULE"),
+        ("choices:0,1@world=0", r"with N a positive int"),
+        ("choices:!!", r"schedule='choices:!!' is not a valid replay token"),
+    ],
+)
 def test_bad_tokens_are_refused(token, message):
     with pytest.raises(ValueError, match=message):
         Schedule.from_token(token)
@@ -127,7 +134,7 @@ def test_bad_tokens_are_refused(token, message):
 
 # --- the pytest plugin -------------------------------------------------------------------------------------------
 
-RACY_TESTS = '''
+RACY_TESTS = """
 import torch
 import simdist as dist
 import simdist.testing as sdt
@@ -157,7 +164,7 @@ def test_other():
 @sdt.spmd(nprocs=[2, 3, 4])
 def test_worlds(rank):
     race(rank)
-'''
+"""
 
 
 @pytest.fixture
@@ -184,8 +191,10 @@ def test_replay_refuses_another_tests_token_and_replays_its_own(inner_pytest):
     out = result.stdout.str()
     assert _outcome(result, "test_three") == "FAILED" and "rank 2 was first" in out  # its own: replayed, it fails
     assert _outcome(result, "test_other") == "FAILED"
-    assert ("--simdist-replay choices:0,1@world=3@test=test_racy.py::test_three was made for the test "
-            "test_racy.py::test_three, not this one (test_racy.py::test_other)") in out, out
+    assert (
+        "--simdist-replay choices:0,1@world=3@test=test_racy.py::test_three was made for the test "
+        "test_racy.py::test_three, not this one (test_racy.py::test_other)"
+    ) in out, out
     # the same choices without a test or world size (made by hand) apply anywhere
     result = inner_pytest("-v", "-k", "test_three or test_other", "--simdist-replay", "choices:0,1")
     assert _outcome(result, "test_three") == _outcome(result, "test_other") == "FAILED"
@@ -230,7 +239,7 @@ def test_a_failing_tests_traceback_shows_no_simdist_frame(inner_pytest):
     assert "_engine.py" not in out and "_runner.py" not in out
 
 
-HYPOTHESIS_TEST = '''
+HYPOTHESIS_TEST = """
 import torch
 from hypothesis import given, settings
 import simdist as dist
@@ -254,7 +263,7 @@ def race(rank):
 @given(schedule=sdt.schedules())
 def test_drawn(schedule):
     sdt.run(race, 3, schedule=schedule)
-'''
+"""
 
 
 @pytest.mark.timeout(300)

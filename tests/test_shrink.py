@@ -86,10 +86,18 @@ def position(rank):
     dist.destroy_process_group()
 
 
-ONE_PREEMPTION = [(first_message, 4, simdist.RankError), (lost_update, 4, simdist.RankError),
-                  (racing_receives, 3, simdist.DeadlockError), (position, 4, simdist.RankError)]
-LARGER = [(first_message, 8, simdist.RankError), (lost_update, 6, simdist.RankError),
-          (racing_receives, 3, simdist.DeadlockError), (position, 6, simdist.RankError)]
+ONE_PREEMPTION = [
+    (first_message, 4, simdist.RankError),
+    (lost_update, 4, simdist.RankError),
+    (racing_receives, 3, simdist.DeadlockError),
+    (position, 4, simdist.RankError),
+]
+LARGER = [
+    (first_message, 8, simdist.RankError),
+    (lost_update, 6, simdist.RankError),
+    (racing_receives, 3, simdist.DeadlockError),
+    (position, 6, simdist.RankError),
+]
 IDS = ["first_message", "lost_update", "racing_receives", "position"]
 
 
@@ -130,7 +138,9 @@ def explored(fn, nprocs, kind, seed, strategy="pct"):
 
 def replays_spent(err) -> int:
     """The replays the shrinker spent, from the note explore adds."""
-    (spent,) = [int(m.group(1)) for note in err.__notes__ for m in [re.search(r"(\d+) (simpler ones )?replay", note)] if m]
+    (spent,) = [
+        int(m.group(1)) for note in err.__notes__ for m in [re.search(r"(\d+) (simpler ones )?replay", note)] if m
+    ]
     return spent
 
 
@@ -163,8 +173,10 @@ def test_a_one_preemption_bug_shrinks_to_one_nonzero_choice(fn, nprocs, kind):
 @pytest.mark.parametrize(("fn", "nprocs", "kind"), LARGER, ids=IDS)
 def test_a_one_preemption_bug_shrinks_to_one_nonzero_choice_in_95_of_100_seeds(fn, nprocs, kind):
     counts, spent = shrink_to_one(fn, nprocs, kind, range(100))
-    print(f"{fn.__name__} on {nprocs} ranks: {counts.count(1)}/100 shrunk to one non-zero choice; "
-          f"replays per shrink: median {statistics.median(spent)}, max {max(spent)}")
+    print(
+        f"{fn.__name__} on {nprocs} ranks: {counts.count(1)}/100 shrunk to one non-zero choice; "
+        f"replays per shrink: median {statistics.median(spent)}, max {max(spent)}"
+    )
     assert counts.count(1) >= 95, counts
 
 
@@ -271,8 +283,11 @@ def test_explore_seed_must_be_a_non_negative_int():
 
 
 def test_check_must_be_callable():
-    for call in (lambda: sdt.explore(arrival_order, 2, check=3), lambda: sdt.spmd(nprocs=2, check="x"),
-                 lambda: sdt.run(arrival_order, 2, check=[1])):
+    for call in (
+        lambda: sdt.explore(arrival_order, 2, check=3),
+        lambda: sdt.spmd(nprocs=2, check="x"),
+        lambda: sdt.run(arrival_order, 2, check=[1]),
+    ):
         with pytest.raises(TypeError, match="check=.* must be a function of the ranks' values"):
             call()
 

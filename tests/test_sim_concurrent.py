@@ -43,8 +43,13 @@ def rng_prints_env(rank: int, tag: str) -> list:
     os.environ["SIMDIST_CONCURRENT_RANK"] = f"{tag}:{rank}"
     out = []
     for step in range(4):
-        draws = (random.random(), float(np.random.randn()), float(np.random.rand()), float(torch.rand(1)),
-                 float(torch.randn(1)))
+        draws = (
+            random.random(),
+            float(np.random.randn()),
+            float(np.random.rand()),
+            float(torch.rand(1)),
+            float(torch.randn(1)),
+        )
         print(f"{tag} rank {rank} step {step} first draw {draws[0]:.9f}")
         _LOG.append(tag)
         t = torch.full((3,), float(rank)) + torch.rand(3)
@@ -138,8 +143,9 @@ JOBS = {
     "<failing>": lambda: simdist.simulate(failing, 4, ("<failing>",), seed=2),
     "<nesting>": lambda: simdist.simulate(nesting, 2, ("<nesting>",)),
     "<time-ring-a>": lambda: simdist.simulate(timed, 4, ("<time-ring-a>",), topology=_SHARED_RING, seed=4),
-    "<time-ring-b>": lambda: simdist.simulate(timed, 4, ("<time-ring-b>",), topology=_SHARED_RING, seed=7,
-                                              detail="collectives"),
+    "<time-ring-b>": lambda: simdist.simulate(
+        timed, 4, ("<time-ring-b>",), topology=_SHARED_RING, seed=7, detail="collectives"
+    ),
 }
 
 

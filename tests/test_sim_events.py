@@ -21,9 +21,13 @@ def _trace_writes(path: Path) -> list[str]:
     """``file:line`` of each call of ``<...>.trace.record(...)`` or ``<...>.trace.update(...)`` in ``path``."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr in ("record", "update")
-                and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "trace"):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("record", "update")
+            and isinstance(node.func.value, ast.Attribute)
+            and node.func.value.attr == "trace"
+        ):
             found.append(f"{path.name}:{node.lineno}")
     return found
 

@@ -116,22 +116,47 @@ def cases() -> dict[str, tuple]:
         for name in table:
             for world, n in ((4, 37), (6, 5), (5, 1)):
                 out[f"{op}/{name}/w{world}/n{n}"] = (one_collective, world, (op, name, n, "torch"), {})
-    for op, name in (("all_reduce", "ring"), ("all_reduce", "rabenseifner"), ("all_gather", "ring"),
-                     ("reduce_scatter", "ring"), ("barrier", "dissemination")):
+    for op, name in (
+        ("all_reduce", "ring"),
+        ("all_reduce", "rabenseifner"),
+        ("all_gather", "ring"),
+        ("reduce_scatter", "ring"),
+        ("barrier", "dissemination"),
+    ):
         out[f"{op}/{name}/w6/n5/no-steps"] = (one_collective, 6, (op, name, 5, "torch"), {"record_steps": False})
     out["all_reduce/ring/numpy"] = (one_collective, 5, ("all_reduce", "ring", 9, "numpy"), {})
     out["all_gather/bruck/numpy"] = (one_collective, 5, ("all_gather", "bruck", 3, "numpy"), {})
     out["all_reduce/ring/w16/n256/no-steps"] = (
-        one_collective, 16, ("all_reduce", "ring", 256, "torch"), {"record_steps": False})
+        one_collective,
+        16,
+        ("all_reduce", "ring", 256, "torch"),
+        {"record_steps": False},
+    )
     out["all_reduce/ring_pipelined/large"] = (
-        one_collective, 3, ("all_reduce", "ring_pipelined", (9 << 20) // 4, "torch"), {"record_steps": False})
+        one_collective,
+        3,
+        ("all_reduce", "ring_pipelined", (9 << 20) // 4, "torch"),
+        {"record_steps": False},
+    )
     out["reduce_scatter/ring_pipelined/large"] = (
-        one_collective, 3, ("reduce_scatter", "ring_pipelined", (9 << 20) // 4, "torch"), {"record_steps": False})
+        one_collective,
+        3,
+        ("reduce_scatter", "ring_pipelined", (9 << 20) // 4, "torch"),
+        {"record_steps": False},
+    )
     out["broadcast/chain_pipelined/large"] = (
-        one_collective, 4, ("broadcast", "chain_pipelined", (5 << 20) // 4, "torch"), {"record_steps": False})
+        one_collective,
+        4,
+        ("broadcast", "chain_pipelined", (5 << 20) // 4, "torch"),
+        {"record_steps": False},
+    )
     for topo in ("ring", "two_level", "ib-hdr-4node"):
         out[f"all_reduce/rabenseifner/{topo}"] = (
-            one_collective, 8, ("all_reduce", "rabenseifner", 100, "torch"), {"topology": topo})
+            one_collective,
+            8,
+            ("all_reduce", "rabenseifner", 100, "torch"),
+            {"topology": topo},
+        )
     for seed in (0, 1, 2):
         out[f"mixed/seed{seed}"] = (mixed, 6, (), {"seed": seed})
     out["mixed/eager"] = (mixed, 6, (), {"seed": 3, "eager_limit": 64})

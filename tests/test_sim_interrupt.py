@@ -29,7 +29,7 @@ import simdist
 import simdist as dist
 
 SCRIPT = textwrap.dedent(
-    '''
+    """
     import faulthandler, hashlib, signal, sys, threading, time
     import torch
     import simdist, simdist as dist
@@ -124,7 +124,7 @@ SCRIPT = textwrap.dedent(
     sys.settrace(None)
     faulthandler.cancel_dump_traceback_later()
     print("traced call returned", flush=True)
-    '''
+    """
 )
 
 LIMIT = 240  # s for one script, a bound never reached

@@ -30,7 +30,9 @@ def fresh(seed):
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    return [(random.random(), float(np.random.randn()), float(np.random.rand()), float(torch.rand(1))) for _ in range(4)]
+    return [
+        (random.random(), float(np.random.randn()), float(np.random.rand()), float(torch.rand(1))) for _ in range(4)
+    ]
 
 
 @pytest.mark.parametrize("strategy", ["random", "round_robin"])
@@ -82,10 +84,16 @@ def test_stdout_prefix(capsys):
 
     simdist.simulate(program, 2, prefix_output=True, strategy="round_robin")
     out = capsys.readouterr().out.splitlines()
-    assert sorted(out) == sorted([
-        "[rank 0] hello from 0", "[rank 0] two", "[rank 0] lines!",
-        "[rank 1] hello from 1", "[rank 1] two", "[rank 1] lines!",
-    ])
+    assert sorted(out) == sorted(
+        [
+            "[rank 0] hello from 0",
+            "[rank 0] two",
+            "[rank 0] lines!",
+            "[rank 1] hello from 1",
+            "[rank 1] two",
+            "[rank 1] lines!",
+        ]
+    )
     simdist.simulate(program, 2)
     assert "[rank" not in capsys.readouterr().out
 

@@ -35,7 +35,9 @@ def _prog(variant):
         elif variant == "algorithm":
             dist.all_reduce(t, algorithm="ring" if odd else "recursive_doubling")
         elif variant == "gather_dst":
-            dist.gather(t, [torch.zeros(4) for _ in range(3)] if rank == (2 if odd else 0) else None, dst=2 if odd else 0)
+            dist.gather(
+                t, [torch.zeros(4) for _ in range(3)] if rank == (2 if odd else 0) else None, dst=2 if odd else 0
+            )
         elif variant == "new_group":
             dist.new_group([0, 1] if odd else [0, 2])
         elif variant == "barrier_vs_all_gather":
@@ -43,6 +45,7 @@ def _prog(variant):
                 dist.barrier()
             else:
                 dist.all_gather([torch.zeros(4) for _ in range(3)], t)
+
     return program
 
 

@@ -42,8 +42,12 @@ def exchange(rank: int) -> tuple:
 def _seeded_draws(rank: int) -> tuple:
     """What ``exchange`` draws on ``rank``, from generators of its own seeded with ``rank``."""
     legacy = np.random.RandomState(rank)
-    return (random.Random(rank).random(), float(legacy.rand()), float(legacy.randn()),
-            torch.rand(2, generator=torch.Generator().manual_seed(rank)).tolist())
+    return (
+        random.Random(rank).random(),
+        float(legacy.rand()),
+        float(legacy.randn()),
+        torch.rand(2, generator=torch.Generator().manual_seed(rank)).tolist(),
+    )
 
 
 def _same_run(a, b) -> None:
@@ -53,8 +57,15 @@ def _same_run(a, b) -> None:
 
 
 def _run(i: int, pool: RankPool | None, **options):
-    return simulate(exchange, WORLD, strategy=PCTStrategy(run_seed(7, i), 3, 40), check_buffers=True,
-                    leaks="ignore", pool=pool, **options)
+    return simulate(
+        exchange,
+        WORLD,
+        strategy=PCTStrategy(run_seed(7, i), 3, 40),
+        check_buffers=True,
+        leaks="ignore",
+        pool=pool,
+        **options,
+    )
 
 
 def test_pooled_runs_equal_fresh_runs_and_reuse_one_thread_per_rank():

@@ -17,8 +17,14 @@ pytestmark = pytest.mark.timeout(120)
 
 def _torch_draws() -> list:
     """Draws that use every part of torch's CPU generator: words, 64-bit words and the cached normal samples."""
-    return [torch.rand(3).tolist(), torch.randn(1).item(), torch.randn(2).tolist(), torch.empty(1).normal_().item(),
-            torch.randint(0, 2**40, (2,)).tolist(), torch.randperm(5).tolist()]
+    return [
+        torch.rand(3).tolist(),
+        torch.randn(1).item(),
+        torch.randn(2).tolist(),
+        torch.empty(1).normal_().item(),
+        torch.randint(0, 2**40, (2,)).tolist(),
+        torch.randperm(5).tolist(),
+    ]
 
 
 def _all_draws() -> list:

@@ -33,8 +33,13 @@ def _one_all_reduce(rank: int) -> float:
 def _default_group(rank: int) -> tuple:
     dist.init_process_group("gloo")
     world = dist.group.WORLD
-    out = (dist.get_rank(), dist.get_world_size(), dist.get_process_group_ranks(world),
-           dist.get_group_rank(world, rank), dist.get_global_rank(world, rank))
+    out = (
+        dist.get_rank(),
+        dist.get_world_size(),
+        dist.get_process_group_ranks(world),
+        dist.get_group_rank(world, rank),
+        dist.get_global_rank(world, rank),
+    )
     dist.destroy_process_group()
     return out
 
@@ -169,8 +174,13 @@ print(first, after_small, slots(), small and large)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="futex tables are Linux's")
 def test_thousands_of_ranks_wait_on_the_kernels_shared_futex_table():
-    out = subprocess.run([sys.executable, "-c", _FUTEX_TABLE.format(n=LARGE_WORLD)], capture_output=True, text=True,
-                         timeout=240, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _FUTEX_TABLE.format(n=LARGE_WORLD)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+    )
     first, after_small, after_large, ok = out.stdout.split()
     assert ok == "True"
     if int(first) <= 0:

@@ -20,8 +20,22 @@ from simdist._trace import Event, Trace, _packed
 
 pytestmark = pytest.mark.timeout(60)
 
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
-          torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.bool, torch.complex64]
+DTYPES = [
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.bool,
+    torch.complex64,
+]
 
 
 def sample(dtype: torch.dtype, n: int) -> torch.Tensor:
@@ -37,8 +51,9 @@ def sample(dtype: torch.dtype, n: int) -> torch.Tensor:
         return values.to(dtype)
     info = torch.iinfo(dtype)
     special = [0, 1, info.max, info.min, info.max - 1]
-    return torch.tensor(special + list(range(max(n - len(special), 0))), dtype=torch.int64 if dtype != torch.uint64
-                        else torch.uint64)[:n].to(dtype)
+    return torch.tensor(
+        special + list(range(max(n - len(special), 0))), dtype=torch.int64 if dtype != torch.uint64 else torch.uint64
+    )[:n].to(dtype)
 
 
 def same(a, b) -> bool:
@@ -85,9 +100,22 @@ def test_a_trace_of_byte_snapshots_reads_and_deduplicates_as_one_of_lists():
 
 def test_update_rewrites_only_the_times_and_the_step():
     t = Trace()
-    fields = {"rank": 3, "kind": "received", "op": "all_reduce", "group": 2, "peer": 1, "tag": -5, "nbytes": 16,
-              "t_start": 0.0, "t_end": 0.0, "collective_id": 7, "step": None, "chunk": 2, "call_site": "x.py:3",
-              "algorithm": "ring"}
+    fields = {
+        "rank": 3,
+        "kind": "received",
+        "op": "all_reduce",
+        "group": 2,
+        "peer": 1,
+        "tag": -5,
+        "nbytes": 16,
+        "t_start": 0.0,
+        "t_end": 0.0,
+        "collective_id": 7,
+        "step": None,
+        "chunk": 2,
+        "call_site": "x.py:3",
+        "algorithm": "ring",
+    }
     index = t.record(*fields.values(), hold=True)
     t.update(index, step=4, t_start=1.5, t_end=2.5)
     expected = Trace()

@@ -82,7 +82,9 @@ def test_compute_advances_the_clock_and_overlaps_async_work():
     assert c.t_end - c.t_start == pytest.approx(1e-3)
 
 
-@pytest.mark.parametrize("op,algorithm", [("all_reduce", "ring"), ("all_reduce", "recursive_doubling"), ("broadcast", "binomial")])
+@pytest.mark.parametrize(
+    "op,algorithm", [("all_reduce", "ring"), ("all_reduce", "recursive_doubling"), ("broadcast", "binomial")]
+)
 def test_collectives_detail_charges_the_alpha_beta_cost(op, algorithm):
     def program(rank):
         dist.init_process_group("gloo")
@@ -221,7 +223,8 @@ def test_networkx_is_imported_only_when_a_graph_is_needed():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", _WITHOUT_NETWORKX], capture_output=True, text=True, timeout=110,
-                         check=True).stdout.split("\n")
+    out = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_NETWORKX], capture_output=True, text=True, timeout=110, check=True
+    ).stdout.split("\n")
     assert out[0] == "False"  # named topologies route without it (importing it took 0.15 s of a first run)
     assert out[1] == "[(1, 0), (2, 0)]"  # a deadlock's wait-for graph is still a networkx graph

@@ -99,9 +99,10 @@ def killed_mid_collective(rank, world_size):
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_seed_all_reduce_on_processes(world):
-    assert simdist.spawn(seed_all_reduce, args=(world,), nprocs=world, backend="socket") == [
-        float(sum(range(1, world + 1)))
-    ] * world
+    assert (
+        simdist.spawn(seed_all_reduce, args=(world,), nprocs=world, backend="socket")
+        == [float(sum(range(1, world + 1)))] * world
+    )
 
 
 def test_seed_scatter_and_gather():

@@ -175,8 +175,10 @@ def test_ranks_that_disagree_on_the_setting_fail_at_init():
         simdist.spawn(init_with_own_setting, args=(["1", "0"],), nprocs=2, backend="socket", timeout=30)
     err = info.value.__cause__
     assert info.value.rank == 1 and isinstance(err, ValueError)
-    assert str(err) == (f"environment variable {_checked.CHECK_ENV} is 0 on rank 1 but 1 on rank 0: every rank "
-                        "must use the same setting")
+    assert str(err) == (
+        f"environment variable {_checked.CHECK_ENV} is 0 on rank 1 but 1 on rank 0: every rank "
+        "must use the same setting"
+    )
 
 
 @pytest.mark.parametrize("value", ["yes", "", "2", "off"])
@@ -211,8 +213,17 @@ def test_signatures_round_trip_and_equal_ones_share_a_digest(signature):
 
 
 def test_an_all_reduce_signature_is_a_few_dozen_bytes():
-    sig = {"op": "all_reduce", "dtype": "float32", "shape": (1024,), "algorithm": "recursive_doubling",
-           "async_op": False, "reduce_op": "SUM", "group": 0, "ranks": (0, 1), "seq": 7}
+    sig = {
+        "op": "all_reduce",
+        "dtype": "float32",
+        "shape": (1024,),
+        "algorithm": "recursive_doubling",
+        "async_op": False,
+        "reduce_op": "SUM",
+        "group": 0,
+        "ranks": (0, 1),
+        "seq": 7,
+    }
     data = encode_signature(sig)
     assert len(data) <= 128  # 16 bytes travel when signatures agree
     assert len(signature_digest(sig)) == 16

@@ -40,8 +40,20 @@ class CountingClient(StoreClient):
 
 def _state(seq: int, state: str, age: float) -> bytes:
     t = time.time() - age
-    return json.dumps({"0": {"group": 0, "seq": seq, "op": "all_reduce", "shape": [4], "state": state,
-                             "site": "train.py:12", "t0": t, "t": t}}).encode()
+    return json.dumps(
+        {
+            "0": {
+                "group": 0,
+                "seq": seq,
+                "op": "all_reduce",
+                "shape": [4],
+                "state": state,
+                "site": "train.py:12",
+                "t0": t,
+                "t": t,
+            }
+        }
+    ).encode()
 
 
 def test_every_state_comes_in_one_request_with_its_age():
@@ -74,8 +86,12 @@ def test_every_state_comes_in_one_request_with_its_age():
 def test_a_frozen_store_is_named_unreachable():
     env = {**os.environ, "SIMDIST_SECRET": SECRET.decode()}
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "simdist.backends.socket._store", "--port", str(port)],
-                              env=env, stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "simdist.backends.socket._store", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert "listening" in server.stdout.readline()
         store = StoreClient("127.0.0.1", port, SECRET, timeout=60)
@@ -103,8 +119,11 @@ def test_a_rank_sleeping_after_60_all_reduces_is_reported_with_its_age():
     assert reports, events
     text, at = reports[0]["text"], reports[0]["t"]
     print(text)
-    found = re.search(r"rank 1 completed #60 \(all_reduce\) and never entered #61 \(all_reduce\) on group 0 "
-                      r"\(last seen ([0-9.]+) s ago after all_reduce #60\)", text)
+    found = re.search(
+        r"rank 1 completed #60 \(all_reduce\) and never entered #61 \(all_reduce\) on group 0 "
+        r"\(last seen ([0-9.]+) s ago after all_reduce #60\)",
+        text,
+    )
     assert found, text
     age = float(found.group(1))
     # the state is as old as rank 1's sleep, give or take its last publication and the report's own time

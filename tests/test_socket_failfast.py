@@ -28,18 +28,33 @@ OP_TIMEOUT = 60.0  # seconds: what failing "at the timeout" would take
 LIMIT = 10.0  # seconds the others may take to notice (expected: under 2 s)
 
 
-def run_job(scenario: str, world: int = 3, op_timeout: float = OP_TIMEOUT, wait: float = 120.0,
-            stop_after: float | None = None) -> tuple[dict[int, list[dict]], dict[int, int], dict[int, str]]:
+def run_job(
+    scenario: str, world: int = 3, op_timeout: float = OP_TIMEOUT, wait: float = 120.0, stop_after: float | None = None
+) -> tuple[dict[int, list[dict]], dict[int, int], dict[int, str]]:
     """Run ``scenario`` on ``world`` processes; ``(events by rank, exit codes, stderr by rank)``.
 
     ``stop_after``: SIGKILL ranks still running that many seconds after the start (a sleeping rank).
     """
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
-           "SIMDIST_SECRET": "failfast-test-secret", "SIMDIST_TIMEOUT": str(op_timeout),
-           "SIMDIST_BACKEND": "socket", "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, PROGRAM, scenario], env={**env, "RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(world)]
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(world),
+        "SIMDIST_SECRET": "failfast-test-secret",
+        "SIMDIST_TIMEOUT": str(op_timeout),
+        "SIMDIST_BACKEND": "socket",
+        "OMP_NUM_THREADS": "1",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, PROGRAM, scenario],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
     start = time.monotonic()
     try:
         for p in procs:
@@ -56,8 +71,9 @@ def run_job(scenario: str, world: int = 3, op_timeout: float = OP_TIMEOUT, wait:
             if p.poll() is None:
                 p.kill()
     outputs = [p.communicate() for p in procs]
-    events = {r: [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-              for r, (out, _) in enumerate(outputs)}
+    events = {
+        r: [json.loads(line) for line in out.splitlines() if line.startswith("{")] for r, (out, _) in enumerate(outputs)
+    }
     return events, {r: p.returncode for r, p in enumerate(procs)}, {r: err for r, (_, err) in enumerate(outputs)}
 
 
@@ -141,8 +157,7 @@ def test_spawn_reports_the_original_error_not_a_timeout(failing):
 
     start = time.monotonic()
     with pytest.raises(simdist.RankError) as info:
-        simdist.spawn(raise_before_first_collective, args=(3, failing), nprocs=3, backend="socket",
-                      timeout=OP_TIMEOUT)
+        simdist.spawn(raise_before_first_collective, args=(3, failing), nprocs=3, backend="socket", timeout=OP_TIMEOUT)
     elapsed = time.monotonic() - start
     print(f"spawn raised after {elapsed:.2f} s")
     assert info.value.rank == failing
@@ -155,8 +170,14 @@ def test_simdist_run_reports_the_original_error_not_a_timeout():
     start = time.monotonic()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # a timeout of 300 s: three ranks importing torch on a busy machine take up to a minute to start
-    done = subprocess.run([sys.executable, "-m", "simdist.run", "--nproc-per-node", "3", "--timeout", "300",
-                           PROGRAM, "script"], env=env, capture_output=True, text=True, timeout=170, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "simdist.run", "--nproc-per-node", "3", "--timeout", "300", PROGRAM, "script"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
     elapsed = time.monotonic() - start
     print(f"simdist run ended after {elapsed:.2f} s:\n{done.stderr[-3000:]}")
     assert done.returncode != 0

@@ -109,17 +109,28 @@ def test_fuzz_random_bytes(data: bytes) -> None:
 
 
 _VALID = st.one_of(
-    st.builds(F.encode_header, st.just(F.DATA), st.integers(0, U64), st.integers(0, I64),
-              st.integers(0, F.MAX_FRAME_BYTES), st.integers(0, U32)),
-    st.builds(F.encode_header, st.just(F.CLOSE), st.integers(0, U64), st.integers(0, I64), st.just(0),
-              st.integers(0, U32)),
+    st.builds(
+        F.encode_header,
+        st.just(F.DATA),
+        st.integers(0, U64),
+        st.integers(0, I64),
+        st.integers(0, F.MAX_FRAME_BYTES),
+        st.integers(0, U32),
+    ),
+    st.builds(
+        F.encode_header, st.just(F.CLOSE), st.integers(0, U64), st.integers(0, I64), st.just(0), st.integers(0, U32)
+    ),
 )
 
 
 @pytest.mark.timeout(60)
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(header=_VALID, cut=st.integers(0, 31), flips=st.lists(st.integers(0, 255), min_size=1, max_size=4),
-       extra=st.binary(max_size=8))
+@given(
+    header=_VALID,
+    cut=st.integers(0, 31),
+    flips=st.lists(st.integers(0, 255), min_size=1, max_size=4),
+    extra=st.binary(max_size=8),
+)
 def test_fuzz_truncated_and_flipped_headers(header: bytes, cut: int, flips: list[int], extra: bytes) -> None:
     """Valid headers cut short, with bits flipped, or with bytes appended."""
     assert F.decode_header(header) is not None

@@ -190,8 +190,10 @@ def _run(job: Job, name: str, case) -> None:
     finally:
         threads, rss = watch.stop()
     job.cases[f"{name} threads"], job.cases[f"{name} rss"] = threads, rss
-    print(f"{name}: {job.cases[name]} cases; threads {watch.base} with the job, at most {watch.base + threads} "
-          f"while fuzzing, {threading.active_count()} after; peak RSS +{rss >> 10} KiB")
+    print(
+        f"{name}: {job.cases[name]} cases; threads {watch.base} with the job, at most {watch.base + threads} "
+        f"while fuzzing, {threading.active_count()} after; peak RSS +{rss >> 10} KiB"
+    )
     assert job.cases[name] >= CASES[name]
     assert threads <= THREAD_SLACK, threads
     assert rss <= RSS_SLACK, rss
@@ -220,8 +222,9 @@ def _edit(data: bytes, edits: list[tuple[str, int, int]]) -> bytes:
 
 def mutated(base: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
     """``base`` with up to four edits: flipped, inserted or deleted bytes, or a truncation."""
-    edit = st.tuples(st.sampled_from(["flip", "insert", "delete", "truncate"]), st.integers(0, 1 << 16),
-                     st.integers(0, 255))
+    edit = st.tuples(
+        st.sampled_from(["flip", "insert", "delete", "truncate"]), st.integers(0, 1 << 16), st.integers(0, 255)
+    )
     return st.tuples(base, st.lists(edit, max_size=4)).map(lambda t: _edit(*t))
 
 
@@ -344,16 +347,27 @@ def test_store_after_authentication(job):
     numbers = itertools.count()
 
     @settings(FUZZ, max_examples=CASES["store_after_auth"])
-    @given(requests=st.lists(REQUESTS, min_size=1, max_size=4), how=st.sampled_from(["valid", "mutated", "noise",
-           "big"]), noise=NOISE, edits=st.lists(st.tuples(st.sampled_from(["flip", "insert", "delete", "truncate"]),
-           st.integers(0, 1 << 16), st.integers(0, 255)), min_size=1, max_size=4), big=_BIG)
+    @given(
+        requests=st.lists(REQUESTS, min_size=1, max_size=4),
+        how=st.sampled_from(["valid", "mutated", "noise", "big"]),
+        noise=NOISE,
+        edits=st.lists(
+            st.tuples(
+                st.sampled_from(["flip", "insert", "delete", "truncate"]), st.integers(0, 1 << 16), st.integers(0, 255)
+            ),
+            min_size=1,
+            max_size=4,
+        ),
+        big=_BIG,
+    )
     def case(requests, how, noise, edits, big):
         job.cases["store_after_auth"] += 1
         space = f"fuzz/{next(numbers)}/"  # every example starts from a store without its keys
         requests = [dataclasses.replace(r, keys=tuple(space + k for k in r.keys)) for r in requests]
         valid = b"".join(S.encode_request(r) for r in requests)
-        data = {"valid": valid, "mutated": _edit(valid, edits), "noise": noise,
-                "big": big.to_bytes(4, "big") + noise}[how]
+        data = {"valid": valid, "mutated": _edit(valid, edits), "noise": noise, "big": big.to_bytes(4, "big") + noise}[
+            how
+        ]
         answers = _responses(_exchange(job.server.port, data, SECRET))
         if how == "valid":
             expected = _model(requests)
@@ -430,8 +444,11 @@ def test_peer_listener_after_authentication(job):
         rest = st.one_of(NOISE, st.tuples(header, NOISE).map(b"".join))
         how = data.draw(st.sampled_from(["intact", "mutated", "noise"]))
         after = data.draw(st.lists(rest, max_size=3).map(b"".join))
-        stream = {"intact": first + after, "mutated": data.draw(mutated(st.just(first + after))),
-                  "noise": data.draw(NOISE)}[how]
+        stream = {
+            "intact": first + after,
+            "mutated": data.draw(mutated(st.just(first + after))),
+            "noise": data.draw(NOISE),
+        }[how]
         buf = np.zeros(8, dtype=np.uint8)
         net = job.nets[0]
         h = net.irecv(buf, rank, 1 << 60, 0)
@@ -458,8 +475,9 @@ def test_the_job_under_fuzzing_completed_correctly(job):
     rounds_before = list(job.rounds)
     job.finish()
     elapsed = time.monotonic() - job.started
-    print(f"job: {job.rounds} rounds per rank in {elapsed:.0f} s; cases {job.cases}; "
-          f"{job.log_lines.count} warning lines")
+    print(
+        f"job: {job.rounds} rounds per rank in {elapsed:.0f} s; cases {job.cases}; {job.log_lines.count} warning lines"
+    )
     assert not job.errors, job.errors
     assert not job.uncaught, job.uncaught
     assert job.rounds[0] == job.rounds[1] == job.rounds[2] >= max(rounds_before) >= 3

@@ -45,8 +45,12 @@ ON_JOB = pytest.mark.timeout(300)
 
 
 def _describe(exc: BaseException) -> dict:
-    return {"type": type(exc).__name__, "message": str(exc), "rank": getattr(exc, "rank", None),
-            "traceback": traceback.format_exc()}
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "rank": getattr(exc, "rank", None),
+        "traceback": traceback.format_exc(),
+    }
 
 
 def _worker(rank: int, size: int, port: int, secret: bytes, timeout: float, conn) -> None:
@@ -486,6 +490,7 @@ def _collectives(net, group: tuple, gindex: int):
     size, grank = len(group), group.index(net.rank)
     out = []
     for i, op, name, n, kind, dtype, root, even in _cases(size):
+
         def arr(x, kind=kind):
             return torch.from_numpy(np.ascontiguousarray(x)) if kind == "torch" else np.ascontiguousarray(x)
 
@@ -641,8 +646,14 @@ def _stream_until_lost(net, doomed: int, port: int):
         except DistError as exc:
             failed_at = time.monotonic()
             later = net.isend(buf, doomed, 41, 0)
-            return (type(exc).__name__, getattr(exc, "rank", None), done_at_return, sent, failed_at,
-                    later.done and isinstance(later.error, PeerLostError))
+            return (
+                type(exc).__name__,
+                getattr(exc, "rank", None),
+                done_at_return,
+                sent,
+                failed_at,
+                later.done and isinstance(later.error, PeerLostError),
+            )
 
 
 @ON_JOB
@@ -655,7 +666,9 @@ def test_peer_killed_during_an_inline_send(job) -> None:
     job.start(_stream_until_lost, doomed, job.server.port, ranks=[0, doomed])
     job.reached(["receiving"])  # connected, and the stream flows
     os.kill(job.pids[doomed], signal.SIGSTOP)
-    time.sleep(0.5)  # rank 0 fills the kernel's buffers and blocks in a send; were it not yet, its next send fails alike
+    time.sleep(
+        0.5
+    )  # rank 0 fills the kernel's buffers and blocks in a send; were it not yet, its next send fails alike
     killed = time.monotonic()
     os.kill(job.pids[doomed], signal.SIGKILL)
     [(status, value)] = job.results([0], timeout=job.timeout + 30)

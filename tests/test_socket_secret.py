@@ -38,8 +38,17 @@ RANK_SCRIPT = textwrap.dedent(
     dist.destroy_process_group()
     """
 )
-ENV_DROPPED = ("SIMDIST_SECRET", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-               "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "SIMDIST_BACKEND")
+ENV_DROPPED = (
+    "SIMDIST_SECRET",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "XDG_RUNTIME_DIR",
+    "XDG_CONFIG_HOME",
+    "SIMDIST_BACKEND",
+)
 EXPECTED = "result [3.0, 30.0]"  # [1 + 2, 10 + 20], summed another way than all_reduce does
 
 
@@ -51,8 +60,13 @@ def _user_env(home: Path) -> dict[str, str]:
 
 
 def _start(script: Path, rank: int, port: int, home: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(script), str(rank), str(port)], env=_user_env(home),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(rank), str(port)],
+        env=_user_env(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _finish(proc: subprocess.Popen) -> tuple[int, str]:

@@ -64,8 +64,12 @@ def test_messages_of_every_size_arrive_intact_through_shared_memory() -> None:
             a.wait([a.irecv(late, 1, 2, i)], timeout=60)
             assert np.array_equal(late, data[::-1]), n
         both = [np.zeros(1 << 20, np.uint8), np.zeros(1 << 20, np.uint8)]
-        hs = [a.irecv(both[0], 1, 3, 0), b.irecv(both[1], 0, 3, 0), a.isend(_payload(1 << 20, 7), 1, 3, 0),
-              b.isend(_payload(1 << 20, 8), 0, 3, 0)]
+        hs = [
+            a.irecv(both[0], 1, 3, 0),
+            b.irecv(both[1], 0, 3, 0),
+            a.isend(_payload(1 << 20, 7), 1, 3, 0),
+            b.isend(_payload(1 << 20, 8), 0, 3, 0),
+        ]
         a.wait(hs[::2], timeout=60)
         b.wait(hs[1::2], timeout=60)
         assert np.array_equal(both[0], _payload(1 << 20, 8)) and np.array_equal(both[1], _payload(1 << 20, 7))
@@ -198,11 +202,14 @@ def test_an_offer_is_mapped_only_from_this_host_and_with_its_nonce(change: str) 
     ring = _shm.Ring(slot_size=4096, slots=2)
     left, right = socket.socketpair()
     try:
-        frame = _offer_with(ring, host=b"h" * 16 if change == "host" else None,
-                            nonce=b"n" * 16 if change == "nonce" else None)
+        frame = _offer_with(
+            ring, host=b"h" * 16 if change == "host" else None, nonce=b"n" * 16 if change == "nonce" else None
+        )
         left.sendall(frame)
         h = decode_header(right.recv(HEADER_SIZE, socket.MSG_WAITALL))
-        reader = _shm.RingReader.accept(right, h, 1, 0, threading.Lock(), time.monotonic() + 20, change != "not allowed")
+        reader = _shm.RingReader.accept(
+            right, h, 1, 0, threading.Lock(), time.monotonic() + 20, change != "not allowed"
+        )
         answer = decode_header(left.recv(HEADER_SIZE, socket.MSG_WAITALL))
         assert answer.kind == SHM_ACK and answer.tag == int(change == "none")
         assert (reader is not None) == (change == "none")
@@ -246,8 +253,14 @@ def _big_collectives(rank: int, world: int) -> dict:
         out["reduce_scatter"] = bool(torch.equal(rs, whole[rank * N : (rank + 1) * N]))
         a2a = torch.empty(N * world, dtype=torch.float64)
         dist.all_to_all_single(a2a, torch.arange(N * world, dtype=torch.float64) + 1e7 * rank)
-        out["all_to_all"] = bool(torch.equal(a2a, torch.cat(
-            [torch.arange(rank * N, (rank + 1) * N, dtype=torch.float64) + 1e7 * r for r in range(world)])))
+        out["all_to_all"] = bool(
+            torch.equal(
+                a2a,
+                torch.cat(
+                    [torch.arange(rank * N, (rank + 1) * N, dtype=torch.float64) + 1e7 * r for r in range(world)]
+                ),
+            )
+        )
         out["mapped"] = shm_mappings()
         return out
     finally:

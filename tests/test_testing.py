@@ -112,7 +112,10 @@ def test_the_replay_option_overrides_every_run():
 def test_hypothesis_shrinks_a_failing_schedule_to_a_few_choices():
     minimal = find(sdt.schedules(), fails, settings=settings(max_examples=500, database=None, deadline=None))
     assert isinstance(minimal, sdt.Schedule) and len(minimal) <= 3
-    assert eval(repr(minimal), {"Schedule": sdt.Schedule}) == minimal and decode_choices(minimal.token) == minimal.choices[: len(decode_choices(minimal.token))]
+    assert (
+        eval(repr(minimal), {"Schedule": sdt.Schedule}) == minimal
+        and decode_choices(minimal.token) == minimal.choices[: len(decode_choices(minimal.token))]
+    )
     with pytest.raises(dist.RankError):
         sdt.run(racy, 3, schedule=minimal)
 
@@ -261,8 +264,10 @@ def starts_a_thread(rank):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("fn", "cause"), [(reads_the_clock, "reads the clock: time.perf_counter()"),
-                                           (starts_a_thread, "starts its own threads")])
+@pytest.mark.parametrize(
+    ("fn", "cause"),
+    [(reads_the_clock, "reads the clock: time.perf_counter()"), (starts_a_thread, "starts its own threads")],
+)
 def test_the_replay_check_names_the_clock_or_a_thread(fn, cause):
     _calls["n"] = 0
     with pytest.raises(sdt.NondeterminismError) as info:

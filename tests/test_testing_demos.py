@@ -39,6 +39,7 @@ def significant(token: str) -> list[int]:
 
 # --- (a) a race on an any-source receive ---------------------------------------------------
 
+
 def first_message_race(rank: int) -> None:
     """Rank 0 assumes rank 1's message arrives first; it usually does, but not always."""
     dist.init_process_group("gloo")
@@ -79,6 +80,7 @@ def test_a_explore_keeps_the_rank_exception():
 
 
 # --- (b) a bug only at world sizes that are not powers of two ------------------------------
+
 
 def doubling_all_reduce(rank: int, world: int) -> float:
     """Recursive doubling: exchange with rank ^ mask for mask = 1, 2, 4, ... Assumes a power of two."""
@@ -121,6 +123,7 @@ def test_b_given_test_fails():
 
 # --- (c) a deadlock that only some schedules reach -----------------------------------------
 
+
 def racing_receives(rank: int):
     """Rank 0 takes any message, then waits for rank 2's: a deadlock when rank 2's came first."""
     dist.init_process_group("gloo")
@@ -151,6 +154,7 @@ def test_c_deadlock_only_under_some_schedules(strategy):
 
 
 # --- (d) a ring all_reduce with an off-by-one chunk index ----------------------------------
+
 
 def ring_all_reduce(rank: int, inputs: sdt.CollectiveInputs, off: int) -> bool:
     """Reduce-scatter then all-gather around the ring; ``off=1`` is right, ``off=0`` the bug.
@@ -198,7 +202,7 @@ def test_d_ring_off_by_one_found():
 
 # --- the pytest plugin --------------------------------------------------------------------
 
-RACY_TEST = '''
+RACY_TEST = """
 import torch
 import simdist as dist
 import simdist.testing
@@ -214,9 +218,9 @@ def test_first_message(rank):
     else:
         dist.send(t, dst=0)
     dist.destroy_process_group()
-'''
+"""
 
-COUNTING_TEST = '''
+COUNTING_TEST = """
 import simdist as dist
 import simdist.testing
 
@@ -227,7 +231,7 @@ def test_counted(rank):
     dist.init_process_group("gloo")
     dist.barrier()
     dist.destroy_process_group()
-'''
+"""
 
 
 @pytest.fixture
@@ -277,8 +281,10 @@ def test_plugin_max_schedules(pytester, inner_pytest):
 
 @pytest.mark.timeout(120)
 def test_plugin_imports_nothing_heavy():
-    code = ("import sys, simdist._pytest_plugin; "
-            "heavy = [m for m in ('torch', 'hypothesis', 'simdist.testing') if m in sys.modules]; "
-            "assert not heavy, heavy")
+    code = (
+        "import sys, simdist._pytest_plugin; "
+        "heavy = [m for m in ('torch', 'hypothesis', 'simdist.testing') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

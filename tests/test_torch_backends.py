@@ -82,8 +82,9 @@ def test_batch_isend_irecv_uses_torch_batches() -> None:
     def body(rank: int):
         peer = 1 - rank
         out = torch.zeros(1 << 18)
-        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((1 << 18,), float(rank)), peer),
-                                        dist.P2POp(dist.irecv, out, peer)])
+        works = dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, torch.full((1 << 18,), float(rank)), peer), dist.P2POp(dist.irecv, out, peer)]
+        )
         for w in works:
             w.wait()
         return out[0].item(), works[1].source_rank()
@@ -135,7 +136,8 @@ def test_nccl_without_a_gpu_says_why_and_what_runs_instead() -> None:
 
 def test_simdist_run_launches_gloo(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""\
+    script.write_text(
+        textwrap.dedent("""\
         import torch
         import simdist as dist
         from simdist._world import current_world
@@ -145,9 +147,14 @@ def test_simdist_run_launches_gloo(tmp_path: Path) -> None:
         dist.all_reduce(t)
         print(f"{type(current_world().default_group).__name__} sum={int(t.item())}")
         dist.destroy_process_group()
-    """))
-    proc = subprocess.run([sys.executable, "-m", "simdist.run", "--nproc-per-node", "3", "--backend", "gloo",
-                           str(script)], capture_output=True, text=True, timeout=90)
+    """)
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "simdist.run", "--nproc-per-node", "3", "--backend", "gloo", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert proc.returncode == 0, proc.stderr
     for r in range(3):
         assert f"[rank {r}] TorchGroup sum=6" in proc.stdout, proc.stdout

@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.torch_release]
 
 
 def setup(rank, world_size):
-    os.environ['MASTER_ADDR'] = 'localhost'
-    os.environ['MASTER_PORT'] = '12355'
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = "12355"
     # Initialize the process group
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
@@ -116,12 +116,7 @@ def run_p2p(rank, world_size):
 
 def setup_nccl(rank, world_size):
     """Initialize the distributed environment."""
-    dist.init_process_group(
-        backend='nccl',
-        init_method='tcp://127.0.0.1:29500',
-        world_size=world_size,
-        rank=rank
-    )
+    dist.init_process_group(backend="nccl", init_method="tcp://127.0.0.1:29500", world_size=world_size, rank=rank)
 
 
 def cleanup():
@@ -136,7 +131,7 @@ def demo_basic(rank, world_size):
 
     # All-reduce operation
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    print(f'Rank {rank}: {tensor}')
+    print(f"Rank {rank}: {tensor}")
 
     cleanup()
 
@@ -151,10 +146,16 @@ def test_the_api_references_nccl_example_runs_unchanged(capsys):
 SEEDS = [  # (program, the lines rank r prints)
     (run_broadcast, lambda r: [f"Rank {r} has data: 1.0"]),
     (run_all_reduce, lambda r: [f"Rank {r} initial tensor: {r + 1}.0", f"Rank {r} final tensor: 10.0"]),
-    (run_scatter, lambda r: [f"Rank {r} received tensor: {r + 1}.0"]
-     + (["Rank 0 scatter list: [1.0, 2.0, 3.0, 4.0]"] if r == 0 else [])),
-    (run_gather, lambda r: ["Rank 0 gathered list: [1.0, 2.0, 3.0, 4.0]"] if r == 0
-     else [f"Rank {r} sent tensor: {r + 1}.0"]),
+    (
+        run_scatter,
+        lambda r: (
+            [f"Rank {r} received tensor: {r + 1}.0"] + (["Rank 0 scatter list: [1.0, 2.0, 3.0, 4.0]"] if r == 0 else [])
+        ),
+    ),
+    (
+        run_gather,
+        lambda r: ["Rank 0 gathered list: [1.0, 2.0, 3.0, 4.0]"] if r == 0 else [f"Rank {r} sent tensor: {r + 1}.0"],
+    ),
     (run_async_all_reduce, lambda r: [f"Rank {r} async all_reduce result: 6.0"]),
 ]
 
@@ -302,8 +303,13 @@ def test_simdist_run_runs_a_torchrun_script_unchanged_on_the_simulator(tmp_path)
 
     script = tmp_path / "train.py"
     script.write_text(TORCHRUN_SCRIPT)
-    proc = subprocess.run([sys.executable, "-m", "simdist.run", "--backend", "sim", "--nproc-per-node", "3",
-                           str(script)], capture_output=True, text=True, timeout=110, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "simdist.run", "--backend", "sim", "--nproc-per-node", "3", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     for r in range(3):  # the sum of ranks, and the gradient averaged over ranks: (2 + 4 + 6) / 3
         assert f"rank {r} of 3 local {r}: sum 3.0 grad 4.0" in proc.stdout, proc.stdout

@@ -58,8 +58,9 @@ def _train(model: nn.Module, rank: int, same_data: bool = False) -> list[float]:
 
 def _full(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter as a whole tensor (DTensors gathered: a collective every rank calls)."""
-    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for n, p in model.named_parameters()}
+    return {
+        n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in model.named_parameters()
+    }
 
 
 # -- the programs: fn(rank, world) -> results, with the default group initialized -------------------------
@@ -159,8 +160,10 @@ def _pipeline(rank: int, world: int, schedule_class: type) -> dict:
         schedule.step(target=y, losses=losses)
     else:
         schedule.step()
-    return {"losses": [loss.item() for loss in losses],
-            **{f"grad.{n}": p.grad.clone() for n, p in stages[rank].named_parameters()}}
+    return {
+        "losses": [loss.item() for loss in losses],
+        **{f"grad.{n}": p.grad.clone() for n, p in stages[rank].named_parameters()},
+    }
 
 
 def ddp_join(rank: int, world: int) -> dict:
@@ -189,8 +192,10 @@ def pipeline_1f1b(rank: int, world: int) -> dict:
     return _pipeline(rank, world, Schedule1F1B)
 
 
-PROGRAMS = {f.__name__: f for f in (fsdp2, dtensor, tensor_parallel, fsdp_tp_2d, functional, ddp_join,
-                                     pipeline_gpipe, pipeline_1f1b)}
+PROGRAMS = {
+    f.__name__: f
+    for f in (fsdp2, dtensor, tensor_parallel, fsdp_tp_2d, functional, ddp_join, pipeline_gpipe, pipeline_1f1b)
+}
 CASES = [(name, world) for name in PROGRAMS for world in (2, 4) if not (name == "fsdp_tp_2d" and world == 2)]
 
 
@@ -261,8 +266,9 @@ def _same(a, b, where: str) -> None:
 def test_same_results_as_gloo(gloo_results, name, world):
     reference = [gloo_results[world][r][name] for r in range(world)]
     # torch's join() starts all-reduces it never waits for (as it may on gloo): those are not leaks here
-    res = simdist.simulate(simulated_rank, world, args=(name, world), timeout=120,
-                           leaks="ignore" if name == "ddp_join" else "error")
+    res = simdist.simulate(
+        simulated_rank, world, args=(name, world), timeout=120, leaks="ignore" if name == "ddp_join" else "error"
+    )
     _same(res.values, reference, f"{name} at world {world}")
     assert any(e.kind == "message" for e in res.trace.events)  # the data went through the simulator
 
@@ -272,5 +278,8 @@ def test_training_programs_train():
     for name in ("fsdp2", "tensor_parallel"):
         values = simdist.simulate(simulated_rank, 2, args=(name, 2)).values
         assert values[0]["losses"][-1] < values[0]["losses"][0], name
-        _same({k: v for k, v in values[0].items() if k != "losses"},
-              {k: v for k, v in values[1].items() if k != "losses"}, f"{name}: parameters agree across ranks")
+        _same(
+            {k: v for k, v in values[0].items() if k != "losses"},
+            {k: v for k, v in values[1].items() if k != "losses"},
+            f"{name}: parameters agree across ranks",
+        )

@@ -52,8 +52,12 @@ def halo_exchange(rank: int, size: int, batched: bool) -> tuple[float, float]:
     row = torch.arange(4.0) + 10 * rank
     left, right = (rank - 1) % size, (rank + 1) % size
     from_left, from_right = torch.zeros(1), torch.zeros(1)
-    ops = [(dist.isend, row[:1].clone(), left), (dist.isend, row[-1:].clone(), right),
-           (dist.irecv, from_left, left), (dist.irecv, from_right, right)]
+    ops = [
+        (dist.isend, row[:1].clone(), left),
+        (dist.isend, row[-1:].clone(), right),
+        (dist.irecv, from_left, left),
+        (dist.irecv, from_right, right),
+    ]
     if batched:
         works = dist.batch_isend_irecv([dist.P2POp(op, t, peer) for op, t, peer in ops])
     else:
@@ -263,8 +267,9 @@ def backends_and_checks(rank: int, name: str | None) -> dict:
             dist.broadcast(torch.ones(4).to_sparse(), src=0)
         except TypeError as exc:
             out["sparse"] = str(exc)
-        out["ddp_backend"] = torch.nn.parallel.DistributedDataParallel(
-            torch.nn.Linear(2, 1))._get_ddp_logging_data()["backend_name"]
+        out["ddp_backend"] = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))._get_ddp_logging_data()[
+            "backend_name"
+        ]
     dist.destroy_process_group()
     return out
 
@@ -398,10 +403,18 @@ def test_torch_profiler_on_every_rank_at_once_sees_its_own_rank_and_gloos_events
     script.write_text(PROFILED)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]  # a second Kineto session used to end the process (SIGSEGV)
-    mine = {0: [("aten::mul", False, 1, [[3, 2], []]), ("gloo:all_reduce", True, 1, [[3, 2]]),
-                ("gloo:send", True, 1, [[3, 2]])],
-            1: [("aten::mul", False, 1, [[3, 2], []]), ("gloo:all_reduce", True, 1, [[3, 2]]),
-                ("gloo:recv", True, 1, [[3, 2]])]}
+    mine = {
+        0: [
+            ("aten::mul", False, 1, [[3, 2], []]),
+            ("gloo:all_reduce", True, 1, [[3, 2]]),
+            ("gloo:send", True, 1, [[3, 2]]),
+        ],
+        1: [
+            ("aten::mul", False, 1, [[3, 2], []]),
+            ("gloo:all_reduce", True, 1, [[3, 2]]),
+            ("gloo:recv", True, 1, [[3, 2]]),
+        ],
+    }
     expected = {"one": [[mine[0]] * 2, []], "in-turn": [[mine[0]], [mine[1]]], "all": [[mine[0]] * 2, [mine[1]] * 2]}
     for kind in ("torch", "autograd"):
         for who, values in expected.items():  # each rank sees only its own ops, once each, as on gloo
@@ -413,8 +426,15 @@ def test_the_bridge_is_gone_after_a_simulation():
     from torch.distributed import distributed_c10d as c10d
 
     def bridged():
-        return (c10d._world, c10d.rendezvous, c10d._new_process_group_helper, profile._prepare_trace,
-                profile.__exit__, profile._parse_kineto_results, sys.excepthook)
+        return (
+            c10d._world,
+            c10d.rendezvous,
+            c10d._new_process_group_helper,
+            profile._prepare_trace,
+            profile.__exit__,
+            profile._parse_kineto_results,
+            sys.excepthook,
+        )
 
     before = bridged()
     simdist.simulate(ring_all_reduce, 2, args=(2,))

@@ -50,8 +50,17 @@ SAMPLE = [
 
 def test_sample_of_torchs_distributed_tests_passes_on_simulated_ranks(tmp_path):
     out = tmp_path / "suite.json"
-    cmd = [sys.executable, str(HARNESS), "--sim-only", "--only", "^(" + "|".join(SAMPLE) + ")$",
-           "--timeout", "60", "--json", str(out)]
+    cmd = [
+        sys.executable,
+        str(HARNESS),
+        "--sim-only",
+        "--only",
+        "^(" + "|".join(SAMPLE) + ")$",
+        "--timeout",
+        "60",
+        "--json",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     tests = json.loads(out.read_text())["tests"]
@@ -60,5 +69,6 @@ def test_sample_of_torchs_distributed_tests_passes_on_simulated_ranks(tmp_path):
     failed = {name: rec["sim"] for name, rec in tests.items() if rec["sim"]["outcome"] != "pass"}
     assert not failed, "\n".join(
         f"{name}: {r['outcome']} {r.get('error') or r.get('reason', '')} ({r.get('test_line', '')})"
-        for name, r in failed.items())
+        for name, r in failed.items()
+    )
     assert len(tests) >= len(SAMPLE) - 3, f"torch renamed most of the sample: ran only {sorted(tests)}"

@@ -32,7 +32,12 @@ def run_tutorial(path: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONIOENCODING="utf-8")  # PYTHONHASHSEED left random: output must not depend on it
     return subprocess.run(
         [sys.executable, str(path.relative_to(ROOT))],
-        cwd=ROOT, env=env, capture_output=True, text=True, encoding="utf-8", timeout=240,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=240,
     )
 
 
@@ -47,9 +52,15 @@ def test_tutorial_output(path: Path):
     assert expected_file.exists(), f"no saved output {expected_file.name}; set SIMDIST_UPDATE_TUTORIALS=1 to write it"
     expected = expected_file.read_text(encoding="utf-8")
     if proc.stdout != expected:
-        diff = "".join(difflib.unified_diff(
-            expected.splitlines(keepends=True), proc.stdout.splitlines(keepends=True),
-            fromfile=f"tutorials/{expected_file.name} (saved)", tofile=f"python tutorials/{path.name} (now)",
-        ))
-        pytest.fail(f"{path.name} printed something other than {expected_file.name}:\n{diff}\n"
-                    f"stderr:\n{proc.stderr}", pytrace=False)
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                proc.stdout.splitlines(keepends=True),
+                fromfile=f"tutorials/{expected_file.name} (saved)",
+                tofile=f"python tutorials/{path.name} (now)",
+            )
+        )
+        pytest.fail(
+            f"{path.name} printed something other than {expected_file.name}:\n{diff}\nstderr:\n{proc.stderr}",
+            pytrace=False,
+        )

@@ -147,7 +147,8 @@ def test_priced_between_nodes_the_ring_is_on_its_line_and_the_ones_above_share_a
         assert "ring" in on
         ring = next(c for c in cmp.curves if c.algorithm == "ring")
         assert [s / m for s, m in zip(ring.simulated[1:], ring.model_slowest[1:])] == pytest.approx(
-            [1.0] * (len(SIZES) - 1), rel=1e-3)  # from 128 B up
+            [1.0] * (len(SIZES) - 1), rel=1e-3
+        )  # from 128 B up
         assert uplink_queueing(op, "ring", world) == 0
         for algorithm in above:
             assert uplink_queueing(op, algorithm, world) > 0, f"{op}/{algorithm} is above without queueing"

@@ -64,8 +64,11 @@ def test_each_buckets_all_reduce_span_in_the_figure_is_its_collective_in_the_tra
     for b in run.buckets:
         for r in range(run.world):
             # the trace's own events for this bucket: the all-reduce of exactly the bucket's size
-            events = [e for e in run.trace if e.rank == r and e.kind == "collective" and e.op == "all_reduce"
-                      and e.nbytes == b.nbytes]
+            events = [
+                e
+                for e in run.trace
+                if e.rank == r and e.kind == "collective" and e.op == "all_reduce" and e.nbytes == b.nbytes
+            ]
             assert len(events) == 1
             bars = [x for x in drawn[r] if x[3] == f"bucket {b.index}"]
             assert len(bars) == 1
@@ -85,8 +88,11 @@ def test_each_gradient_bar_is_a_backward_event_of_the_parameters_modelled_cost(r
     for r in range(run.world):
         grads = [x for x in drawn[r] if x[3] in names]
         assert sorted(x[3] for x in grads) == sorted(names)
-        events = sorted((e.t_start * US, e.t_end * US) for e in run.trace
-                        if e.rank == r and e.kind == "compute" and e.op == "backward")
+        events = sorted(
+            (e.t_start * US, e.t_end * US)
+            for e in run.trace
+            if e.rank == r and e.kind == "compute" and e.op == "backward"
+        )
         spans = sorted((s, e) for _, s, e, _ in grads)
         assert [x for span in spans for x in span] == pytest.approx([x for span in events for x in span], abs=1e-9)
         for trace_name, start, end, name in grads:
@@ -119,8 +125,9 @@ def test_the_overlap_count_equals_a_count_from_the_gradient_order(run):
 def test_one_big_bucket_starts_after_backward():
     run = ddp_run(2, WIDTHS, 25.0)
     g = ddp_gantt(run)
-    assert len(run.buckets) == 1 and g.overlapped == {0: 0, 1: 0} == {r: overlap_from_the_gradient_order(run, r)
-                                                                        for r in range(2)}
+    assert len(run.buckets) == 1 and g.overlapped == {0: 0, 1: 0} == {
+        r: overlap_from_the_gradient_order(run, r) for r in range(2)
+    }
 
 
 def test_construction_is_labelled_and_left_out_unless_asked(run):
@@ -142,10 +149,15 @@ def test_construction_is_labelled_and_left_out_unless_asked(run):
 
 def test_identical_ranks_share_a_row_group_and_contention_is_off_by_default(run):
     g = ddp_gantt(run)
-    same = all(sorted((e.kind, e.op, e.t_start, e.t_end) for e in run.trace if e.rank == r
-                      and e.kind in ("compute", "collective"))
-               == sorted((e.kind, e.op, e.t_start, e.t_end) for e in run.trace if e.rank == 0
-                         and e.kind in ("compute", "collective")) for r in range(run.world))
+    same = all(
+        sorted(
+            (e.kind, e.op, e.t_start, e.t_end) for e in run.trace if e.rank == r and e.kind in ("compute", "collective")
+        )
+        == sorted(
+            (e.kind, e.op, e.t_start, e.t_end) for e in run.trace if e.rank == 0 and e.kind in ("compute", "collective")
+        )
+        for r in range(run.world)
+    )
     groups, _, _ = ddp_lanes(g)
     assert (groups == [tuple(range(run.world))]) == same
     assert not [t for t in ddp_figure(g).data if t.name == "message that shared a link"]

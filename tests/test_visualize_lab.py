@@ -24,7 +24,7 @@ import simdist as dist
 
 pytestmark = pytest.mark.timeout(120)
 
-GOOD = '''
+GOOD = """
 import torch, simdist as dist
 
 def main(rank):
@@ -33,7 +33,7 @@ def main(rank):
     dist.all_reduce(t)
     dist.destroy_process_group()
     return t.tolist()
-'''
+"""
 
 
 BLOCKED = re.compile(r"^  rank (\d+) is blocked in (\w+)\b.* at (\S+):(\d+)$")
@@ -130,8 +130,9 @@ def test_wait_for_figure_text_is_large_and_nothing_overlaps(name):
     for u, v in g.edges:  # every arrow says what its rank waits for
         assert f"waits for<br>{g.edges[u, v]['waits_for']}" in labels
     for b in err.blocked:
-        assert any(f"<b>rank {b['rank']}</b>" in t and b["call_site"].replace("program.py", "program.py") in t
-                   for t in labels)
+        assert any(
+            f"<b>rank {b['rank']}</b>" in t and b["call_site"].replace("program.py", "program.py") in t for t in labels
+        )
     assert len(fig.layout.meta["boxes"]) == g.number_of_nodes() + g.number_of_edges()
     _text_boxes_apart(fig)
 
@@ -167,8 +168,11 @@ def test_pasted_code_is_stopped_at_its_memory_limit():
 
 
 def test_pasted_code_errors_come_back_as_text():
-    res = run_code("import simdist as dist, torch\ndef main(rank):\n    dist.init_process_group('gloo')\n"
-                   "    dist.recv(torch.zeros(1), src=1 - rank)\n", 2)
+    res = run_code(
+        "import simdist as dist, torch\ndef main(rank):\n    dist.init_process_group('gloo')\n"
+        "    dist.recv(torch.zeros(1), src=1 - rank)\n",
+        2,
+    )
     assert not res.ok and res.error.startswith("DeadlockError")
     assert "define main(rank)" in run_code("x = 1\n", 1).error
     with pytest.raises(ValueError, match="world=0"):
@@ -249,22 +253,35 @@ def test_a_simulated_trace_says_virtual_time_and_counts_every_message():
     assert summary.messages == 2 * (world - 1) * world  # ring: 2(p-1) steps of p messages
     assert summary.collectives == 1 and summary.ranks == world
     fig = trace_figure(trace)
-    assert fig.layout.xaxis.title.text.startswith("virtual time") and f"{summary.messages} messages" in \
-        fig.layout.title.text
+    assert (
+        fig.layout.xaxis.title.text.startswith("virtual time")
+        and f"{summary.messages} messages" in fig.layout.title.text
+    )
 
 
 def test_a_bad_file_among_several_is_named_and_the_others_kept(tmp_path, monkeypatch):
     files = real_run_files(tmp_path, monkeypatch)
     good = [(f.name, f.read_bytes()) for f in files]
     sim = collective_run("all_reduce", "ring", 2, 64).trace
-    bad = [("notes.json", b'{"hello": 1}'), ("broken.json", b"{not json"), ("perfetto.json", sim.to_chrome_json()),
-           ("image.json", b"\xff\xd8\xff"), ("simulated.json", sim.to_json())]
+    bad = [
+        ("notes.json", b'{"hello": 1}'),
+        ("broken.json", b"{not json"),
+        ("perfetto.json", sim.to_chrome_json()),
+        ("image.json", b"\xff\xd8\xff"),
+        ("simulated.json", sim.to_json()),
+    ]
     loaded = load_traces(good[:1] + bad + good[1:] + good[:1])
     assert loaded.names == ("rank0.trace.json", "rank1.trace.json")
     assert len(loaded.trace) == sum(len(dist.Trace.from_json(data.decode())) for _, data in good)
     why = dict(loaded.problems)
-    assert list(why) == ["notes.json", "broken.json", "perfetto.json", "image.json", "simulated.json",
-                         "rank0.trace.json"]
+    assert list(why) == [
+        "notes.json",
+        "broken.json",
+        "perfetto.json",
+        "image.json",
+        "simulated.json",
+        "rank0.trace.json",
+    ]
     assert "not a simdist trace" in why["notes.json"] and "not JSON" in why["broken.json"]
     assert "Perfetto" in why["perfetto.json"] and "UTF-8" in why["image.json"]
     assert "clock is virtual" in why["simulated.json"] and "rank 0 is already in" in why["rank0.trace.json"]

@@ -36,8 +36,11 @@ def test_the_child_does_not_see_the_parents_environment(monkeypatch):
 
 
 def test_the_working_directory_is_fresh_empty_and_removed_afterwards():
-    res = run_code("import os\nCWD, FILES = os.getcwd(), os.listdir('.')\nopen('x.txt', 'w').write('hi')\n"
-                   "def main(rank):\n    return [CWD, FILES, os.environ['HOME']]\n", 1)
+    res = run_code(
+        "import os\nCWD, FILES = os.getcwd(), os.listdir('.')\nopen('x.txt', 'w').write('hi')\n"
+        "def main(rank):\n    return [CWD, FILES, os.environ['HOME']]\n",
+        1,
+    )
     cwd, files, home = _values(res)[0]
     assert files == [] and home == cwd
     assert not os.path.exists(cwd)
@@ -51,20 +54,27 @@ def test_file_writes_are_limited_in_size():
 
 
 def test_a_fork_bomb_is_stopped_by_the_process_limit():
-    src = ("import os, signal, time\npids, err = [], None\n"
-           "try:\n    for _ in range(5000):\n        pid = os.fork()\n        if pid == 0:\n            time.sleep(600)\n"
-           "            os._exit(0)\n        pids.append(pid)\nexcept OSError as e:\n    err = e.errno\n"
-           "forked = len(pids)\nfor pid in pids:\n    os.kill(pid, signal.SIGKILL)\n    os.waitpid(pid, 0)\n"
-           "def main(rank):\n    return [forked, err]\n")
+    src = (
+        "import os, signal, time\npids, err = [], None\n"
+        "try:\n    for _ in range(5000):\n        pid = os.fork()\n        if pid == 0:\n            time.sleep(600)\n"
+        "            os._exit(0)\n        pids.append(pid)\nexcept OSError as e:\n    err = e.errno\n"
+        "forked = len(pids)\nfor pid in pids:\n    os.kill(pid, signal.SIGKILL)\n    os.waitpid(pid, 0)\n"
+        "def main(rank):\n    return [forked, err]\n"
+    )
     forked, err = _values(run_code(src, 1, timeout=120))[0]
     assert err == 11 and 0 < forked < 5000  # EAGAIN well before the loop ran out
 
 
 @pytest.mark.parametrize("how", ["subprocess", "fork"])
 def test_a_sleeping_grandchild_is_killed_when_the_run_ends(how):
-    start = ("import subprocess, sys\nPID = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
-             " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid\n") if how == "subprocess" else (
-            "import os, time\nPID = os.fork()\nif PID == 0:\n    time.sleep(600)\n    os._exit(0)\n")
+    start = (
+        (
+            "import subprocess, sys\nPID = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
+            " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid\n"
+        )
+        if how == "subprocess"
+        else ("import os, time\nPID = os.fork()\nif PID == 0:\n    time.sleep(600)\n    os._exit(0)\n")
+    )
     res = run_code(start + "def main(rank):\n    return PID\n", 1, timeout=60)
     pid = _values(res)[0]
     deadline = time.monotonic() + 30
@@ -88,10 +98,10 @@ def _with_token(token):
 
 _ESCAPES = {
     "setsid": "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', TOKEN],"
-              " start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n",
+    " start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n",
     "daemon": "import os, sys\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-              "        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)', TOKEN])\n"
-              "    os._exit(0)\nos.wait()\n",
+    "        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)', TOKEN])\n"
+    "    os._exit(0)\nos.wait()\n",
 }
 
 
@@ -116,20 +126,23 @@ def test_the_child_keeps_a_capability_only_where_nobody_could_not_read_python():
     def nobody_reads(path):  # from the mode bits of the path and each directory above it
         parts = os.path.abspath(path).split(os.sep)
         dirs = [os.sep.join(parts[:i]) or os.sep for i in range(1, len(parts))]
-        return (all(os.stat(d).st_mode & 0o001 for d in dirs)
-                and os.stat(path).st_mode & 0o005 == 0o005)
+        return all(os.stat(d).st_mode & 0o001 for d in dirs) and os.stat(path).st_mode & 0o005 == 0o005
 
-    src = ("with open('/proc/self/status') as f:\n"
-           "    CAPS = next(line for line in f if line.startswith('CapEff:')).split()[1]\n"
-           "def main(rank):\n    return int(CAPS, 16)\n")
+    src = (
+        "with open('/proc/self/status') as f:\n"
+        "    CAPS = next(line for line in f if line.startswith('CapEff:')).split()[1]\n"
+        "def main(rank):\n    return int(CAPS, 16)\n"
+    )
     caps = _values(run_code(src, 1))[0]
     needed = os.geteuid() == 0 and not nobody_reads(sysconfig.get_paths()["stdlib"])
     assert caps == (1 << 2 if needed else 0)  # CAP_DAC_READ_SEARCH, or nothing
 
 
 def test_a_grandchild_holding_stdout_does_not_turn_success_into_a_timeout():
-    src = ("import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-           "def main(rank):\n    return rank\n")
+    src = (
+        "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "def main(rank):\n    return rank\n"
+    )
     t0 = time.monotonic()
     res = run_code(src, 2, timeout=90)
     assert _values(res) == [0, 1]
@@ -142,10 +155,12 @@ def test_a_cpu_bound_loop_is_stopped_by_the_cpu_limit():
 
 
 def test_too_many_open_files_are_refused():
-    src = ("import errno\nfiles, err = [], None\ntry:\n    for _ in range(200):\n"
-           "        files.append(open('/dev/null'))\nexcept OSError as e:\n    err = e.errno\n"
-           "opened = len(files)\nfor f in files:\n    f.close()\n"
-           "def main(rank):\n    return [opened, err]\n")
+    src = (
+        "import errno\nfiles, err = [], None\ntry:\n    for _ in range(200):\n"
+        "        files.append(open('/dev/null'))\nexcept OSError as e:\n    err = e.errno\n"
+        "opened = len(files)\nfor f in files:\n    f.close()\n"
+        "def main(rank):\n    return [opened, err]\n"
+    )
     opened, err = _values(run_code(src, 1, open_files=64))[0]
     assert err == 24 and opened < 64  # EMFILE
 
@@ -155,9 +170,11 @@ def test_no_network_where_isolation_is_reported(record_property):
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        src = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=10).close()\n"
-               "    GOT = 'connected'\nexcept OSError as e:\n    GOT = type(e).__name__\n"
-               "def main(rank):\n    return GOT\n")
+        src = (
+            f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=10).close()\n"
+            "    GOT = 'connected'\nexcept OSError as e:\n    GOT = type(e).__name__\n"
+            "def main(rank):\n    return GOT\n"
+        )
         res = run_code(src, 1, timeout=60)
     got = _values(res)[0]
     record_property("network_isolated", res.network_isolated)

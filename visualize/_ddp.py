@@ -100,8 +100,7 @@ def ddp_run(world: int, widths: Sequence[int], bucket_cap_mb: float, topology: A
         raise ValueError(f"world={world!r} must be an int of at least 2")
     widths = tuple(widths)
     if len(widths) < 2 or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
-        raise ValueError(f"widths={widths!r} must be two or more positive ints (layer i maps widths[i] to "
-                         "widths[i+1])")
+        raise ValueError(f"widths={widths!r} must be two or more positive ints (layer i maps widths[i] to widths[i+1])")
     if not bucket_cap_mb > 0:
         raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r} must be a positive number of MiB")
     res = dist.simulate(_step, world, args=(widths, bucket_cap_mb), topology=topology, seed=seed)
@@ -165,27 +164,42 @@ def _rank_bars(run: DdpRun, rank: int) -> tuple[list[DdpBar], tuple[float, float
     grads = [e for e in events if e.kind == "compute" and e.op == "backward"]
     names = run.ready.get(rank, ())
     if not grads or len(grads) != len(names):
-        raise ValueError(f"rank {rank}: the trace has {len(grads)} backward events but the run noted {len(names)} "
-                         "gradients; expected one event per gradient")
+        raise ValueError(
+            f"rank {rank}: the trace has {len(grads)} backward events but the run noted {len(names)} "
+            "gradients; expected one event per gradient"
+        )
     start, end = grads[0].t_start, max(e.t_end for e in grads)
     where = {n: b.index for b in run.buckets for n in b.params}
     bars = [DdpBar(rank, "backward", n, e.t_start, e.t_end, where.get(n), None) for n, e in zip(names, grads)]
     reduces = [e for e in events if e.kind == "collective" and e.op == "all_reduce" and e.t_start >= start]
     if len(reduces) != len(run.buckets):
-        raise ValueError(f"rank {rank}: {len(reduces)} all-reduces started in backward for {len(run.buckets)} "
-                         "buckets; expected one per bucket")
+        raise ValueError(
+            f"rank {rank}: {len(reduces)} all-reduces started in backward for {len(run.buckets)} "
+            "buckets; expected one per bucket"
+        )
     for b, e in zip(run.buckets, reduces):
         if e.nbytes != b.nbytes:
-            raise ValueError(f"rank {rank}: the all-reduce of bucket {b.index} moved {e.nbytes} bytes; expected "
-                             f"the bucket's {b.nbytes}")
+            raise ValueError(
+                f"rank {rank}: the all-reduce of bucket {b.index} moved {e.nbytes} bytes; expected "
+                f"the bucket's {b.nbytes}"
+            )
         bars.append(DdpBar(rank, "all_reduce", f"bucket {b.index}", e.t_start, e.t_end, b.index, e.collective_id))
     built = [e for e in events if e.kind == "collective" and e not in reduces and e.t_start < start]
     ops: dict[str, int] = {}
     for e in built:
         ops[e.op] = ops.get(e.op, 0) + 1
     if built:
-        bars.append(DdpBar(rank, "construction", "DDP construction: model check + parameter broadcast",
-                           min(e.t_start for e in built), max(e.t_end for e in built), None, None))
+        bars.append(
+            DdpBar(
+                rank,
+                "construction",
+                "DDP construction: model check + parameter broadcast",
+                min(e.t_start for e in built),
+                max(e.t_end for e in built),
+                None,
+                None,
+            )
+        )
     overlapped = sum(1 for e in reduces if e.t_start < end)
     return bars, (start, end), overlapped, ops
 

@@ -13,8 +13,15 @@ from ._compare import Comparison, coincident, size_label
 from ._ddp import DdpBar, DdpGantt
 from ._timeline import Timeline
 
-__all__ = ["graph_figure", "buffer_figure", "timeline_figure", "comparison_figure", "wait_for_figure", "ddp_figure",
-           "ddp_lanes"]
+__all__ = [
+    "graph_figure",
+    "buffer_figure",
+    "timeline_figure",
+    "comparison_figure",
+    "wait_for_figure",
+    "ddp_figure",
+    "ddp_lanes",
+]
 
 US = 1e6  # figures show microseconds
 INK = "#222222"  # axis and legend text of the figures meant to be projected
@@ -509,19 +516,54 @@ def wait_for_figure(g: nx.DiGraph, width: int = 720) -> Any:
         hot = g.edges[u, v].get("in_cycle")
         color = "#D62728" if hot else "#666666"
         (x0, y0), (x1, y1) = at(start), at(end)
-        notes.append(dict(x=x1, y=y1, ax=x0, ay=y0, xref="x", yref="y", axref="x", ayref="y", text="",
-                          showarrow=True, arrowhead=2, arrowsize=1.3, arrowwidth=3 if hot else 2, arrowcolor=color))
+        notes.append(
+            dict(
+                x=x1,
+                y=y1,
+                ax=x0,
+                ay=y0,
+                xref="x",
+                yref="y",
+                axref="x",
+                ayref="y",
+                text="",
+                showarrow=True,
+                arrowhead=2,
+                arrowsize=1.3,
+                arrowwidth=3 if hot else 2,
+                arrowcolor=color,
+            )
+        )
         if label is not None:
             x, y = at(label)
-            notes.append(dict(x=x, y=y, text=g.edges[u, v]["_text"], showarrow=False,
-                              font=dict(size=_EDGE_FONT, color=color),
-                              bgcolor="rgba(255,255,255,0.92)", borderpad=4))
+            notes.append(
+                dict(
+                    x=x,
+                    y=y,
+                    text=g.edges[u, v]["_text"],
+                    showarrow=False,
+                    font=dict(size=_EDGE_FONT, color=color),
+                    bgcolor="rgba(255,255,255,0.92)",
+                    borderpad=4,
+                )
+            )
     for n, box in boxes.items():
         d = g.nodes[n]
         color = "#888888" if d.get("finished") else d.get("color", "#888888")
         x, y = at(box)
-        notes.append(dict(x=x, y=y, text=d["_text"], showarrow=False, font=dict(size=_NODE_FONT, color="#111111"),
-                          bgcolor=mix(color, 0.15), bordercolor=color, borderwidth=3, borderpad=5))
+        notes.append(
+            dict(
+                x=x,
+                y=y,
+                text=d["_text"],
+                showarrow=False,
+                font=dict(size=_NODE_FONT, color="#111111"),
+                bgcolor=mix(color, 0.15),
+                bordercolor=color,
+                borderwidth=3,
+                borderpad=5,
+            )
+        )
     fig = go.Figure()
     nodes = list(boxes)
     fig.add_trace(
@@ -533,9 +575,13 @@ def wait_for_figure(g: nx.DiGraph, width: int = 720) -> Any:
     )  # fmt: skip
     cycle = g.graph.get("cycle") or []
     finished = sorted(n for n, d in g.nodes(data=True) if d.get("finished"))
-    title = "wait-for graph: " + (f"cycle {' → '.join(map(str, cycle + cycle[:1]))}" if cycle else
-                                  f"no cycle; waiting for finished rank{'s' if len(finished) > 1 else ''} "
-                                  f"{', '.join(map(str, finished))}" if finished else "no cycle")
+    title = "wait-for graph: " + (
+        f"cycle {' → '.join(map(str, cycle + cycle[:1]))}"
+        if cycle
+        else f"no cycle; waiting for finished rank{'s' if len(finished) > 1 else ''} {', '.join(map(str, finished))}"
+        if finished
+        else "no cycle"
+    )
     _blank_axes(fig)
     fig.update_xaxes(range=[0, plot_w], fixedrange=True)
     fig.update_yaxes(range=[0, plot_h], fixedrange=True)
@@ -619,8 +665,9 @@ def _ranks_text(ranks: tuple[int, ...]) -> str:
     return "ranks " + ",".join(map(str, ranks))
 
 
-def ddp_figure(g: DdpGantt, show_construction: bool = False, contention: Timeline | None = None,
-               merge: bool = True) -> Any:
+def ddp_figure(
+    g: DdpGantt, show_construction: bool = False, contention: Timeline | None = None, merge: bool = True
+) -> Any:
     """A plotly Figure of :func:`ddp_gantt`: per rank a backward row and its all-reduce lanes (µs).
 
     Each gradient is a pale bar in its bucket's colour, labelled with the parameter's name;
@@ -674,12 +721,19 @@ def ddp_figure(g: DdpGantt, show_construction: bool = False, contention: Timelin
 
     for bucket, color in zip(g.buckets, colors):
         group = f"bucket {bucket.index}"
-        add_bars([b for b in shown if b.kind == "all_reduce" and b.bucket == bucket.index],
-                 f"bucket {bucket.index}: {', '.join(bucket.params)}", color, color, group, True)
+        add_bars(
+            [b for b in shown if b.kind == "all_reduce" and b.bucket == bucket.index],
+            f"bucket {bucket.index}: {', '.join(bucket.params)}",
+            color,
+            color,
+            group,
+            True,
+        )
         add_bars([b for b in shown if b.kind == "backward" and b.bucket == bucket.index],
                  f"bucket {bucket.index} gradients", mix(color, 0.3), color, group, False)  # fmt: skip
-    add_bars([b for b in shown if b.kind == "construction"], "DDP construction", "#D9D9D9", "#999999",
-             "construction", True)
+    add_bars(
+        [b for b in shown if b.kind == "construction"], "DDP construction", "#D9D9D9", "#999999", "construction", True
+    )
     top = {r: k * (depth + 1.6) for k, group in enumerate(groups) for r in group}
     for k, group in enumerate(groups):
         end = g.backward[group[0]][1] * US

@@ -196,8 +196,14 @@ def _positive(name: str, value) -> None:
 
 
 def _child_env(home: str) -> dict:
-    return {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home,
-            "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    return {
+        "PATH": os.defpath,
+        "LANG": "C.UTF-8",
+        "HOME": home,
+        "TMPDIR": home,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -207,8 +213,16 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_code(source: str, world: int, *, timeout: float = 20.0, memory_mb: int = 2048,
-             cpu_seconds: int | None = None, file_mb: int = 64, open_files: int = 256) -> CodeResult:
+def run_code(
+    source: str,
+    world: int,
+    *,
+    timeout: float = 20.0,
+    memory_mb: int = 2048,
+    cpu_seconds: int | None = None,
+    file_mb: int = 64,
+    open_files: int = 256,
+) -> CodeResult:
     """Run ``main(rank)`` from ``source`` on ``world`` simulated ranks in a contained child process.
 
     Returns its trace and values, or the error text. ``timeout`` bounds wall time;
@@ -243,8 +257,12 @@ def run_code(source: str, world: int, *, timeout: float = 20.0, memory_mb: int =
         raise TypeError(f"source must be a str, got {type(source).__name__}")
     if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= 64:
         raise ValueError(f"world={world!r} must be an int from 1 to 64")
-    for name, value in (("timeout", timeout), ("memory_mb", memory_mb), ("file_mb", file_mb),
-                        ("open_files", open_files)):
+    for name, value in (
+        ("timeout", timeout),
+        ("memory_mb", memory_mb),
+        ("file_mb", file_mb),
+        ("open_files", open_files),
+    ):
         _positive(name, value)
     cpu = max(10, int(2 * timeout)) if cpu_seconds is None else cpu_seconds
     _positive("cpu_seconds", cpu)
@@ -255,10 +273,26 @@ def run_code(source: str, world: int, *, timeout: float = 20.0, memory_mb: int =
     try:
         with open(os.path.join(outdir, "out"), "w+") as out, open(os.path.join(outdir, "err"), "w+") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", _WORKER, str(int(memory_mb)), str(world), str(int(cpu)),
-                 str(int(file_mb)), str(int(open_files))],
-                stdin=subprocess.PIPE, stdout=out, stderr=err, text=True, cwd=home, env=_child_env(home),
-                start_new_session=True, close_fds=True)
+                [
+                    sys.executable,
+                    "-I",
+                    "-c",
+                    _WORKER,
+                    str(int(memory_mb)),
+                    str(world),
+                    str(int(cpu)),
+                    str(int(file_mb)),
+                    str(int(open_files)),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=err,
+                text=True,
+                cwd=home,
+                env=_child_env(home),
+                start_new_session=True,
+                close_fds=True,
+            )
             try:
                 proc.stdin.write(source)
                 proc.stdin.close()
@@ -288,16 +322,19 @@ def run_code(source: str, world: int, *, timeout: float = 20.0, memory_mb: int =
 def _result(code: int | None, stdout: str, stderr: str, timeout: float, cpu: int) -> CodeResult:
     isolated = stdout.startswith(_NET + "1")
     if code is None:
-        return CodeResult(False, error=f"the code did not finish within {timeout:g} s (it was stopped)",
-                          network_isolated=isolated)
+        return CodeResult(
+            False, error=f"the code did not finish within {timeout:g} s (it was stopped)", network_isolated=isolated
+        )
     if code == -signal.SIGXCPU:
-        return CodeResult(False, error=f"the code used more than {cpu} s of CPU time (it was stopped)",
-                          network_isolated=isolated)
+        return CodeResult(
+            False, error=f"the code used more than {cpu} s of CPU time (it was stopped)", network_isolated=isolated
+        )
     _, sep, tail = stdout.rpartition(_MARK)
     if not sep:
         lines = (stderr or stdout).strip().splitlines()
-        return CodeResult(False, error="\n".join(lines[-15:]) or f"the child process exited with {code}",
-                          network_isolated=isolated)
+        return CodeResult(
+            False, error="\n".join(lines[-15:]) or f"the child process exited with {code}", network_isolated=isolated
+        )
     out = json.loads(tail)
     if not out["ok"]:
         return CodeResult(False, error=out["error"], network_isolated=isolated)

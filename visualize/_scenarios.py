@@ -15,8 +15,16 @@ import networkx as nx
 
 import simdist as dist
 
-__all__ = ["PROGRAM", "Blocked", "Scenario", "SCENARIOS", "run_scenario", "scenario_source", "scenario_main",
-           "where_blocked"]
+__all__ = [
+    "PROGRAM",
+    "Blocked",
+    "Scenario",
+    "SCENARIOS",
+    "run_scenario",
+    "scenario_source",
+    "scenario_main",
+    "where_blocked",
+]
 
 PROGRAM = "program.py"
 """The file name the scenarios' programs run under (and their call sites name)."""

@@ -66,8 +66,10 @@ class TraceSummary:
     def describe(self) -> str:
         """One short line for a title: the kind of run and what it holds."""
         run = "simulated run (virtual time)" if self.clock == "virtual" else "real run (wall-clock time)"
-        counts = ", ".join(f"{n} {what}{'' if n == 1 else 's'}" for n, what in
-                           ((self.ranks, "rank"), (self.collectives, "collective"), (self.messages, "message")))
+        counts = ", ".join(
+            f"{n} {what}{'' if n == 1 else 's'}"
+            for n, what in ((self.ranks, "rank"), (self.collectives, "collective"), (self.messages, "message"))
+        )
         return f"{run}: {counts}"
 
     @property
@@ -75,8 +77,10 @@ class TraceSummary:
         """What the counts mean for this kind of run."""
         if self.clock == "virtual":
             return "Times are the simulator's virtual clock; messages count every message, collectives' included."
-        return ("Times are real seconds since rank 0 joined, by each host's wall clock; messages count the "
-                "point-to-point sends; the messages inside collectives are not recorded on real runs.")
+        return (
+            "Times are real seconds since rank 0 joined, by each host's wall clock; messages count the "
+            "point-to-point sends; the messages inside collectives are not recorded on real runs."
+        )
 
 
 def summarize(trace: Trace) -> TraceSummary:
@@ -127,7 +131,7 @@ def _read(data: bytes | str) -> Trace:
     if isinstance(raw, dict) and "traceEvents" in raw:
         raise ValueError("it is a Chrome/Perfetto trace (open it at ui.perfetto.dev); upload the simdist JSON")
     if not isinstance(raw, dict) or raw.get("format") != "simdist-trace-1":
-        raise ValueError("it is JSON but not a simdist trace (no \"format\": \"simdist-trace-1\")")
+        raise ValueError('it is JSON but not a simdist trace (no "format": "simdist-trace-1")')
     try:
         return Trace.from_json(text)
     except (KeyError, TypeError, ValueError) as exc:
@@ -165,8 +169,10 @@ def load_traces(files: Sequence[tuple[str, bytes | str]]) -> LoadedTraces:
             problems.append((name, str(exc)))
             continue
         if good and trace_clock(trace) != trace_clock(good[0][1]):
-            why = (f"its clock is {trace_clock(trace)} but {good[0][0]}'s is {trace_clock(good[0][1])}: "
-                   "they are traces of different runs")
+            why = (
+                f"its clock is {trace_clock(trace)} but {good[0][0]}'s is {trace_clock(good[0][1])}: "
+                "they are traces of different runs"
+            )
             problems.append((name, why))
             continue
         mine = {e.rank for e in trace.events}

@@ -42,8 +42,13 @@ _DTYPES = {  # torch dtype -> name of cupy.cuda.nccl's constant
     torch.float32: "NCCL_FLOAT32",
     torch.float64: "NCCL_FLOAT64",
 }
-_OPS = {ReduceOp.SUM: "NCCL_SUM", ReduceOp.PRODUCT: "NCCL_PROD", ReduceOp.MIN: "NCCL_MIN",
-        ReduceOp.MAX: "NCCL_MAX", ReduceOp.AVG: "NCCL_AVG"}
+_OPS = {
+    ReduceOp.SUM: "NCCL_SUM",
+    ReduceOp.PRODUCT: "NCCL_PROD",
+    ReduceOp.MIN: "NCCL_MIN",
+    ReduceOp.MAX: "NCCL_MAX",
+    ReduceOp.AVG: "NCCL_AVG",
+}
 
 
 class NcclHandle:
@@ -69,8 +74,7 @@ class NcclGroup(LibraryGroup):
 
     backend = "nccl"
 
-    def __init__(self, comm: Any, device: torch.device, rank: int, ranks: Sequence[int], group_id: int,
-                 timeout: float):
+    def __init__(self, comm: Any, device: torch.device, rank: int, ranks: Sequence[int], group_id: int, timeout: float):
         super().__init__(rank, ranks, group_id)
         self.comm = comm
         self.device = device
@@ -82,8 +86,10 @@ class NcclGroup(LibraryGroup):
         t = A.as_tensor(flat)  # a cupy or numpy array: a tensor on the same memory
         if t.device.type == "cuda":
             if t.device != self.device:
-                raise ValueError(f"an array on {t.device} was given to an NCCL group on {self.device}; "
-                                 "use torch.cuda.set_device() before init_process_group, or move the array")
+                raise ValueError(
+                    f"an array on {t.device} was given to an NCCL group on {self.device}; "
+                    "use torch.cuda.set_device() before init_process_group, or move the array"
+                )
             return t, None
         host = t
         dev = host.to(self.device)
@@ -110,7 +116,8 @@ class NcclGroup(LibraryGroup):
                 raise DistTimeoutError(
                     f"rank {self.ranks[self.rank]}: an NCCL operation of group {self.group_id} did not complete "
                     f"within timeout={limit} s; its communicator was aborted (is a rank missing, or are the "
-                    "ranks' calls in different orders?)")
+                    "ranks' calls in different orders?)"
+                )
             time.sleep(1e-4)
 
     def _args(self, buf: Any) -> tuple[int, int, int]:

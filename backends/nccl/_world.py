@@ -43,8 +43,10 @@ class NcclWorld(SocketWorld):
 
         reason = nccl_unavailable()
         if reason is not None:
-            raise RuntimeError(f"backend='nccl' cannot run here: {reason}. Without a GPU, the same code runs "
-                               "on backend='sim' (simulated) or on real processes with 'socket' or 'gloo'")
+            raise RuntimeError(
+                f"backend='nccl' cannot run here: {reason}. Without a GPU, the same code runs "
+                "on backend='sim' (simulated) or on real processes with 'socket' or 'gloo'"
+            )
         self.timeout = self.timeout_of(timeout)
         _, _, rank, world_size, _ = self.connect_store(init_method, rank, world_size)
         self.rank, self.size, self.backend = rank, world_size, backend or "nccl"

@@ -41,8 +41,9 @@ class BufferCheck:
 
     __slots__ = ("back", "before", "call_site", "kind", "posted", "rank", "target", "tensor")
 
-    def __init__(self, kind: str, tensor: Any, target: Any, back: Callable[[], None] | None, rank: int,
-                 call_site: str | None):
+    def __init__(
+        self, kind: str, tensor: Any, target: Any, back: Callable[[], None] | None, rank: int, call_site: str | None
+    ):
         self.kind = kind
         self.tensor = tensor
         self.rank = rank

@@ -263,11 +263,15 @@ class Engine:
         """Stop a run that has not finished within ``timeout`` and raise ``DistTimeoutError``."""
         running = self.current.rank if self.current else "?"
         if any(rs.user.inside for rs in self.ranks) or not self.current or not self.current.started:
-            why = (f"rank {running} was running (a loop that never reaches a simdist call, or a call that blocks "
-                   "outside simdist)")
+            why = (
+                f"rank {running} was running (a loop that never reaches a simdist call, or a call that blocks "
+                "outside simdist)"
+            )
         else:
-            why = (f"rank {running} was waiting for its turn: a rank of another simulation in this process did not "
-                   "reach a scheduling point")
+            why = (
+                f"rank {running} was waiting for its turn: a rank of another simulation in this process did not "
+                "reach a scheduling point"
+            )
         stuck = self._stop()
         raise DistTimeoutError(
             f"the simulation did not finish within timeout={self.timeout} s of real time; {why}"
@@ -308,8 +312,10 @@ class Engine:
             if time.monotonic() > deadline:
                 _isolation.abandon(self.ranks)
                 left = [rs.rank for rs in self.ranks if rs.started and not rs.done]
-                return (f"rank thread(s) {left} did not stop within {STOP_WAIT} s (blocked in code that does not "
-                        "return to Python) and are left running, without the turn")
+                return (
+                    f"rank thread(s) {left} did not stop within {STOP_WAIT} s (blocked in code that does not "
+                    "return to Python) and are left running, without the turn"
+                )
         self._join(max(deadline - time.monotonic(), RETRY))
         return ""
 
@@ -538,8 +544,7 @@ class Engine:
         if deadline is not None and (me.expired or me.clock > deadline):
             me.expired, me.clock = False, max(deadline, start)
             raise DistTimeoutError(
-                f"rank {me.rank}: {what} did not complete within its timeout of {deadline - start:.6g} s "
-                "(virtual time)"
+                f"rank {me.rank}: {what} did not complete within its timeout of {deadline - start:.6g} s (virtual time)"
             )
 
     def _expire(self) -> bool:
@@ -692,8 +697,9 @@ class Engine:
             gs = self.groups[gid] = _GroupState(gid, ranks)
         return gs
 
-    def start_collective(self, me: RankState, group: SimGroup, call: CollectiveCall, instant: bool = False
-                         ) -> CollectiveRun:
+    def start_collective(
+        self, me: RankState, group: SimGroup, call: CollectiveCall, instant: bool = False
+    ) -> CollectiveRun:
         """Join the next collective on ``group``; check it against the other ranks' calls."""
         gs = self.group_state(group.group_id, group.ranks)
         self.footprint.add(("group", group.group_id))
@@ -739,9 +745,9 @@ class Engine:
             self.fail(CollectiveMismatchError(f"{call.op} #{inst.coll_id}: {exc}"))
         start = max(r.t0 for r in runs)
         cost = (
-            0.0 if instant else algorithms.cost(
-                call.op, call.algorithm, call.nbytes, len(runs), self.alpha, self.beta, self.gamma
-            )
+            0.0
+            if instant
+            else algorithms.cost(call.op, call.algorithm, call.nbytes, len(runs), self.alpha, self.beta, self.gamma)
         )
         for r in runs:
             self._end_run(r, start + cost)
@@ -809,8 +815,23 @@ class _Transport(Timed):
             self.dtype = A.dtype_name(buf)
         run, me = self.run, self.me
         return self.engine.post(
-            Post("send", me, self.ranks[peer], run.ctx, tag, buf, A.nbytes(buf), self.dtype, run.t, me,
-                 self.gid, self.site, run, run.step, chunk)
+            Post(
+                "send",
+                me,
+                self.ranks[peer],
+                run.ctx,
+                tag,
+                buf,
+                A.nbytes(buf),
+                self.dtype,
+                run.t,
+                me,
+                self.gid,
+                self.site,
+                run,
+                run.step,
+                chunk,
+            )
         )
 
     def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Post:
@@ -818,8 +839,23 @@ class _Transport(Timed):
             self.dtype = A.dtype_name(buf)
         run, me = self.run, self.me
         return self.engine.post(
-            Post("recv", self.ranks[peer], me, run.ctx, tag, buf, A.nbytes(buf), self.dtype, run.t, me,
-                 self.gid, self.site, run, run.step, chunk)
+            Post(
+                "recv",
+                self.ranks[peer],
+                me,
+                run.ctx,
+                tag,
+                buf,
+                A.nbytes(buf),
+                self.dtype,
+                run.t,
+                me,
+                self.gid,
+                self.site,
+                run,
+                run.step,
+                chunk,
+            )
         )
 
     def reduced(self, nbytes: int) -> None:

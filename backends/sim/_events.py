@@ -44,8 +44,20 @@ class TraceRecorder:
         else:
             call = run.call
             self._record(
-                s.src, "message", call.op, s.group, s.dst, s.tag, s.nbytes, start, arrival, run.coll_id, s.step,
-                s.chunk, s.call_site, call.algorithm,
+                s.src,
+                "message",
+                call.op,
+                s.group,
+                s.dst,
+                s.tag,
+                s.nbytes,
+                start,
+                arrival,
+                run.coll_id,
+                s.step,
+                s.chunk,
+                s.call_site,
+                call.algorithm,
             )
 
     def span(self, p: Post, t_end: float) -> None:
@@ -60,8 +72,20 @@ class TraceRecorder:
         call = run.call
         if call.op != "new_group":
             self._record(
-                run.rank, "collective", call.op, run.group.group_id, None, None, call.nbytes, run.t0, t_end,
-                run.coll_id, None, None, call.call_site, call.algorithm,
+                run.rank,
+                "collective",
+                call.op,
+                run.group.group_id,
+                None,
+                None,
+                call.nbytes,
+                run.t0,
+                t_end,
+                run.coll_id,
+                None,
+                None,
+                call.call_site,
+                call.algorithm,
             )
 
     def step(self, run: CollectiveRun, kind: str, step: int | None, t: float, values: Any) -> None:
@@ -69,8 +93,21 @@ class TraceRecorder:
         ``'work'``; ``values``: the leading values, as :meth:`Trace.record` takes a snapshot)."""
         call = run.call
         self._record(
-            run.rank, kind, call.op, run.group.group_id, None, None, 0, t, t, run.coll_id, step, None, None,
-            call.algorithm, values,
+            run.rank,
+            kind,
+            call.op,
+            run.group.group_id,
+            None,
+            None,
+            0,
+            t,
+            t,
+            run.coll_id,
+            step,
+            None,
+            None,
+            call.algorithm,
+            values,
         )
 
     def received(self, run: CollectiveRun, peer: int, tag: int, nbytes: int, chunk: int | None) -> int:
@@ -78,8 +115,21 @@ class TraceRecorder:
         :meth:`received_in` gives its step; the event's index."""
         call = run.call
         return self._record(
-            run.rank, "received", call.op, run.group.group_id, peer, tag, nbytes, 0.0, 0.0, run.coll_id, None, chunk,
-            None, call.algorithm, hold=True,
+            run.rank,
+            "received",
+            call.op,
+            run.group.group_id,
+            peer,
+            tag,
+            nbytes,
+            0.0,
+            0.0,
+            run.coll_id,
+            None,
+            chunk,
+            None,
+            call.algorithm,
+            hold=True,
         )
 
     def received_in(self, index: int, step: int, t: float) -> None:

@@ -29,8 +29,9 @@ class SimWork(Work):
     ``is_completed()`` that answers ``True``.
     """
 
-    def __init__(self, group: "SimGroup", item: Waitable, what: str, outputs: list, track: bool,
-                 check: BufferCheck | None = None):
+    def __init__(
+        self, group: "SimGroup", item: Waitable, what: str, outputs: list, track: bool, check: BufferCheck | None = None
+    ):
         self.group = group
         self.item = item
         self.what = what
@@ -175,8 +176,17 @@ class SimWorld(World):
         self.open_checks: dict[int, BufferCheck] = {}
 
     @classmethod
-    def spawn(cls, fn: Callable, args: tuple, nprocs: int, *, daemon: bool, start_method: str | None,
-              backend: str, **options: Any) -> list:
+    def spawn(
+        cls,
+        fn: Callable,
+        args: tuple,
+        nprocs: int,
+        *,
+        daemon: bool,
+        start_method: str | None,
+        backend: str,
+        **options: Any,
+    ) -> list:
         """The values of ``fn(rank, *args)`` on ``nprocs`` simulated ranks: ``options`` go to :func:`simulate`.
 
         The ranks are threads that run to completion here, so ``daemon`` and ``start_method`` do not apply.
@@ -210,8 +220,16 @@ class SimWorld(World):
         """Wait until every rank of the world reaches the same call (checked like a collective)."""
         from simdist._callsite import user_call_site
 
-        call = CollectiveCall(op=op, algorithm="none", function=None, args=(), signature=signature, nbytes=0,
-                              outputs=[], call_site=user_call_site())
+        call = CollectiveCall(
+            op=op,
+            algorithm="none",
+            function=None,
+            args=(),
+            signature=signature,
+            nbytes=0,
+            outputs=[],
+            call_site=user_call_site(),
+        )
         group = self.default_group
         assert isinstance(group, SimGroup), "a sync runs between init_process_group and destroy_process_group"
         run = self.engine.start_collective(self.me, group, call, instant=True)

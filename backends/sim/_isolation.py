@@ -65,8 +65,7 @@ from . import _threads
 if TYPE_CHECKING:
     from ._engine import Engine, RankState
 
-__all__ = ["abandon", "end_turn", "enter", "enter_thread", "held", "leave", "leave_thread", "pin_target",
-           "take_turn"]
+__all__ = ["abandon", "end_turn", "enter", "enter_thread", "held", "leave", "leave_thread", "pin_target", "take_turn"]
 
 SLICE = 0.002
 """Seconds of real time a run keeps the turn while its ranks pass the baton among themselves (then it lets
@@ -284,8 +283,15 @@ def _torch_raw() -> _RawState | None:
         gen.set_state(saved)
 
     def draw() -> tuple:
-        return (torch.rand(3).tolist(), torch.randn(1).item(), torch.randn(5).tolist(), torch.empty(2).normal_().tolist(),
-                torch.randint(0, 2**40, (2,)).tolist(), torch.randperm(7).tolist(), gen.get_state().numpy().tobytes())
+        return (
+            torch.rand(3).tolist(),
+            torch.randn(1).item(),
+            torch.randn(5).tolist(),
+            torch.empty(2).normal_().tolist(),
+            torch.randint(0, 2**40, (2,)).tolist(),
+            torch.randperm(7).tolist(),
+            gen.get_state().numpy().tobytes(),
+        )
 
     return _verified(raw, gen.get_state, gen.set_state, draw, 100)  # ~30 words a draw: the state turns over
 

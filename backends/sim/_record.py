@@ -70,8 +70,9 @@ class Recorder(Observer, Timed):
         if span is not None:
             before = self._values(span[0], span[1])
         handle = self.t.irecv(buf, peer, tag, chunk=chunk)
-        self.pending[id(handle)] = self.t.engine.events.received(self.t.run, self.t.ranks[peer], tag, handle.nbytes,
-                                                                 chunk)
+        self.pending[id(handle)] = self.t.engine.events.received(
+            self.t.run, self.t.ranks[peer], tag, handle.nbytes, chunk
+        )
         if span is not None:
             self.hidden[id(handle)] = (span[0], before)
         return handle

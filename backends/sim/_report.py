@@ -24,8 +24,9 @@ def _group(gid: int | None, names: dict[int, str]) -> str:
     return f"group {names.get(gid, gid)}"
 
 
-def _blocked_entry(engine: Engine, rs: RankState, missing_of: dict[tuple[int, int], list[int] | None]
-                   ) -> tuple[dict, list[int]]:
+def _blocked_entry(
+    engine: Engine, rs: RankState, missing_of: dict[tuple[int, int], list[int] | None]
+) -> tuple[dict, list[int]]:
     """What ``rs`` is blocked on, and the ranks it waits for.
 
     ``missing_of`` keeps, by (group id, collective number), the members that have not joined that

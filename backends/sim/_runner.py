@@ -81,8 +81,9 @@ def _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout, gpus_per_
         raise ValueError(f"leaks={leaks!r} must be 'warn', 'error' or 'ignore'")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout={timeout!r} must be a positive number of seconds or None")
-    if gpus_per_node is not None and (isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int)
-                                      or gpus_per_node < 1):
+    if gpus_per_node is not None and (
+        isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1
+    ):
         raise ValueError(f"gpus_per_node={gpus_per_node!r} must be a positive int (the GPUs each rank sees) or None")
 
 

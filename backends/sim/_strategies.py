@@ -286,8 +286,10 @@ def split_token(token: str) -> tuple[str, int | None, str | None]:
     m = _TOKEN.fullmatch(token)
     world = m["world"] if m else None
     if m is None or (world is not None and not (world.isdigit() and int(world) >= 1)):
-        raise ValueError(f"schedule={token!r} is not a valid replay token; expected SCHEDULE[@world=N][@test=NODEID] "
-                         "with N a positive int")
+        raise ValueError(
+            f"schedule={token!r} is not a valid replay token; expected SCHEDULE[@world=N][@test=NODEID] "
+            "with N a positive int"
+        )
     return m["schedule"], None if world is None else int(world), m["test"]
 
 
@@ -332,8 +334,10 @@ def check_world(schedule: object, nprocs: int) -> None:
     if isinstance(schedule, str):
         world = split_token(schedule)[1]
         if world is not None and world != nprocs:
-            raise ValueError(f"schedule={schedule!r} was made for world size {world}, not nprocs={nprocs}; "
-                             f"replay it with {world} ranks")
+            raise ValueError(
+                f"schedule={schedule!r} was made for world size {world}, not nprocs={nprocs}; "
+                f"replay it with {world} ranks"
+            )
 
 
 def parse_token(token: str) -> Strategy:

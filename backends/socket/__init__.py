@@ -13,4 +13,3 @@ from ._spawn import spawn as spawn  # noqa: E402
 from ._world import SocketWorld as SocketWorld  # noqa: E402
 
 __all__ = ["SocketWorld", "spawn"]
-

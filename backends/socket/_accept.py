@@ -97,8 +97,14 @@ class RefusalLog:
                     lines.append((level, state[1], now - state[0], state[2]))
                     state[:] = [now, 0, ""]
         for level, skipped, seconds, last in lines:
-            self._log.log(level, "%s refused %d more connection(s) in the last %.0f s; the last from %s",
-                          self._what, skipped, seconds, last)
+            self._log.log(
+                level,
+                "%s refused %d more connection(s) in the last %.0f s; the last from %s",
+                self._what,
+                skipped,
+                seconds,
+                last,
+            )
 
 
 class Acceptor:
@@ -117,10 +123,19 @@ class Acceptor:
         what: how log lines name the server, e.g. ``"simdist store on port 29500"``.
     """
 
-    def __init__(self, listener: socket.socket, *, authenticate: Callable[[socket.socket, float], Any],
-                 serve: Callable[[socket.socket, Any], None], name: str, what: str, logger: logging.Logger,
-                 on_refused: Callable[[Any, BaseException], None] | None = None,
-                 max_handshakes: int | None = None, handshake_deadline: float | None = None):
+    def __init__(
+        self,
+        listener: socket.socket,
+        *,
+        authenticate: Callable[[socket.socket, float], Any],
+        serve: Callable[[socket.socket, Any], None],
+        name: str,
+        what: str,
+        logger: logging.Logger,
+        on_refused: Callable[[Any, BaseException], None] | None = None,
+        max_handshakes: int | None = None,
+        handshake_deadline: float | None = None,
+    ):
         self._listener = listener
         self._authenticate = authenticate
         self._serve = serve

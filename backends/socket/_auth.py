@@ -120,8 +120,10 @@ class _Channel:
             raise ProtocolError(f"connection to {self.who} failed during authentication ({step}): {exc}") from exc
         if not chunk:
             if not self.heard:
-                raise ServerBusy(f"{self.who} closed the connection before its hello (it may be at its cap of "
-                                 "connections in the handshake, or stopping)")
+                raise ServerBusy(
+                    f"{self.who} closed the connection before its hello (it may be at its cap of "
+                    "connections in the handshake, or stopping)"
+                )
             raise ProtocolError(f"{self.who} closed the connection during authentication ({step})")
         self.heard = True
         return chunk
@@ -227,8 +229,9 @@ def client_handshake(sock: socket.socket, secret: bytes | str | None, timeout: f
             pass
 
 
-def authenticated(connect: Callable[[], socket.socket], secret: bytes | str | None, timeout: float,
-                  patience: float) -> socket.socket:
+def authenticated(
+    connect: Callable[[], socket.socket], secret: bytes | str | None, timeout: float, patience: float
+) -> socket.socket:
     """A socket from ``connect()`` that passed :func:`client_handshake`; a server that closes before its
     hello (:class:`ServerBusy`, at its cap of handshakes) is tried again, with backoff, for ``patience`` s.
 

@@ -43,8 +43,10 @@ def checks_enabled() -> bool:
     """
     value = os.environ.get(CHECK_ENV, "1").strip()
     if value not in ("0", "1"):
-        raise ValueError(f"environment variable {CHECK_ENV}={value!r} must be '1' (check collectives across "
-                         "ranks, the default) or '0' (skip the check for speed)")
+        raise ValueError(
+            f"environment variable {CHECK_ENV}={value!r} must be '1' (check collectives across "
+            "ranks, the default) or '0' (skip the check for speed)"
+        )
     return value == "1"
 
 
@@ -61,8 +63,10 @@ def agreed_checks(store: Any, rank: int) -> bool:
         return mine
     theirs = store.get(CHECK_KEY) == b"1"
     if theirs != mine:
-        raise ValueError(f"environment variable {CHECK_ENV} is {int(mine)!r} on rank {rank} but {int(theirs)!r} on "
-                         "rank 0: every rank must use the same setting")
+        raise ValueError(
+            f"environment variable {CHECK_ENV} is {int(mine)!r} on rank {rank} but {int(theirs)!r} on "
+            "rank 0: every rank must use the same setting"
+        )
     return mine
 
 
@@ -110,7 +114,7 @@ def check_collective(transport: Any, group: Any, seq: int, call: Any) -> None:
     record = encode_signature({**signature, _CALL_SITE: call.call_site})
     lengths = _all_gather(t, np.array([len(record)], dtype=np.int64), group.network)[:, 0]
     padded = np.zeros(int(lengths.max()), dtype=np.uint8)
-    padded[:len(record)] = np.frombuffer(record, dtype=np.uint8)
+    padded[: len(record)] = np.frombuffer(record, dtype=np.uint8)
     records = _all_gather(t, padded, group.network)
     calls = []
     for rank, n, row in zip(group.ranks, lengths, records):

@@ -33,8 +33,17 @@ from simdist._errors import DistError, DistTimeoutError, PeerLostError
 
 from ._store import StoreClient
 
-__all__ = ["FAILING", "POLL_S", "FailureMonitor", "FirstFailure", "JobStore", "caused_by", "failure_text",
-           "launcher_saw", "will_value"]
+__all__ = [
+    "FAILING",
+    "POLL_S",
+    "FailureMonitor",
+    "FirstFailure",
+    "JobStore",
+    "caused_by",
+    "failure_text",
+    "launcher_saw",
+    "will_value",
+]
 
 POLL_S = 0.5
 """Seconds between two reads of the failure records while a wait blocks."""
@@ -79,8 +88,9 @@ def _record(rank: int, error: str, how: str, when: float | None, cause: int | No
 
 def will_value(rank: int) -> bytes:
     """The record the store writes for ``rank`` when its connection ends without a goodbye."""
-    return _record(rank, "its process ended without destroy_process_group (os._exit, a signal or a crash)",
-                   "will", None)
+    return _record(
+        rank, "its process ended without destroy_process_group (os._exit, a signal or a crash)", "will", None
+    )
 
 
 def _parse(rank: int, raw: bytes) -> dict:
@@ -206,16 +216,24 @@ class JobStore(StoreClient):
             missing = [r for r in range(self.world_size) if _BYE.format(rank=r) not in present]
             self.check_failures(missing, "destroy_process_group")
             if time.monotonic() >= deadline:
-                raise DistTimeoutError(f"rank(s) {missing} did not call destroy_process_group within "
-                                       f"timeout={timeout} s")
+                raise DistTimeoutError(
+                    f"rank(s) {missing} did not call destroy_process_group within timeout={timeout} s"
+                )
 
 
 def first_failure(failed: dict[int, dict], rank: int | None = None) -> tuple[int, dict]:
     """The failure to report: ``rank``'s (default: the earliest root, a record with no cause,
     records without a time such as wills after timed ones), its cause followed back as far as known."""
     if rank is None:
-        rank = min(failed, key=lambda r: (failed[r].get("cause") in failed, failed[r].get("time") is None,
-                                          failed[r].get("time") or 0, r))
+        rank = min(
+            failed,
+            key=lambda r: (
+                failed[r].get("cause") in failed,
+                failed[r].get("time") is None,
+                failed[r].get("time") or 0,
+                r,
+            ),
+        )
     seen = {rank}
     while failed[rank].get("cause") in failed and failed[rank]["cause"] not in seen:
         rank = failed[rank]["cause"]

@@ -66,8 +66,16 @@ class FlightRecorder:
     def start(self, group: int, seq: int, op: str, shape: Any, call_site: str | None) -> dict:
         """Record that this rank entered collective ``seq`` of ``group``."""
         now = time.time()
-        entry = {"group": group, "seq": seq, "op": op, "shape": shape, "state": "started", "site": call_site,
-                 "t0": now, "t": now}
+        entry = {
+            "group": group,
+            "seq": seq,
+            "op": op,
+            "shape": shape,
+            "state": "started",
+            "site": call_site,
+            "t0": now,
+            "t": now,
+        }
         with self.lock:
             self.entries.append(entry)
             self.latest[str(group)] = entry
@@ -81,9 +89,19 @@ class FlightRecorder:
             if self.events is not None:
                 from simdist._trace import Event
 
-                self.events.append(Event(rank=self.rank, kind="collective", op=entry["op"], group=entry["group"],
-                                         t_start=entry["t0"] - self.epoch, t_end=time.time() - self.epoch,
-                                         collective_id=entry["seq"], call_site=entry["site"], algorithm=algorithm))
+                self.events.append(
+                    Event(
+                        rank=self.rank,
+                        kind="collective",
+                        op=entry["op"],
+                        group=entry["group"],
+                        t_start=entry["t0"] - self.epoch,
+                        t_end=time.time() - self.epoch,
+                        collective_id=entry["seq"],
+                        call_site=entry["site"],
+                        algorithm=algorithm,
+                    )
+                )
         self.dirty.set()
 
     @property
@@ -91,15 +109,26 @@ class FlightRecorder:
         """Whether this rank writes a trace (``SIMDIST_TRACE`` is set)."""
         return self.events is not None
 
-    def p2p(self, kind: str, group: int, peer: int | None, tag: int, nbytes: int, t0: float,
-            call_site: str | None) -> None:
+    def p2p(
+        self, kind: str, group: int, peer: int | None, tag: int, nbytes: int, t0: float, call_site: str | None
+    ) -> None:
         """Record (tracing only) a point-to-point ``kind`` (``'send'``/``'recv'``) begun at wall time ``t0``, done now."""
         if self.events is None:
             return
         from simdist._trace import Event
 
-        event = Event(rank=self.rank, kind=kind, op=kind, group=group, peer=peer, tag=tag, nbytes=nbytes,
-                      t_start=t0 - self.epoch, t_end=time.time() - self.epoch, call_site=call_site)
+        event = Event(
+            rank=self.rank,
+            kind=kind,
+            op=kind,
+            group=group,
+            peer=peer,
+            tag=tag,
+            nbytes=nbytes,
+            t_start=t0 - self.epoch,
+            t_end=time.time() - self.epoch,
+            call_site=call_site,
+        )
         with self.lock:
             self.events.append(event)
 
@@ -144,8 +173,11 @@ class FlightRecorder:
 
         os.makedirs(self.trace_dir, exist_ok=True)
         path = os.path.join(self.trace_dir, f"rank{self.rank}.trace.json")
-        meta = {"backend": "socket", "rank": self.rank,
-                "clock": "real seconds since rank 0 joined the job (wall clocks of the hosts)"}
+        meta = {
+            "backend": "socket",
+            "rank": self.rank,
+            "clock": "real seconds since rank 0 joined the job (wall clocks of the hosts)",
+        }
         with self.lock:
             trace = Trace(list(self.events), meta)
         with open(path, "w", encoding="utf-8") as f:
@@ -165,8 +197,10 @@ class FlightRecorder:
             found = self.store.multi_get(keys, timeout=_REPORT_S) if keys else {}
         except Exception as exc:  # noqa: BLE001 - an unreachable store is itself the finding
             where = f"{self.store.host}:{self.store.port}"
-            return (f"{head}; the store at {where} is unreachable (no answer within {_REPORT_S:g} s: {exc}), so the "
-                    f"states of rank(s) {others} are unknown; the process serving it may be frozen or gone")
+            return (
+                f"{head}; the store at {where} is unreachable (no answer within {_REPORT_S:g} s: {exc}), so the "
+                f"states of rank(s) {others} are unknown; the process serving it may be frozen or gone"
+            )
         now = time.time()
         lines = []
         for r in others:
@@ -176,8 +210,9 @@ class FlightRecorder:
                 continue
             raw = found.get(_KEY.format(rank=r))
             if raw is None:
-                lines.append(f"rank {r} published no state (it never reached a collective, or is frozen or died "
-                             "before it could)")
+                lines.append(
+                    f"rank {r} published no state (it never reached a collective, or is frozen or died before it could)"
+                )
                 continue
             try:
                 entry = json.loads(raw.decode()).get(str(group))
@@ -209,7 +244,9 @@ def _describe(rank: int, entry: dict | None, group: int, seq: int, op: str, now:
     seen = f"last seen {_age(entry, now)} {'after' if state == 'completed' else 'in'} {what} #{k}"
     if k < seq:
         did = f"completed #{k} ({what})" if state == "completed" else f"is still in #{k} ({what})"
-        return f"rank {rank} {did} and never entered #{seq} ({op}) on group {group} ({seen}); its last call site is {site}"
+        return (
+            f"rank {rank} {did} and never entered #{seq} ({op}) on group {group} ({seen}); its last call site is {site}"
+        )
     if k == seq:
         return f"rank {rank} is in #{seq} ({what}) too, state {state}, at {site} ({seen})"
     return f"rank {rank} is ahead, at #{k} ({what}) at {site} ({seen})"

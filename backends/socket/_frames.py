@@ -54,8 +54,15 @@ VERSION = 1
 DATA = 1
 CLOSE = 2
 SHM_OPEN, SHM_ACK, SHM, CHUNK, CREDIT = 3, 4, 5, 6, 7  # the shared-memory path between same-host peers (._shm)
-KINDS = {DATA: "DATA", CLOSE: "CLOSE", SHM_OPEN: "SHM_OPEN", SHM_ACK: "SHM_ACK", SHM: "SHM", CHUNK: "CHUNK",
-         CREDIT: "CREDIT"}
+KINDS = {
+    DATA: "DATA",
+    CLOSE: "CLOSE",
+    SHM_OPEN: "SHM_OPEN",
+    SHM_ACK: "SHM_ACK",
+    SHM: "SHM",
+    CHUNK: "CHUNK",
+    CREDIT: "CREDIT",
+}
 MAX_FRAME_BYTES = 1 << 40
 """The largest payload a header may announce (1 TiB); anything above is a protocol error."""
 
@@ -89,7 +96,12 @@ def encode_header(kind: int, ctx: int, tag: int, nbytes: int, src: int) -> bytes
     if kind == CLOSE and nbytes:
         raise ValueError(f"a CLOSE frame carries no payload, got nbytes={nbytes}")
     return _HEADER.pack(
-        MAGIC, VERSION, kind, check_int(ctx, "ctx", 0, _U64), check_int(tag, "tag", 0, _I64), nbytes,
+        MAGIC,
+        VERSION,
+        kind,
+        check_int(ctx, "ctx", 0, _U64),
+        check_int(tag, "tag", 0, _I64),
+        nbytes,
         check_int(src, "src", 0, _U32),
     )
 
@@ -124,8 +136,9 @@ def _peer_name(peer: int | None) -> str:
     return "the peer" if peer is None else f"rank {peer}"
 
 
-def recv_exact_into(sock: socket.socket, view: memoryview, *, peer: int | None = None,
-                    deadline: float | None = None) -> None:
+def recv_exact_into(
+    sock: socket.socket, view: memoryview, *, peer: int | None = None, deadline: float | None = None
+) -> None:
     """Fill ``view`` (a writable byte view) with exactly ``len(view)`` bytes from ``sock``.
 
     Args:
@@ -148,17 +161,13 @@ def recv_exact_into(sock: socket.socket, view: memoryview, *, peer: int | None =
         try:
             k = sock.recv_into(view[got:])
         except TimeoutError:  # socket.timeout
-            raise DistTimeoutError(
-                f"timed out receiving from {_peer_name(peer)} after {got} of {n} bytes"
-            ) from None
+            raise DistTimeoutError(f"timed out receiving from {_peer_name(peer)} after {got} of {n} bytes") from None
         except OSError as exc:
             raise PeerLostError(
                 f"connection to {_peer_name(peer)} broke after {got} of {n} bytes: {exc}", rank=peer
             ) from exc
         if k == 0:
-            raise PeerLostError(
-                f"{_peer_name(peer)} closed the connection after {got} of {n} bytes", rank=peer
-            )
+            raise PeerLostError(f"{_peer_name(peer)} closed the connection after {got} of {n} bytes", rank=peer)
         got += k
 
 
@@ -179,8 +188,9 @@ def _window(parts: list[memoryview], limit: int) -> list[memoryview]:
     return window
 
 
-def send_frame(sock: socket.socket, header: bytes, payload: memoryview | bytes = b"", *,
-               peer: int | None = None) -> None:
+def send_frame(
+    sock: socket.socket, header: bytes, payload: memoryview | bytes = b"", *, peer: int | None = None
+) -> None:
     """Write ``header`` then ``payload`` to ``sock`` without joining them (no copy of the payload).
 
     The bytes go out in calls of at most :data:`_SEND_SLICE` payload bytes. Each call
@@ -206,8 +216,7 @@ def send_frame(sock: socket.socket, header: bytes, payload: memoryview | bytes =
                     parts[0], n = parts[0][n:], 0
     except TimeoutError:
         raise DistTimeoutError(
-            f"timed out sending {len(payload)} bytes to {_peer_name(peer)}: it took nothing for "
-            f"{sock.gettimeout()} s"
+            f"timed out sending {len(payload)} bytes to {_peer_name(peer)}: it took nothing for {sock.gettimeout()} s"
         ) from None
     except OSError as exc:
         raise PeerLostError(f"connection to {_peer_name(peer)} broke while sending: {exc}", rank=peer) from exc

@@ -41,8 +41,16 @@ class SocketGroup(AlgorithmicGroup):
     Python TCP stream, BENCHMARKS.md section d) and 5 GB/s for reducing (``torch.add_`` of
     64 MiB float32 on one thread, out of cache)."""
 
-    def __init__(self, peers: Any, rank: int, ranks: Sequence[int], group_id: int, timeout: float,
-                 recorder: Any = None, checked: bool = True):
+    def __init__(
+        self,
+        peers: Any,
+        rank: int,
+        ranks: Sequence[int],
+        group_id: int,
+        timeout: float,
+        recorder: Any = None,
+        checked: bool = True,
+    ):
         super().__init__(rank, ranks, group_id)
         self.checked = checked
         self.peers = peers
@@ -101,8 +109,7 @@ class SocketGroup(AlgorithmicGroup):
         source = (lambda: handle.source) if peer is None else peer
         return self._p2p_work(handle, [tensor], back, opts, source, ("recv", source, A.nbytes(buf), t0))
 
-    def _p2p_work(self, handle: Any, outputs: list, back: Any, opts: Options, source: Any,
-                  record: tuple) -> Work:
+    def _p2p_work(self, handle: Any, outputs: list, back: Any, opts: Options, source: Any, record: tuple) -> Work:
         """The work of a send or receive; ``record`` (kind, peer, bytes, start) goes to the trace once it is waited."""
         peers = self.peers
         recorder = self.recorder if self.recorder is not None and self.recorder.tracing else None

@@ -39,8 +39,18 @@ from ._frames import (
     send_frame,
 )
 
-__all__ = ["HELLO", "HELLO_MAGIC", "LINGER", "Goodbye", "connect", "hung_up", "offer_ring", "read_back",
-           "read_hello", "write_ring"]
+__all__ = [
+    "HELLO",
+    "HELLO_MAGIC",
+    "LINGER",
+    "Goodbye",
+    "connect",
+    "hung_up",
+    "offer_ring",
+    "read_back",
+    "read_hello",
+    "write_ring",
+]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +79,7 @@ def connect(store: Any, secret: bytes, rank: int, world_size: int, peer: int, ti
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise ProtocolError(f"the store holds a malformed address {address!r} for rank {peer}")
+
     def dial() -> socket.socket:
         try:
             sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
@@ -124,8 +135,7 @@ def read_back(sock: socket.socket, peer: int, ring: _shm.Ring | bool | None) -> 
     except OSError as exc:
         raise PeerLostError(f"rank {peer}'s connection broke: {exc}", rank=peer) from exc
     if not data:
-        raise PeerLostError(f"rank {peer} closed its connection without a goodbye (it exited or died)",
-                            rank=peer)
+        raise PeerLostError(f"rank {peer} closed its connection without a goodbye (it exited or died)", rank=peer)
     head = bytearray(HEADER_SIZE)
     recv_exact_into(sock, memoryview(head), peer=peer)
     h = decode_header(head)

@@ -150,8 +150,10 @@ class Mailbox:
 
 def mismatch(nbytes: int, op: Handle, src: int) -> str:
     """Why receive ``op`` cannot take the ``nbytes``-byte message rank ``src`` sent."""
-    return (f"message size mismatch: rank {src} sent {nbytes} bytes (ctx {op.ctx}, tag {op.tag}) but the "
-            f"posted buffer holds {op.nbytes} bytes; a send and its receive must have the same size")
+    return (
+        f"message size mismatch: rank {src} sent {nbytes} bytes (ctx {op.ctx}, tag {op.tag}) but the "
+        f"posted buffer holds {op.nbytes} bytes; a send and its receive must have the same size"
+    )
 
 
 def _pop(table: dict[_Key, deque], key: _Key) -> Any:

@@ -125,8 +125,11 @@ class Handle:
         self.device: tuple | None = None  # a receive into device memory: (device buffer, host buffer)
 
     def describe(self) -> str:
-        where = f"to rank {self.peer}" if self.kind == "send" else (
-            "from any source" if self.peer is None else f"from rank {self.peer}")
+        where = (
+            f"to rank {self.peer}"
+            if self.kind == "send"
+            else ("from any source" if self.peer is None else f"from rank {self.peer}")
+        )
         return f"{self.kind} {where} (ctx {self.ctx}, tag {self.tag}, {self.nbytes} bytes, {self.state})"
 
     def __repr__(self) -> str:
@@ -175,8 +178,17 @@ class PeerNetwork:
         net.close()
     """
 
-    def __init__(self, rank: int, world_size: int, store: Any, secret: bytes, *, host: str = "127.0.0.1",
-                 timeout: float = 300.0, monitor: Any = None):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        store: Any,
+        secret: bytes,
+        *,
+        host: str = "127.0.0.1",
+        timeout: float = 300.0,
+        monitor: Any = None,
+    ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
         if timeout <= 0:
@@ -203,8 +215,13 @@ class PeerNetwork:
             raise DistError(f"rank {rank} cannot listen on {host}: {exc.strerror or exc}") from exc
         self.address = f"{host}:{self._listener.getsockname()[1]}"
         self._acceptor = Acceptor(
-            self._listener, authenticate=self._authenticate, serve=self._serve, name=f"simdist-peers-recv:{rank}",
-            what=f"simdist rank {rank} (peers on {self.address})", logger=log, on_refused=self._refused,
+            self._listener,
+            authenticate=self._authenticate,
+            serve=self._serve,
+            name=f"simdist-peers-recv:{rank}",
+            what=f"simdist rank {rank} (peers on {self.address})",
+            logger=log,
+            on_refused=self._refused,
         )
         try:
             store.set(f"peer/{rank}", self.address.encode())
@@ -256,8 +273,12 @@ class PeerNetwork:
                 self._fail(op, p.send_failure, peer)
                 return op
             p.unsent += 1
-            inline = (p.unsent == 1 and p.outbound is not None and op.nbytes <= _INLINE_MAX
-                      and p.send_lock.acquire(blocking=False))
+            inline = (
+                p.unsent == 1
+                and p.outbound is not None
+                and op.nbytes <= _INLINE_MAX
+                and p.send_lock.acquire(blocking=False)
+            )
             if not inline:
                 if p.queue is None:
                     p.queue = SimpleQueue()
@@ -336,8 +357,9 @@ class PeerNetwork:
         self._mail.unload(msg, op.view)
         self._complete(op)
 
-    def wait(self, handles: Iterable[Handle], timeout: float | None = None, *,
-             group: Sequence[int] | None = None) -> None:
+    def wait(
+        self, handles: Iterable[Handle], timeout: float | None = None, *, group: Sequence[int] | None = None
+    ) -> None:
         """Block until every handle has completed.
 
         Args:
@@ -365,8 +387,9 @@ class PeerNetwork:
         blocked = False
         while True:
             with self._cond:
-                error, pending = self._wait_locked(handles, group, limit, deadline,
-                                                   poll_at if blocked else now + _BLOCKED_S)
+                error, pending = self._wait_locked(
+                    handles, group, limit, deadline, poll_at if blocked else now + _BLOCKED_S
+                )
             if error is None and not pending:
                 break
             if self._monitor is None:
@@ -386,16 +409,19 @@ class PeerNetwork:
                     for rank, (_, why) in failed.items():
                         self._lose(self._peers[rank], (PeerLostError, why), receiving=False)
                 root, why = next(iter(failed.values()))
-                raise PeerLostError(f"rank {self.rank}: {why}; pending:\n"
-                                    + "\n".join(f"  {op.describe()}" for op in pending[:8]), rank=root)
+                raise PeerLostError(
+                    f"rank {self.rank}: {why}; pending:\n" + "\n".join(f"  {op.describe()}" for op in pending[:8]),
+                    rank=root,
+                )
             poll_at = time.monotonic() + POLL_S
         for op in handles:
             if op.device is not None:  # received through host memory: copy into the device buffer
                 (dst, host), op.device = op.device, None
                 A.copy_(dst, host)
 
-    def _wait_locked(self, handles: list[Handle], group: Sequence[int] | None, limit: float, deadline: float,
-                     wake_at: float) -> tuple[DistError | None, list[Handle]]:
+    def _wait_locked(
+        self, handles: list[Handle], group: Sequence[int] | None, limit: float, deadline: float, wake_at: float
+    ) -> tuple[DistError | None, list[Handle]]:
         """Wait (the lock is held) until the handles are done, one fails, a peer of ``group`` is lost,
         the deadline passes, or ``wake_at`` comes; ``(error, pending handles)``."""
         probe_at = time.monotonic() + _PROBE_INTERVAL
@@ -411,7 +437,9 @@ class PeerNetwork:
                 return PeerLostError(
                     f"rank {self.rank}: rank {gone} of group {tuple(group)} was lost "
                     f"({self._peers[gone].lost}); the collective cannot complete. Pending:\n"
-                    + "\n".join(f"  {op.describe()}" for op in pending[:8]), rank=gone), pending
+                    + "\n".join(f"  {op.describe()}" for op in pending[:8]),
+                    rank=gone,
+                ), pending
             now = time.monotonic()
             if now >= deadline:
                 return DistTimeoutError(self._timeout_message(pending, limit)), pending

@@ -88,8 +88,11 @@ class Receiver:
             if net._closed:
                 failure = (DistError, "the peer network was closed")
             elif isinstance(exc, PeerLostError):
-                where = "" if current is None else (
-                    f", in the middle of a {h.nbytes}-byte message (ctx {h.ctx}, tag {h.tag})")
+                where = (
+                    ""
+                    if current is None
+                    else (f", in the middle of a {h.nbytes}-byte message (ctx {h.ctx}, tag {h.tag})")
+                )
                 reason = f"rank {p.rank}'s connection ended without a goodbye{where}"
                 failure = (PeerLostError, f"{reason} (the process exited or died): {exc}")
             elif isinstance(exc, DistError):
@@ -133,8 +136,10 @@ class Receiver:
         if h.kind == SHM and p.reader is not None:
             p.reader.begin(h.nbytes)
             return p.reader
-        raise ProtocolError(f"rank {p.rank} sent a {KINDS[h.kind]} frame where a message was due"
-                            + (" (it offered no shared ring)" if h.kind == SHM else ""))
+        raise ProtocolError(
+            f"rank {p.rank} sent a {KINDS[h.kind]} frame where a message was due"
+            + (" (it offered no shared ring)" if h.kind == SHM else "")
+        )
 
     def _receive_unexpected(self, source: _Stream | _shm.RingReader, msg: Message, deadline: float) -> None:
         """Read an unexpected payload in chunks; once a receive matches it, read the rest straight in."""

@@ -74,8 +74,7 @@ def user_secret() -> bytes:
 
 def _refuse(path: Path, why: str, fix: str) -> PermissionError:
     return PermissionError(
-        f"refusing the per-user simdist secret {path}: {why}, so other users could read or replace it; "
-        f"{fix}, {_FIX}"
+        f"refusing the per-user simdist secret {path}: {why}, so other users could read or replace it; {fix}, {_FIX}"
     )
 
 
@@ -87,8 +86,11 @@ def _check(path: Path, st: os.stat_result, kind: int, forbidden: int, mode: str)
     if st.st_uid != os.getuid():
         raise _refuse(path, f"it is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})", remove)
     if st.st_mode & forbidden:
-        raise _refuse(path, f"it has mode {stat.S_IMODE(st.st_mode):04o} (group or others have access)",
-                      f"run `chmod {mode} {path}` (or {remove})")
+        raise _refuse(
+            path,
+            f"it has mode {stat.S_IMODE(st.st_mode):04o} (group or others have access)",
+            f"run `chmod {mode} {path}` (or {remove})",
+        )
 
 
 def _private_directory(directory: Path) -> None:

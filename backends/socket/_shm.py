@@ -138,8 +138,10 @@ class Ring:
             ProtocolError: a credit for a slot that holds nothing, or not the oldest.
         """
         if self.credited >= self.sent or h.ctx != self.credited % self.slots or h.src != peer:
-            raise ProtocolError(f"rank {h.src} returned slot {h.ctx} of the shared ring; rank {peer} owes slot "
-                                f"{self.credited % self.slots} ({self.sent - self.credited} outstanding)")
+            raise ProtocolError(
+                f"rank {h.src} returned slot {h.ctx} of the shared ring; rank {peer} owes slot "
+                f"{self.credited % self.slots} ({self.sent - self.credited} outstanding)"
+            )
         self.credited += 1
 
     def close(self) -> None:
@@ -175,8 +177,9 @@ class RingReader:
         self._message_left = self._unannounced = 0  # bytes of the message not yet read, not yet in a CHUNK
 
     @classmethod
-    def accept(cls, conn: socket.socket, h: Header, rank: int, peer: int, lock: threading.Lock,
-               deadline: float, allowed: bool) -> RingReader | None:
+    def accept(
+        cls, conn: socket.socket, h: Header, rank: int, peer: int, lock: threading.Lock, deadline: float, allowed: bool
+    ) -> RingReader | None:
         """Read the offer of ``SHM_OPEN`` frame ``h`` and answer it: the mapped ring, or ``None`` (refused).
 
         Raises:

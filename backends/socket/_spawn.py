@@ -103,8 +103,16 @@ def _stop(procs: list) -> None:
             p.join()
 
 
-def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, daemon: bool = False, start_method: str | None = None,
-          timeout: float | None = None, backend: str = "socket", **options: Any) -> list:
+def spawn(
+    fn: Callable,
+    args: tuple = (),
+    nprocs: int = 1,
+    daemon: bool = False,
+    start_method: str | None = None,
+    timeout: float | None = None,
+    backend: str = "socket",
+    **options: Any,
+) -> list:
     """Run ``fn(rank, *args)`` in ``nprocs`` processes joined by ``backend``; return their values.
 
     ``backend`` is a process backend: ``"socket"``, or torch's (``"gloo"``, ``"torch-nccl"``),
@@ -141,8 +149,9 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, daemon: bool = False,
     pipes = [ctx.Pipe(duplex=False) for _ in range(nprocs)]
     forked = ctx.get_start_method() == "fork"
     procs = [
-        ctx.Process(target=_child, args=(fn, args, r, nprocs, env, pipes[r][1], forked), daemon=daemon,
-                    name=f"simdist-rank-{r}")
+        ctx.Process(
+            target=_child, args=(fn, args, r, nprocs, env, pipes[r][1], forked), daemon=daemon, name=f"simdist-rank-{r}"
+        )
         for r in range(nprocs)
     ]
     for p in procs:

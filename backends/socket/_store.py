@@ -336,8 +336,9 @@ def _recv_payload(sock: socket.socket, n: int, deadline: float | None) -> memory
     return memoryview(pieces[0] if len(pieces) == 1 else b"".join(pieces))
 
 
-def _read_frame(sock: socket.socket, max_value_bytes: int, deadline: float | None,
-                frame_timeout: float | None = None) -> memoryview | None:
+def _read_frame(
+    sock: socket.socket, max_value_bytes: int, deadline: float | None, frame_timeout: float | None = None
+) -> memoryview | None:
     """The payload of the next frame, or None at a clean EOF between frames.
 
     ``deadline`` (monotonic) bounds the whole read. With ``frame_timeout``, the wait for
@@ -453,8 +454,13 @@ class StoreServer:
         self.port: int = self._listener.getsockname()[1]
         try:
             self._acceptor = Acceptor(
-                self._listener, authenticate=self._authenticate, serve=self._serve, name=f"simdist-store:{self.port}",
-                what=f"simdist store on port {self.port}", logger=log, max_handshakes=max_handshakes,
+                self._listener,
+                authenticate=self._authenticate,
+                serve=self._serve,
+                name=f"simdist-store:{self.port}",
+                what=f"simdist store on port {self.port}",
+                logger=log,
+                max_handshakes=max_handshakes,
                 handshake_deadline=handshake_timeout,
             )
         except BaseException:
@@ -502,8 +508,12 @@ class StoreServer:
         except ProtocolError as exc:
             log.info("simdist store on port %d closed a connection: %s", self.port, exc)
         except TimeoutError:
-            log.info("simdist store on port %d closed a connection: a request did not arrive within its "
-                     "deadline of %g s (+1 s per MiB)", self.port, self._frame_timeout)
+            log.info(
+                "simdist store on port %d closed a connection: a request did not arrive within its "
+                "deadline of %g s (+1 s per MiB)",
+                self.port,
+                self._frame_timeout,
+            )
         except OSError as exc:
             log.debug("simdist store on port %d lost a connection: %s", self.port, exc)
         finally:
@@ -523,8 +533,10 @@ class StoreServer:
         values = tuple(self._data[k] for k in present)
         size = sum(len(v) + len(k) + 8 for k, v in zip(present, values))
         if size > self._max + HEADER_SLACK - 64:
-            return _error(f"MULTI_GET of {len(keys)} keys: the answer would be {size} bytes, over the limit of "
-                          f"{self._max + HEADER_SLACK} bytes; ask for fewer keys")
+            return _error(
+                f"MULTI_GET of {len(keys)} keys: the answer would be {size} bytes, over the limit of "
+                f"{self._max + HEADER_SLACK} bytes; ask for fewer keys"
+            )
         return Response(Kind.ITEMS, keys=present, values=values)
 
     def _wait_for(self, keys: Iterable[str], timeout_ms: int, conn: socket.socket | None = None) -> list[str] | None:
@@ -660,8 +672,9 @@ class StoreClient:
         self._closed = False
         self._broken: str | None = None
         deadline = time.monotonic() + connect_timeout
-        self._sock = authenticated(lambda: self._connect(deadline, connect_timeout), secret,
-                                   max(self.timeout, 0.001), connect_timeout)
+        self._sock = authenticated(
+            lambda: self._connect(deadline, connect_timeout), secret, max(self.timeout, 0.001), connect_timeout
+        )
 
     def _connect(self, deadline: float, connect_timeout: float) -> socket.socket:
         """A TCP connection to the server, tried again until ``deadline`` (``connect_timeout`` s from the start)."""
@@ -716,8 +729,10 @@ class StoreClient:
         where = f"the store at {self.host}:{self.port}"
         deadline = time.monotonic() + timeout + margin
         if not self._lock.acquire(timeout=min(timeout + margin, threading.TIMEOUT_MAX)):
-            raise DistTimeoutError(f"{what}: {where} did not answer within {timeout + margin:g} s: another "
-                                   "request of this process is still waiting for its answer")
+            raise DistTimeoutError(
+                f"{what}: {where} did not answer within {timeout + margin:g} s: another "
+                "request of this process is still waiting for its answer"
+            )
         try:
             if self._closed:
                 raise DistError(f"{what}: the client of {where} is closed")
@@ -735,7 +750,9 @@ class StoreClient:
                 else:
                     resp = _decode_response(payload, self._max)
             except TimeoutError:
-                failure = DistTimeoutError(f"{what}: {where} did not answer within {timeout:g} s (+{margin:g} s margin)")
+                failure = DistTimeoutError(
+                    f"{what}: {where} did not answer within {timeout:g} s (+{margin:g} s margin)"
+                )
             except ProtocolError as exc:
                 failure = ProtocolError(f"{what}: {where} sent a malformed answer: {exc}")
             except OSError as exc:

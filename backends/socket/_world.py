@@ -26,6 +26,7 @@ __all__ = ["SocketWorld", "rendezvous"]
 # the job's failures after the ranks are gone.
 SERVED_ENV = "SIMDIST_STORE_SERVED"
 
+
 def _env_int(name: str) -> int:
     value = os.environ.get(name)
     if value is None:
@@ -118,8 +119,15 @@ class SocketWorld(ProcessWorld):
         listen = "127.0.0.1" if is_loopback(host) else _address_towards(host, port)
         self.store.leave_will()
         self.recorder = FlightRecorder(self.store, rank)
-        self.network = PeerNetwork(rank, world_size, self.store, secret, host=listen, timeout=self.timeout,
-                                   monitor=FailureMonitor(self.store, self.recorder))
+        self.network = PeerNetwork(
+            rank,
+            world_size,
+            self.store,
+            secret,
+            host=listen,
+            timeout=self.timeout,
+            monitor=FailureMonitor(self.store, self.recorder),
+        )
         self.rank, self.size, self.backend = rank, world_size, backend or "socket"
         self._hook, sys.excepthook = sys.excepthook, self._excepthook
         atexit.register(self._at_exit)
@@ -193,8 +201,9 @@ class SocketWorld(ProcessWorld):
 
     def _group(self, ranks: list[int], group_id: int) -> Any:
         """This rank's group of ``ranks`` (global ranks in group-rank order)."""
-        return SocketGroup(self.network, ranks.index(self.rank), ranks, group_id, self.timeout, self.recorder,
-                           self.checked)
+        return SocketGroup(
+            self.network, ranks.index(self.rank), ranks, group_id, self.timeout, self.recorder, self.checked
+        )
 
     def _close_network(self, failed: bool = False) -> None:
         self.recorder.close()

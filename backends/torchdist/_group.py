@@ -20,10 +20,28 @@ _reduce_scatter = getattr(td, "reduce_scatter_single", None) or td.reduce_scatte
 
 _TORCH_OPS = {op: getattr(td.ReduceOp, "PRODUCT" if op is ReduceOp.PRODUCT else op.name) for op in ReduceOp}
 
-_GLOO_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32,
-                torch.int64, torch.bool}
-_NCCL_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32,
-                torch.int64, torch.bool}
+_GLOO_DTYPES = {
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+}
+_NCCL_DTYPES = {
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+}
 _MPI_DTYPES = {torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64}
 _ARITHMETIC = {ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX}
 _COMPLEX = {torch.complex64, torch.complex128}
@@ -127,8 +145,10 @@ class TorchGroup(LibraryGroup):
         return TorchHandle(work), (lambda: work._source_rank()) if peer is None else (lambda: peer)
 
     def _lib_batch(self, ops: list[tuple[str, Any, int, int]]) -> list[Handle]:
-        p2p = [td.P2POp(td.isend if kind == "send" else td.irecv, buf, self.ranks[peer], self.pg, tag)
-               for kind, buf, peer, tag in ops]
+        p2p = [
+            td.P2POp(td.isend if kind == "send" else td.irecv, buf, self.ranks[peer], self.pg, tag)
+            for kind, buf, peer, tag in ops
+        ]
         return [TorchHandle(w) for w in td.batch_isend_irecv(p2p)]
 
     def _lib_barrier(self) -> Handle:

@@ -35,14 +35,22 @@ class TorchWorld(ProcessWorld):
     def check_available(cls) -> None:
         """``RuntimeError`` saying so if this build of torch lacks the backend."""
         if cls.requires is not None and not cls.requires[1]():
-            raise RuntimeError(f"backend={cls.name!r} needs a build of torch with {cls.requires[0]}; this torch "
-                               "has none: use backend='gloo', or 'sim' to simulate")
+            raise RuntimeError(
+                f"backend={cls.name!r} needs a build of torch with {cls.requires[0]}; this torch "
+                "has none: use backend='gloo', or 'sim' to simulate"
+            )
 
     def init(self, backend, *, init_method, timeout, world_size, rank, store) -> None:
         self.check_available()
         self.timeout = self.timeout_of(timeout)
-        td.init_process_group(self.torch_backend, init_method=init_method, timeout=self._wait(),
-                              world_size=world_size, rank=rank, store=store)
+        td.init_process_group(
+            self.torch_backend,
+            init_method=init_method,
+            timeout=self._wait(),
+            world_size=world_size,
+            rank=rank,
+            store=store,
+        )
         self.rank, self.size, self.backend = td.get_rank(), td.get_world_size(), backend or self.name
         self.default_group = TorchGroup(self.name, td.group.WORLD, self.rank, range(self.size), 0)
         self.groups = [self.default_group]

@@ -135,6 +135,7 @@ def ring_pipelined(
                 sends += send(t, seg(g, k), right, g + 1, (r - g - 1) % p)
     yield sends
 
+
 def _fold_in(t: Transport, buf: Any, tmp: Any, op: ReduceOp, rem: int, newrank: int) -> Algorithm:
     """Non-power-of-two start (see :func:`fold`): rank ``2i`` hands ``buf`` to ``2i + 1``."""
     if t.rank < 2 * rem:

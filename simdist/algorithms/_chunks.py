@@ -168,9 +168,7 @@ def check_counts(counts: Sequence[int], size: int, argname: str) -> list[int]:
     except TypeError:
         result = None
     if result is None or len(result) != size or min(result, default=0) < 0:
-        raise ValueError(
-            f"{argname}={counts!r:.80} must be {size} non-negative ints, one per rank of the group"
-        )
+        raise ValueError(f"{argname}={counts!r:.80} must be {size} non-negative ints, one per rank of the group")
     return result
 
 

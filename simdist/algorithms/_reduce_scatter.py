@@ -76,8 +76,14 @@ def ring(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) 
 
 
 def ring_pipelined(
-    t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp, *,
-    segment_bytes: int = SEGMENT_BYTES, window: int = WINDOW,
+    t: Transport,
+    inp: Any,
+    out: Any,
+    counts: Sequence[int],
+    op: ReduceOp,
+    *,
+    segment_bytes: int = SEGMENT_BYTES,
+    window: int = WINDOW,
 ) -> Algorithm:
     """Pipelined ring: :func:`ring`'s messages cut into segments of about ``segment_bytes``,
     each partial sum forwarded as soon as it is reduced.
@@ -130,6 +136,7 @@ def ring_pipelined(
         else:
             copy(t, segment(out, k, width), incoming)  # block r, finished (``out`` may be a view of ``inp``)
     yield sends + [h for hs in forwarded.values() for h in hs]
+
 
 def pairwise(t: Transport, inp: Any, out: Any, counts: Sequence[int], op: ReduceOp) -> Algorithm:
     """Pairwise exchange: at step ``s`` rank ``r`` sends block ``r + s`` to its owner and

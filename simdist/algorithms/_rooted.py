@@ -39,9 +39,7 @@ def _tree(p: int, rank: int, root: int) -> tuple[int, int]:
     return v, ((v & -v).bit_length() - 1 if v else ceil_log2(p))
 
 
-def binomial_tree_reduce(
-    t: Transport, buf: Any, op: ReduceOp, root: int, *, in_place: bool, tag: int = 0
-) -> Algorithm:
+def binomial_tree_reduce(t: Transport, buf: Any, op: ReduceOp, root: int, *, in_place: bool, tag: int = 0) -> Algorithm:
     """Reduce ``buf`` to ``root`` up a binomial tree; tags ``tag .. tag + ceil(log2 p) - 1``.
 
     Each rank folds its children in, nearest first, its own (lower) data on the left,

@@ -75,77 +75,99 @@ _REDUCING_STEPS = ("(p-1)·α + (p-1)/p·n·(β + γ)", lambda x: (x.p - 1) * x.
 
 _ENTRIES: tuple[Algorithm, ...] = (
     Algorithm(
-        "all_reduce", "ring", _allreduce.ring,
+        "all_reduce",
+        "ring",
+        _allreduce.ring,
         "2(p-1)·α + 2(p-1)/p·n·β + (p-1)/p·n·γ",
         lambda x: 2 * (x.p - 1) * x.a + 2 * x.spread * x.n * x.b + x.spread * x.n * x.g,
     ),
     Algorithm(
-        "all_reduce", "ring_pipelined", _allreduce.ring_pipelined,
+        "all_reduce",
+        "ring_pipelined",
+        _allreduce.ring_pipelined,
         "2(p-1)·S·α + 2(p-1)/p·n·β + (p-1)/p·n·γ/S",
         lambda x: 2 * (x.p - 1) * x.s * x.a + 2 * x.spread * x.n * x.b + x.spread * x.n * x.g / x.s,
     ),
     Algorithm(
-        "all_reduce", "recursive_doubling", _allreduce.recursive_doubling,
+        "all_reduce",
+        "recursive_doubling",
+        _allreduce.recursive_doubling,
         "(⌊lg p⌋+2e)·(α + n·β) + (⌊lg p⌋+e)·n·γ",
         lambda x: (x.down + 2 * x.e) * (x.a + x.n * x.b) + (x.down + x.e) * x.n * x.g,
     ),
     Algorithm(
-        "all_reduce", "rabenseifner", _allreduce.rabenseifner,
+        "all_reduce",
+        "rabenseifner",
+        _allreduce.rabenseifner,
         "2(⌊lg p⌋+e)·α + (2(p'-1)/p' + 2e)·n·β + ((p'-1)/p' + e)·n·γ",
         lambda x: (
-            2 * (x.down + x.e) * x.a
-            + (2 * (x.q - 1) / x.q + 2 * x.e) * x.n * x.b
-            + ((x.q - 1) / x.q + x.e) * x.n * x.g
+            2 * (x.down + x.e) * x.a + (2 * (x.q - 1) / x.q + 2 * x.e) * x.n * x.b + ((x.q - 1) / x.q + x.e) * x.n * x.g
         ),
     ),
     Algorithm(
-        "all_reduce", "binomial", _allreduce.binomial,
+        "all_reduce",
+        "binomial",
+        _allreduce.binomial,
         "2⌈lg p⌉·(α + n·β) + ⌈lg p⌉·n·γ",
         lambda x: 2 * x.up * (x.a + x.n * x.b) + x.up * x.n * x.g,
     ),
     Algorithm(
-        "broadcast", "binomial", _broadcast.binomial,
+        "broadcast",
+        "binomial",
+        _broadcast.binomial,
         "⌈lg p⌉·(α + n·β)",
         lambda x: x.up * (x.a + x.n * x.b),
     ),
     Algorithm(
-        "broadcast", "scatter_allgather", _broadcast.scatter_allgather,
+        "broadcast",
+        "scatter_allgather",
+        _broadcast.scatter_allgather,
         "(⌈lg p⌉ + p-1)·α + 2(p-1)/p·n·β",
         lambda x: (x.up + x.p - 1) * x.a + 2 * x.spread * x.n * x.b,
     ),
     Algorithm(
-        "broadcast", "chain_pipelined", _broadcast.chain_pipelined,
+        "broadcast",
+        "chain_pipelined",
+        _broadcast.chain_pipelined,
         "(p-2+C)·(α + n/C·β)",
         lambda x: (x.p - 2 + x.c) * (x.a + x.n / x.c * x.b),
     ),
     Algorithm(
-        "reduce", "binomial", _rooted.reduce_binomial,
+        "reduce",
+        "binomial",
+        _rooted.reduce_binomial,
         "⌈lg p⌉·(α + n·β + n·γ)",
         lambda x: x.up * (x.a + x.n * x.b + x.n * x.g),
     ),
     Algorithm(
-        "reduce", "linear", _rooted.reduce_linear,
+        "reduce",
+        "linear",
+        _rooted.reduce_linear,
         "(p-1)·(α + n·β + n·γ)",
         lambda x: (x.p - 1) * (x.a + x.n * x.b + x.n * x.g),
     ),
     Algorithm("all_gather", "ring", _allgather.ring, *_STEPS),
     Algorithm(
-        "all_gather", "recursive_doubling", _allgather.recursive_doubling,
+        "all_gather",
+        "recursive_doubling",
+        _allgather.recursive_doubling,
         "(⌊lg p⌋+2e)·α + ((p-1)/p + e(p+1)/p)·n·β",
-        lambda x: (
-            (x.down + 2 * x.e) * x.a + (x.spread + x.e * (x.p + 1) / x.p) * x.n * x.b
-        ),
+        lambda x: (x.down + 2 * x.e) * x.a + (x.spread + x.e * (x.p + 1) / x.p) * x.n * x.b,
     ),
     Algorithm("all_gather", "bruck", _allgather.bruck, *_LOG_STEPS),
     Algorithm("reduce_scatter", "ring", _reduce_scatter.ring, *_REDUCING_STEPS),
     Algorithm(
-        "reduce_scatter", "ring_pipelined", _reduce_scatter.ring_pipelined,
+        "reduce_scatter",
+        "ring_pipelined",
+        _reduce_scatter.ring_pipelined,
         "(p-1)·S·α + (p-1)/p·n·(β + γ/S)",
         lambda x: (x.p - 1) * x.s * x.a + x.spread * x.n * (x.b + x.g / x.s),
     ),
     Algorithm("reduce_scatter", "pairwise", _reduce_scatter.pairwise, *_REDUCING_STEPS),
     Algorithm(
-        "reduce_scatter", "recursive_halving", _reduce_scatter.recursive_halving,
+        "reduce_scatter",
+        "recursive_halving",
+        _reduce_scatter.recursive_halving,
         "(⌊lg p⌋+2e)·α + ((p'-1)/p' + e(p+1)/p)·n·β + ((p'-1)/p' + e + 1)·n·γ",
         lambda x: (
             (x.down + 2 * x.e) * x.a
@@ -155,7 +177,9 @@ _ENTRIES: tuple[Algorithm, ...] = (
     ),
     Algorithm("all_to_all", "pairwise", _alltoall.pairwise, *_STEPS),
     Algorithm(
-        "all_to_all", "bruck", _alltoall.bruck,
+        "all_to_all",
+        "bruck",
+        _alltoall.bruck,
         "⌈lg p⌉·α + ⌈lg p⌉·n/2·β",
         lambda x: x.up * x.a + x.up * x.n / 2 * x.b,
     ),
@@ -165,7 +189,9 @@ _ENTRIES: tuple[Algorithm, ...] = (
     Algorithm("scatter", "linear", _rooted.scatter_linear, *_STEPS),
     Algorithm("scatter", "binomial", _rooted.scatter_binomial, *_LOG_STEPS),
     Algorithm(
-        "barrier", "dissemination", _barrier.dissemination,
+        "barrier",
+        "dissemination",
+        _barrier.dissemination,
         "⌈lg p⌉·α",
         lambda x: x.up * x.a,
     ),

@@ -101,9 +101,7 @@ def all_to_all(
     send = [check_counts(c, p, f"send_counts_per_rank[{i}]") for i, c in enumerate(send_counts_per_rank)]
     recv = [check_counts(c, p, f"recv_counts_per_rank[{i}]") for i, c in enumerate(recv_counts_per_rank)]
     if len(send) != p or len(recv) != p or [list(col) for col in zip(*send)] != recv:
-        raise ValueError(
-            "send_counts_per_rank[i][j] must equal recv_counts_per_rank[j][i] for all ranks i, j"
-        )
+        raise ValueError("send_counts_per_rank[i][j] must equal recv_counts_per_rank[j][i] for all ranks i, j")
     # Stage every output in one scratch buffer first, in case outputs alias inputs:
     # rank j's output starts at base[j], and its block from rank i at base[j] + recv_offs[j][i].
     recv_offs = [offsets(c) for c in recv]

@@ -62,8 +62,9 @@ def _recorder(inner: Any) -> Any:
                 return
             at = len(engine.trace)
             if kind == "match":
-                decision = _Decision(kind, engine.points, options[index], options[0], at, subject.dst,
-                                     subject.call_site)
+                decision = _Decision(
+                    kind, engine.points, options[index], options[0], at, subject.dst, subject.call_site
+                )
             else:
                 decision = _Decision(kind, engine.points, options[index], options[0], at)
             self.decisions.append(decision)
@@ -151,10 +152,13 @@ def _site(call_site: str | None) -> str:
 def _describe(d: _Decision, events: list, error: BaseException | None) -> str:
     """One decision in words: who went first, when, and the communication that followed."""
     if d.kind == "match":
-        head = (f"rank {d.receiver}'s recv at {_site(d.recv_site)} matched rank {d.chosen}'s send before "
-                f"rank {d.instead}'s at step {d.step}")
-        sent = next((e for e in events[d.event:] if e.kind == "message" and e.rank == d.chosen
-                     and e.peer == d.receiver), None)
+        head = (
+            f"rank {d.receiver}'s recv at {_site(d.recv_site)} matched rank {d.chosen}'s send before "
+            f"rank {d.instead}'s at step {d.step}"
+        )
+        sent = next(
+            (e for e in events[d.event :] if e.kind == "message" and e.rank == d.chosen and e.peer == d.receiver), None
+        )
         return head if sent is None else f"{head}: the send at {_site(sent.call_site)}"
     head = f"rank {d.chosen} ran before rank {d.instead} at step {d.step}"
     then = _consequence(events, d.event, d.chosen)
@@ -171,7 +175,7 @@ def _consequence(events: list, start: int, rank: int) -> str | None:
             continue
         if e.collective_id is not None:
             return f"rank {e.rank}'s {e.op} at {_site(e.call_site)} sent to rank {e.peer} first"
-        recv = next((r for r in events[i + 1:] if r.kind == "recv" and r.rank == e.peer and r.peer == e.rank), None)
+        recv = next((r for r in events[i + 1 :] if r.kind == "recv" and r.rank == e.peer and r.peer == e.rank), None)
         where = "" if recv is None else f" at {_site(recv.call_site)}"
         return f"rank {e.peer}'s recv{where} matched rank {e.rank}'s send at {_site(e.call_site)}"
     return None

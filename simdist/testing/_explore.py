@@ -59,9 +59,21 @@ def run_seed(seed: int, i: int) -> int:
     return int(np.random.SeedSequence(seed, spawn_key=(i,)).generate_state(1)[0])
 
 
-def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct", max_runs: int | None = None,
-            depth: int = 3, seed: int | None = None, progress: bool | None = None, preemption_bound: int | None = None,
-            reduction: bool = True, check: Callable | None = None, **options: Any) -> ExploreSummary:
+def explore(
+    fn: Callable,
+    nprocs: int,
+    *,
+    args: tuple = (),
+    strategy: str = "pct",
+    max_runs: int | None = None,
+    depth: int = 3,
+    seed: int | None = None,
+    progress: bool | None = None,
+    preemption_bound: int | None = None,
+    reduction: bool = True,
+    check: Callable | None = None,
+    **options: Any,
+) -> ExploreSummary:
     """Run ``fn(rank, *args)`` on ``nprocs`` ranks under up to ``max_runs`` schedules: an :class:`ExploreSummary`.
 
     ``strategy`` is ``'pct'`` (priority change points of depth ``depth``: finds bugs
@@ -140,10 +152,15 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
         raise ValueError(f"strategy={strategy!r}: expected 'pct', 'random' or 'exhaustive'")
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"depth={depth!r} must be a positive int")
-    if preemption_bound is not None and (strategy != "exhaustive" or isinstance(preemption_bound, bool)
-                                         or not isinstance(preemption_bound, int) or preemption_bound < 0):
-        raise ValueError(f"preemption_bound={preemption_bound!r}: expected None or a non-negative int, "
-                         "with strategy='exhaustive'")
+    if preemption_bound is not None and (
+        strategy != "exhaustive"
+        or isinstance(preemption_bound, bool)
+        or not isinstance(preemption_bound, int)
+        or preemption_bound < 0
+    ):
+        raise ValueError(
+            f"preemption_bound={preemption_bound!r}: expected None or a non-negative int, with strategy='exhaustive'"
+        )
     if not isinstance(reduction, bool):
         raise TypeError(f"reduction={reduction!r}: expected True or False")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
@@ -164,13 +181,38 @@ def explore(fn: Callable, nprocs: int, *, args: tuple = (), strategy: str = "pct
     given = options.get("pool")
     with RankPool() if given is None else contextlib.nullcontext(given) as pool, held():
         options["pool"] = pool  # the runs reuse their rank threads and the process-wide stand-ins
-        return _explore(fn, nprocs, args, strategy, runs_wanted, depth, seed, progress, preemption_bound, reduction,
-                        check, leaks, options)
+        return _explore(
+            fn,
+            nprocs,
+            args,
+            strategy,
+            runs_wanted,
+            depth,
+            seed,
+            progress,
+            preemption_bound,
+            reduction,
+            check,
+            leaks,
+            options,
+        )
 
 
-def _explore(fn: Callable, nprocs: int, args: tuple, strategy: str, runs_wanted: int, depth: int, seed: int | None,
-             progress: bool | None, preemption_bound: int | None, reduction: bool, check: Callable | None, leaks: str,
-             options: dict) -> ExploreSummary:
+def _explore(
+    fn: Callable,
+    nprocs: int,
+    args: tuple,
+    strategy: str,
+    runs_wanted: int,
+    depth: int,
+    seed: int | None,
+    progress: bool | None,
+    preemption_bound: int | None,
+    reduction: bool,
+    check: Callable | None,
+    leaks: str,
+    options: dict,
+) -> ExploreSummary:
     """:func:`explore`'s search, its arguments checked and ``options`` complete."""
     from simdist.backends.sim import PCTStrategy, RandomStrategy
 
@@ -178,9 +220,18 @@ def _explore(fn: Callable, nprocs: int, args: tuple, strategy: str, runs_wanted:
     if strategy == "exhaustive":
         from ._search import exhaustive
 
-        runs, distinct, complete = exhaustive(fn, nprocs, args, preemption_bound=preemption_bound,
-                                              reduce=bool(reduction), max_runs=runs_wanted, options=options,
-                                              progress=show, check=check, warn_leaks=leaks == "warn")
+        runs, distinct, complete = exhaustive(
+            fn,
+            nprocs,
+            args,
+            preemption_bound=preemption_bound,
+            reduce=bool(reduction),
+            max_runs=runs_wanted,
+            options=options,
+            progress=show,
+            check=check,
+            warn_leaks=leaks == "warn",
+        )
         return ExploreSummary(runs, runs, strategy, complete, distinct, preemption_bound)
     base = 0 if seed is None else seed
     seen: set[tuple] = set()
@@ -195,8 +246,12 @@ def _explore(fn: Callable, nprocs: int, args: tuple, strategy: str, runs_wanted:
                 kwargs = {"strategy": PCTStrategy(run_seed(base, i), depth, steps)}
             runs += 1
             if show:
-                print(f"\rsimdist explore: {runs}/{runs_wanted} runs, {len(seen)} interleavings", end="",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"\rsimdist explore: {runs}/{runs_wanted} runs, {len(seen)} interleavings",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
             try:
                 res = run_checked(fn, nprocs, args, quick, check, **kwargs)
             except DistError as err:
@@ -217,8 +272,17 @@ def _explore(fn: Callable, nprocs: int, args: tuple, strategy: str, runs_wanted:
     return ExploreSummary(runs, len(seen), strategy, False)
 
 
-def spmd(nprocs: Any = 2, *, args: tuple = (), strategy: str = "pct", max_runs: int | None = None, depth: int = 3,
-         seed: int = 0, check: Callable | None = None, **options: Any) -> Callable[[Callable], Callable[[], None]]:
+def spmd(
+    nprocs: Any = 2,
+    *,
+    args: tuple = (),
+    strategy: str = "pct",
+    max_runs: int | None = None,
+    depth: int = 3,
+    seed: int = 0,
+    check: Callable | None = None,
+    **options: Any,
+) -> Callable[[Callable], Callable[[], None]]:
     """Decorator: ``fn(rank, *args)`` becomes a test that :func:`explore`\\ s it under many schedules.
 
     ``nprocs`` is a world size or an iterable of them (each explored in turn). The test
@@ -265,8 +329,17 @@ def spmd(nprocs: Any = 2, *, args: tuple = (), strategy: str = "pct", max_runs: 
     def decorate(fn: Callable) -> Callable[[], None]:
         def test() -> None:
             for n in replay_worlds(worlds):
-                explore(fn, n, args=args, strategy=strategy, max_runs=max_runs, depth=depth, seed=seed, check=check,
-                        **options)
+                explore(
+                    fn,
+                    n,
+                    args=args,
+                    strategy=strategy,
+                    max_runs=max_runs,
+                    depth=depth,
+                    seed=seed,
+                    check=check,
+                    **options,
+                )
 
         for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
             setattr(test, attr, getattr(fn, attr, None))

@@ -17,8 +17,17 @@ from simdist._errors import CollectiveMismatchError, DeadlockError, DistError, L
 from ._check import check_argument, run_checked
 from ._explain import note_decisions
 
-__all__ = ["NondeterminismError", "Schedule", "current_test", "failure_site", "replay", "replay_worlds", "run",
-           "same_failure", "warn_leaks"]
+__all__ = [
+    "NondeterminismError",
+    "Schedule",
+    "current_test",
+    "failure_site",
+    "replay",
+    "replay_worlds",
+    "run",
+    "same_failure",
+    "warn_leaks",
+]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 _UNDESTROYED = "(destroy_process_group)"  # how simulate lists groups never destroyed, which are not warned about
@@ -70,8 +79,10 @@ class Schedule(list):
 
         schedule, world, test = split_token(token)
         if not schedule.startswith("choices:"):
-            raise ValueError(f"token={token!r} is a seeded strategy's token, whose choices are known only after a "
-                             "run; expected 'choices:...' (a run's .choices holds the list it made)")
+            raise ValueError(
+                f"token={token!r} is a seeded strategy's token, whose choices are known only after a "
+                "run; expected 'choices:...' (a run's .choices holds the list it made)"
+            )
         return cls(decode_choices(token), world=world, test=test)
 
     @property
@@ -153,7 +164,8 @@ def _replayed(token: str, nprocs: int, test: str | None) -> str:
     if made_for is not None and test is not None and made_for != test:
         raise ValueError(
             f"--simdist-replay {token} was made for the test {made_for}, not this one ({test}); "
-            f"replay it there: pytest {shlex.quote(made_for)} --simdist-replay {shlex.quote(token)}")
+            f"replay it there: pytest {shlex.quote(made_for)} --simdist-replay {shlex.quote(token)}"
+        )
     if world is not None and world != nprocs:
         from hypothesis import currently_in_test_context, reject
 
@@ -172,9 +184,21 @@ def replay_worlds(worlds: list[int]) -> list[int]:
     return [world] if world in worlds else worlds
 
 
-def run(fn: Callable, nprocs: int, *, args: tuple = (), seed: int | None = None, strategy: Any = None,
-        schedule: Any = None, detail: str = "messages", topology: Any = None, eager_limit: int = 0,
-        timeout: float | None = None, check: Callable | None = None, **options: Any) -> Any:
+def run(
+    fn: Callable,
+    nprocs: int,
+    *,
+    args: tuple = (),
+    seed: int | None = None,
+    strategy: Any = None,
+    schedule: Any = None,
+    detail: str = "messages",
+    topology: Any = None,
+    eager_limit: int = 0,
+    timeout: float | None = None,
+    check: Callable | None = None,
+    **options: Any,
+) -> Any:
     """Run ``fn(rank, *args)`` on ``nprocs`` simulated ranks: a ``SimResult`` (``values``, ``trace``, ``schedule``).
 
     Like :func:`simdist.simulate`, which does the work. With no ``seed``, ``strategy`` or
@@ -333,8 +357,9 @@ def failure_site(err: BaseException) -> Any:
     return type(cause), site
 
 
-def check_replays(fn: Callable, nprocs: int, args: tuple, err: DistError, kwargs: dict,
-                  check: Callable | None = None) -> DistError:
+def check_replays(
+    fn: Callable, nprocs: int, args: tuple, err: DistError, kwargs: dict, check: Callable | None = None
+) -> DistError:
     """The error of replaying ``err``'s schedule (then ``check``), which fails the same way as ``err``.
 
     Raises:
@@ -352,7 +377,9 @@ def check_replays(fn: Callable, nprocs: int, args: tuple, err: DistError, kwargs
     raise NondeterminismError(
         f"the run failed with {type(err).__name__}, but its replay ({err.schedule}) {outcome}: the program does "
         "something the simulator does not control, so its schedule cannot be replayed.\n  " + "\n  ".join(causes),
-        err, second, causes,
+        err,
+        second,
+        causes,
     ) from err
 
 
@@ -417,9 +444,12 @@ def _diagnose(fn: Callable, nprocs: int, args: tuple, token: str, kwargs: dict) 
             setattr(time, name, real)
         threading.Thread.start = start
     causes = [f"it reads the clock: {s}" for s in sorted(seen["clock"])]
-    causes += [f"it starts its own threads (the simulator schedules only rank threads): {s}"
-               for s in sorted(seen["thread"])]
+    causes += [
+        f"it starts its own threads (the simulator schedules only rank threads): {s}" for s in sorted(seen["thread"])
+    ]
     if not causes:
-        causes = ["it depends on state outside the run: global variables changed by an earlier run, "
-                  "unseeded randomness (os.urandom, uuid, hash() of str across processes), files or the network"]
+        causes = [
+            "it depends on state outside the run: global variables changed by an earlier run, "
+            "unseeded randomness (os.urandom, uuid, hash() of str across processes), files or the network"
+        ]
     return causes

@@ -119,8 +119,11 @@ class SearchStrategy(Strategy):
             self.chosen = None
         if ran is None or not self.reduce:
             return
-        for q in [q for q, s in self.sleep.items() if q == ran or _dependent(s.footprint, fp)
-                  or (self.bounded and s.instead != ran)]:
+        for q in [
+            q
+            for q, s in self.sleep.items()
+            if q == ran or _dependent(s.footprint, fp) or (self.bounded and s.instead != ran)
+        ]:
             del self.sleep[q]
         if len(runnable) == 1 and self._skippable(runnable[0], 0) and self.record.open_until is None:
             self.record.open_until = len(self.record.options)  # its only continuation is covered
@@ -183,8 +186,7 @@ def signature(steps: list[tuple[int, frozenset, tuple]]) -> Any:
             total.append((step, tuple(sorted(count.items()))))
         for key in fp:
             by_key.setdefault(key, []).append(step)
-    return (tuple(sorted(count.items())), tuple(total),
-            tuple(sorted(((repr(k), tuple(v)) for k, v in by_key.items()))))
+    return (tuple(sorted(count.items())), tuple(total), tuple(sorted(((repr(k), tuple(v)) for k, v in by_key.items()))))
 
 
 def preemptions(choices: list[int]) -> int:
@@ -212,8 +214,18 @@ class Search:
     ``simdist`` (``DistError``) are kept in the run, not raised; the caller decides.
     """
 
-    def __init__(self, fn: Callable, nprocs: int, args: tuple, *, preemption_bound: int | None, reduce: bool,
-                 max_runs: int, options: dict, check: Callable | None = None):
+    def __init__(
+        self,
+        fn: Callable,
+        nprocs: int,
+        args: tuple,
+        *,
+        preemption_bound: int | None,
+        reduce: bool,
+        max_runs: int,
+        options: dict,
+        check: Callable | None = None,
+    ):
         self.fn, self.nprocs, self.args, self.options, self.check = fn, nprocs, args, options, check
         self.bound, self.reduce, self.max_runs = preemption_bound, reduce, max_runs
         self.runs = 0
@@ -235,8 +247,9 @@ class Search:
                 strategy = SearchStrategy(prefix, root, reduce=self.reduce, bounded=self.bound is not None)
                 run = SearchRun(prefix, depth, strategy.record)
                 try:
-                    run.result = run_checked(self.fn, self.nprocs, self.args, self.options, self.check,
-                                             strategy=strategy)
+                    run.result = run_checked(
+                        self.fn, self.nprocs, self.args, self.options, self.check, strategy=strategy
+                    )
                 except DistError as err:
                     if err.choices is None:
                         raise
@@ -250,9 +263,19 @@ class Search:
         self.complete = True
 
 
-def exhaustive(fn: Callable, nprocs: int, args: tuple, *, preemption_bound: int | None, reduce: bool, max_runs: int,
-               options: dict, progress: bool, check: Callable | None = None,
-               warn_leaks: bool = False) -> tuple[int, int, bool]:
+def exhaustive(
+    fn: Callable,
+    nprocs: int,
+    args: tuple,
+    *,
+    preemption_bound: int | None,
+    reduce: bool,
+    max_runs: int,
+    options: dict,
+    progress: bool,
+    check: Callable | None = None,
+    warn_leaks: bool = False,
+) -> tuple[int, int, bool]:
     """``explore(strategy="exhaustive")``: (runs, distinct classes, complete), or the first failure, shrunk.
 
     ``check(values)`` judges each run as in ``explore``; ``warn_leaks`` gives one ``LeakWarning``
@@ -267,13 +290,26 @@ def exhaustive(fn: Callable, nprocs: int, args: tuple, *, preemption_bound: int 
     from ._run import warn_leaks as warn
     from ._shrink import shrunk_failure
 
-    found = Search(fn, nprocs, args, preemption_bound=preemption_bound, reduce=reduce, max_runs=max_runs,
-                   options=unrecorded(options), check=check)  # a failure is replayed with ``options``
+    found = Search(
+        fn,
+        nprocs,
+        args,
+        preemption_bound=preemption_bound,
+        reduce=reduce,
+        max_runs=max_runs,
+        options=unrecorded(options),
+        check=check,
+    )  # a failure is replayed with ``options``
     try:
         for run in found:
             if progress:
-                print(f"\rsimdist explore: {found.runs}/{max_runs} runs, {run.level} preemptions, "
-                      f"{len(found.signatures)} distinct", end="", file=sys.stderr, flush=True)
+                print(
+                    f"\rsimdist explore: {found.runs}/{max_runs} runs, {run.level} preemptions, "
+                    f"{len(found.signatures)} distinct",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if run.error is not None:
                 shrunk = shrunk_failure(fn, nprocs, args, run.error, options, check)
                 note_decisions(fn, nprocs, args, shrunk, options)
@@ -285,7 +321,9 @@ def exhaustive(fn: Callable, nprocs: int, args: tuple, *, preemption_bound: int 
             print(file=sys.stderr, flush=True)
     if not found.complete:
         within = "" if preemption_bound is None else f" with up to {preemption_bound} preemptions"
-        warnings.warn(f"explore(strategy='exhaustive') stopped at max_runs={max_runs} before every schedule"
-                      f"{within} ran: the search is incomplete; raise max_runs or lower preemption_bound",
-                      stacklevel=3)
+        warnings.warn(
+            f"explore(strategy='exhaustive') stopped at max_runs={max_runs} before every schedule"
+            f"{within} ran: the search is incomplete; raise max_runs or lower preemption_bound",
+            stacklevel=3,
+        )
     return found.runs, len(found.signatures), found.complete

@@ -65,8 +65,9 @@ class Shrinker:
     ``spent`` counts the attempts made, at most ``budget``.
     """
 
-    def __init__(self, choices: Sequence[int], attempt: Callable[[list[int]], Sequence[int] | None],
-                 budget: int = MINIMIZE_RUNS):
+    def __init__(
+        self, choices: Sequence[int], attempt: Callable[[list[int]], Sequence[int] | None], budget: int = MINIMIZE_RUNS
+    ):
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
             raise ValueError(f"budget={budget!r} must be a non-negative int (replays)")
         self.current = _trim(choices)
@@ -142,8 +143,15 @@ class Shrinker:
             i -= 1
 
 
-def minimize(fn: Callable, nprocs: int, args: tuple, err: DistError, options: dict,
-             budget: int = MINIMIZE_RUNS, check: Callable | None = None) -> DistError:
+def minimize(
+    fn: Callable,
+    nprocs: int,
+    args: tuple,
+    err: DistError,
+    options: dict,
+    budget: int = MINIMIZE_RUNS,
+    check: Callable | None = None,
+) -> DistError:
     """The error of the simplest schedule found that fails like ``err`` (``err`` itself if none is simpler).
 
     Replays ``fn`` on ``nprocs`` ranks with ``options`` (and ``check`` of the values, as in
@@ -189,8 +197,9 @@ def minimize(fn: Callable, nprocs: int, args: tuple, err: DistError, options: di
     return _minimize(fn, nprocs, args, err, options, budget, check)[0]
 
 
-def _minimize(fn: Callable, nprocs: int, args: tuple, err: DistError, options: dict, budget: int,
-              check: Callable | None) -> tuple[DistError, int]:
+def _minimize(
+    fn: Callable, nprocs: int, args: tuple, err: DistError, options: dict, budget: int, check: Callable | None
+) -> tuple[DistError, int]:
     """:func:`minimize`'s error and the replays it spent."""
     if err.choices is None:
         raise ValueError(f"err={type(err).__name__} has no scheduler choices: only a simulated run's error shrinks")
@@ -211,8 +220,9 @@ def _minimize(fn: Callable, nprocs: int, args: tuple, err: DistError, options: d
     return best, shrinker.spent
 
 
-def shrunk_failure(fn: Callable, nprocs: int, args: tuple, err: DistError, options: dict,
-                   check: Callable | None = None) -> DistError:
+def shrunk_failure(
+    fn: Callable, nprocs: int, args: tuple, err: DistError, options: dict, check: Callable | None = None
+) -> DistError:
     """``err`` with the minimal schedule, as a replay of that schedule with ``options`` gives it; a note says how
     it shrank.
 
@@ -222,8 +232,10 @@ def shrunk_failure(fn: Callable, nprocs: int, args: tuple, err: DistError, optio
     found, spent = _minimize(fn, nprocs, args, err, unrecorded(options), MINIMIZE_RUNS, check)
     best = check_replays(fn, nprocs, args, found, options, check)
     if best.schedule != err.schedule:
-        best.add_note(f"schedule shrunk from {_significant(err.choices)} to {_significant(best.choices)} "
-                      f"in {spent} replays; the original run's token: {err.schedule}")
+        best.add_note(
+            f"schedule shrunk from {_significant(err.choices)} to {_significant(best.choices)} "
+            f"in {spent} replays; the original run's token: {err.schedule}"
+        )
     else:
         best.add_note(f"schedule already minimal: none of {spent} simpler ones replayed fails the same way")
     best.__suppress_context__ = True  # a RankError keeps its __cause__: the rank's own exception

@@ -90,8 +90,16 @@ def topologies() -> st.SearchStrategy[str]:
     return st.sampled_from(names)
 
 
-COLLECTIVE_OPS = ("all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
-                  "all_to_all_single", "gather", "scatter")
+COLLECTIVE_OPS = (
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+)
 
 
 @dataclass(frozen=True)
@@ -119,8 +127,9 @@ class CollectiveInputs:
 
 
 @st.composite
-def collective_inputs(draw: Any, op: str | None = None, world: int | None = None, dtypes: tuple | None = None,
-                      max_elements: int = 16) -> CollectiveInputs:
+def collective_inputs(
+    draw: Any, op: str | None = None, world: int | None = None, dtypes: tuple | None = None, max_elements: int = 16
+) -> CollectiveInputs:
     """Inputs for ``op`` (drawn from ``COLLECTIVE_OPS`` if ``None``) at ``world`` ranks (drawn 1..8 if ``None``).
 
     Per-rank tensors have the shape the op needs: for ``reduce_scatter_tensor`` and

@@ -28,8 +28,10 @@ GPU_KINDS = [("cuda", d) for d in TORCH_DTYPES] + [("cupy", d) for d in ("float3
 def _batch(world: int, kinds: list[tuple[str, str]]) -> list[Case]:
     batch = [c for kind, dtype in kinds for c in _dtype_batch(kind, dtype, world)]
     for layout in ("transposed", "strided"):
-        batch += [Case(op=op, kind="cuda", world=world, layout=layout,
-                       rop=dist.ReduceOp.SUM if op in REDUCING else None) for op in OPS]
+        batch += [
+            Case(op=op, kind="cuda", world=world, layout=layout, rop=dist.ReduceOp.SUM if op in REDUCING else None)
+            for op in OPS
+        ]
     return batch
 
 
@@ -118,8 +120,9 @@ def test_tutorial_06_trains_the_same_on_gpus() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "tutorials/06_to_gpus.py", "--gpu"], cwd=root, capture_output=True,
-                          text=True, timeout=500)
+    proc = subprocess.run(
+        [sys.executable, "tutorials/06_to_gpus.py", "--gpu"], cwd=root, capture_output=True, text=True, timeout=500
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("nccl", "torch-nccl"))]
     assert len(lines) == 2 and all(line.endswith("True") for line in lines), proc.stdout
