@@ -811,45 +811,28 @@ class _Transport(Timed):
         self.dtype: str | None = None  # the messages' dtype, from the first buffer
 
     def isend(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Post:
-        if self.dtype is None:
-            self.dtype = A.dtype_name(buf)
-        run, me = self.run, self.me
-        return self.engine.post(
-            Post(
-                "send",
-                me,
-                self.ranks[peer],
-                run.ctx,
-                tag,
-                buf,
-                A.nbytes(buf),
-                self.dtype,
-                run.t,
-                me,
-                self.gid,
-                self.site,
-                run,
-                run.step,
-                chunk,
-            )
-        )
+        return self._post("send", self.me, self.ranks[peer], buf, tag, chunk)
 
     def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Post:
+        return self._post("recv", self.ranks[peer], self.me, buf, tag, chunk)
+
+    def _post(self, kind: str, src: int, dst: int, buf: Any, tag: int, chunk: int | None) -> Post:
+        """Post this rank's send or receive of ``buf`` at the step the run has reached."""
         if self.dtype is None:
             self.dtype = A.dtype_name(buf)
-        run, me = self.run, self.me
+        run = self.run
         return self.engine.post(
             Post(
-                "recv",
-                self.ranks[peer],
-                me,
+                kind,
+                src,
+                dst,
                 run.ctx,
                 tag,
                 buf,
                 A.nbytes(buf),
                 self.dtype,
                 run.t,
-                me,
+                self.me,
                 self.gid,
                 self.site,
                 run,

@@ -31,17 +31,7 @@ _GLOO_DTYPES = {
     torch.int64,
     torch.bool,
 }
-_NCCL_DTYPES = {
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.int8,
-    torch.uint8,
-    torch.int32,
-    torch.int64,
-    torch.bool,
-}
+_NCCL_DTYPES = _GLOO_DTYPES  # the same dtypes in torch's two backends
 _MPI_DTYPES = {torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64}
 _ARITHMETIC = {ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX}
 _COMPLEX = {torch.complex64, torch.complex128}
