@@ -1,6 +1,7 @@
 """The wheel installs the layout of DESIGN.md: ``backends/`` as ``simdist.backends`` and
 ``visualize/`` as ``simdist.visualize``, and no generic top-level ``backends`` or
-``visualize`` on a user's ``sys.path``.
+``visualize`` on a user's ``sys.path``. Beside the package it installs one module, the pytest
+plugin ``pytest_simdist``, which pytest finds by its entry point and loads without simdist.
 
 The test builds the wheel from a copy of the checkout, installs it with ``--no-deps`` into
 a fresh virtual environment that sees the site-packages of the Python running the tests
@@ -37,8 +38,11 @@ SKIP = shutil.ignore_patterns(
 
 CHECK = r"""
 import importlib.util, json, sys
+import pytest_simdist
+out_plugin_alone = "simdist" not in sys.modules
 import simdist, simdist.backends, simdist.backends.sim, simdist.visualize
 out = {
+    "plugin_alone": out_plugin_alone,
     "simdist": simdist.__file__,
     "simdist.backends": simdist.backends.__file__,
     "simdist.backends.sim": simdist.backends.sim.__file__,
@@ -46,6 +50,10 @@ out = {
     "top_backends": importlib.util.find_spec("backends") is not None,
     "top_visualize": importlib.util.find_spec("visualize") is not None,
 }
+from importlib.metadata import entry_points
+(plugin,) = [ep for ep in entry_points(group="pytest11") if ep.name == "simdist"]
+out["plugin"] = [plugin.value, plugin.load().__file__]
+
 def main(rank, world_size):
     simdist.init_process_group("gloo", rank=rank, world_size=world_size)
     import torch
@@ -102,12 +110,12 @@ def test_wheel_installs_the_package_layout(tmp_path: Path):
     shutil.copytree(ROOT, src, ignore=SKIP)
     wheel = _build_wheel(src, tmp_path / "wheels")
 
-    # The wheel holds one top-level package and its metadata, nothing else.
+    # The wheel holds one top-level package, the plugin module and its metadata, nothing else.
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
     tops = sorted({n.split("/", 1)[0] for n in names})
-    assert len(tops) == 2 and tops[0] == "simdist" and tops[1].startswith("simdist-"), tops
-    assert tops[1].endswith(".dist-info"), tops
+    assert len(tops) == 3 and tops[:2] == ["pytest_simdist.py", "simdist"], tops
+    assert tops[2].startswith("simdist-") and tops[2].endswith(".dist-info"), tops
     for required in (
         "simdist/__init__.py",
         "simdist/py.typed",
@@ -135,3 +143,7 @@ def test_wheel_installs_the_package_layout(tmp_path: Path):
     assert not found["top_backends"], "a top-level 'backends' module is importable"
     assert not found["top_visualize"], "a top-level 'visualize' module is importable"
     assert found["values"] == [10.0] * 4
+    assert found["plugin_alone"], "importing the pytest plugin imported simdist"
+    assert found["plugin"][0] == "pytest_simdist" and site in Path(found["plugin"][1]).resolve().parents, found[
+        "plugin"
+    ]

@@ -170,12 +170,12 @@ def test_worlds(rank):
 @pytest.fixture
 def inner_pytest(pytester):
     """``pytester.runpytest`` in this process, with this session's plugin options kept."""
-    from simdist import _pytest_plugin
+    import pytest_simdist
 
-    saved = dict(_pytest_plugin.OPTIONS)
+    saved = dict(pytest_simdist.OPTIONS)
     pytester.makepyfile(test_racy=RACY_TESTS)
     yield lambda *args: pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
-    _pytest_plugin.OPTIONS.update(saved)
+    pytest_simdist.OPTIONS.update(saved)
 
 
 def _outcome(result, test: str) -> str:

@@ -20,7 +20,7 @@ import simdist
 import simdist as dist
 import simdist.backends
 import simdist.testing as sdt
-from simdist._pytest_plugin import OPTIONS
+from pytest_simdist import OPTIONS
 from simdist.backends.sim._strategies import decode_choices
 
 pytestmark = pytest.mark.timeout(120)

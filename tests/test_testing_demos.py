@@ -237,11 +237,11 @@ def test_counted(rank):
 @pytest.fixture
 def inner_pytest(pytester):
     """``pytester.runpytest`` in this process (fast), with this session's plugin options kept."""
-    from simdist import _pytest_plugin
+    import pytest_simdist
 
-    saved = dict(_pytest_plugin.OPTIONS)
+    saved = dict(pytest_simdist.OPTIONS)
     yield lambda *args: pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
-    _pytest_plugin.OPTIONS.update(saved)
+    pytest_simdist.OPTIONS.update(saved)
 
 
 def _token(output: str) -> str:
@@ -282,8 +282,8 @@ def test_plugin_max_schedules(pytester, inner_pytest):
 @pytest.mark.timeout(120)
 def test_plugin_imports_nothing_heavy():
     code = (
-        "import sys, simdist._pytest_plugin; "
-        "heavy = [m for m in ('torch', 'hypothesis', 'simdist.testing') if m in sys.modules]; "
+        "import sys, pytest_simdist; "
+        "heavy = [m for m in ('torch', 'hypothesis', 'simdist') if m in sys.modules]; "
         "assert not heavy, heavy"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from pytest_simdist import OPTIONS
 from simdist._callsite import trace_user_code
 from simdist._errors import DistError
 
@@ -42,8 +43,6 @@ class ExploreSummary:
 
 
 def _max_runs(max_runs: int | None) -> int:
-    from simdist._pytest_plugin import OPTIONS
-
     if max_runs is None:
         max_runs = OPTIONS["max_schedules"] or DEFAULT_RUNS
     if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
@@ -146,8 +145,6 @@ def explore(
         >>> print(sdt.explore(in_order, 2, strategy="exhaustive"))       # one sender: no race
         4 runs (exhaustive, every schedule), 4 distinct interleavings (2 not equivalent), no failure
     """
-    from simdist._pytest_plugin import OPTIONS
-
     if strategy not in ("pct", "random", "exhaustive"):
         raise ValueError(f"strategy={strategy!r}: expected 'pct', 'random' or 'exhaustive'")
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:

@@ -11,6 +11,8 @@ import time
 import warnings
 from typing import Any, Callable
 
+from pytest_simdist import OPTIONS
+
 from simdist._callsite import is_user_file, trace_user_code, user_call_site
 from simdist._errors import CollectiveMismatchError, DeadlockError, DistError, LeakWarning
 
@@ -132,8 +134,6 @@ class NondeterminismError(DistError):
 
 
 def _options_from(nprocs, seed, strategy, schedule) -> dict:
-    from simdist._pytest_plugin import OPTIONS
-
     if OPTIONS["replay"] is not None:
         return {"schedule": _replayed(OPTIONS["replay"], nprocs, OPTIONS["test"])}
     if isinstance(schedule, Schedule):
@@ -147,8 +147,6 @@ def _options_from(nprocs, seed, strategy, schedule) -> dict:
 
 def current_test() -> str | None:
     """The node id of the pytest test running now (its runs' tokens record it), or ``None``."""
-    from simdist._pytest_plugin import OPTIONS
-
     return OPTIONS["test"]
 
 
@@ -177,7 +175,6 @@ def _replayed(token: str, nprocs: int, test: str | None) -> str:
 
 def replay_worlds(worlds: list[int]) -> list[int]:
     """The world sizes of ``worlds`` that ``pytest --simdist-replay`` replays: the token's, if it is among them."""
-    from simdist._pytest_plugin import OPTIONS
     from simdist.backends.sim import split_token
 
     world = None if OPTIONS["replay"] is None else split_token(OPTIONS["replay"])[1]

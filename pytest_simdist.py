@@ -1,4 +1,7 @@
-"""The pytest plugin of simdist (entry point ``pytest11``): command-line options, nothing heavy at load.
+"""The pytest plugin of simdist (entry point ``pytest11``): command-line options; loading it imports nothing of simdist.
+
+It is a top-level module, outside the ``simdist`` package, so that every pytest run can load it
+without importing ``simdist`` (and torch). :mod:`simdist.testing` reads ``OPTIONS`` from here.
 
 ``--simdist-replay TOKEN`` makes every simulated run of :mod:`simdist.testing` (``run``,
 ``explore`` and tests made by ``@spmd``) replay that interleaving; ``--simdist-max-schedules N``
