@@ -137,7 +137,7 @@ def _rank(
 
     import simdist as d
 
-    from .backends.socket._checked import CHECK_ENV
+    from .backends.socket import CHECK_ENV
 
     torch.set_num_threads(1)  # one intra-op thread per rank, as torchrun gives several ranks of one node
     os.environ[CHECK_ENV] = "1" if checked else "0"

@@ -270,8 +270,7 @@ def _rank_env(opts: argparse.Namespace, local: int, port: int, secret: str) -> d
 
 
 def _job_port_and_secret(opts: argparse.Namespace) -> tuple[int, str]:
-    from simdist.backends.socket._auth import SECRET_ENV, new_secret
-    from simdist.backends.socket._spawn import free_port
+    from simdist.backends.socket import SECRET_ENV, free_port, new_secret
 
     if opts.nnodes == 1:
         return (opts.master_port or free_port()), new_secret()
@@ -279,7 +278,7 @@ def _job_port_and_secret(opts: argparse.Namespace) -> tuple[int, str]:
     if not secret:
         raise SystemExit(
             f"simdist run: --nnodes={opts.nnodes} needs the same {SECRET_ENV} on every node; create one with\n"
-            f"  export {SECRET_ENV}=$(python -c 'from simdist.backends.socket._auth import new_secret; "
+            f"  export {SECRET_ENV}=$(python -c 'from simdist.backends.socket import new_secret; "
             "print(new_secret())')\nand set it on each node before 'simdist run'"
         )
     return (opts.master_port or DEFAULT_PORT), secret
@@ -362,7 +361,7 @@ def _run_socket(opts: argparse.Namespace) -> int:
             rank = base + local
             env = _rank_env(opts, local, port, secret)
             if server is not None:
-                from simdist.backends.socket._world import SERVED_ENV
+                from simdist.backends.socket import SERVED_ENV
 
                 env[SERVED_ENV] = f"{opts.master_addr}:{port}"
             if opts.log_dir is not None:
@@ -398,7 +397,7 @@ def _run_socket(opts: argparse.Namespace) -> int:
         store = (opts.master_addr, port, secret, n * opts.nnodes) if opts.backend in ("socket", "nccl") else None
         watch = None
         if store is not None:
-            from simdist.backends.socket._failures import FirstFailure
+            from simdist.backends.socket import FirstFailure
 
             watch = FirstFailure(*store[:3])
         status, stopped = _supervise(procs, pumps, exits, base, lock, store, watch)
@@ -428,8 +427,7 @@ def _serve_store(opts: argparse.Namespace, port: int, secret: str) -> Any:
     """
     if opts.backend not in ("socket", "nccl") or opts.node_rank != 0:
         return None
-    from simdist.backends.socket._store import StoreServer
-    from simdist.backends.socket._world import is_loopback
+    from simdist.backends.socket import StoreServer, is_loopback
 
     return StoreServer("127.0.0.1" if is_loopback(opts.master_addr) else "0.0.0.0", port, secret)
 
@@ -464,7 +462,7 @@ def _supervise(
             t.join(1)
         first = None
         if store is not None:
-            from simdist.backends.socket._failures import launcher_saw
+            from simdist.backends.socket import launcher_saw
 
             first = launcher_saw(*store, base + local, _describe(code)) or watch.text
         others = [i for i, p in enumerate(procs) if p.poll() is None]
