@@ -8,17 +8,8 @@
 __version__ = "0.1.0"
 
 from ._api import (
-    all_gather,
-    all_gather_into_tensor,
-    all_reduce,
-    all_to_all,
-    all_to_all_single,
-    barrier,
-    batch_isend_irecv,
-    broadcast,
     compute,
     destroy_process_group,
-    gather,
     get_backend,
     get_global_rank,
     get_group_rank,
@@ -26,17 +17,30 @@ from ._api import (
     get_rank,
     get_world_size,
     init_process_group,
-    irecv,
     is_available,
     is_initialized,
-    isend,
     new_group,
-    P2POp,
-    recv,
+)
+from ._collectives import (
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
     reduce,
     reduce_scatter,
     reduce_scatter_tensor,
     scatter,
+)
+from ._p2p import (
+    batch_isend_irecv,
+    irecv,
+    isend,
+    P2POp,
+    recv,
     send,
 )
 from ._ddp import DistributedDataParallel, GradBucket

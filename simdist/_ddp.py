@@ -35,7 +35,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from . import _api as api
+from ._api import get_global_rank, get_rank, get_world_size
+from ._collectives import all_reduce, broadcast
 from . import _torch_cuda
 from ._future import Future
 from ._callsite import skip_directory, user_call_site
@@ -137,9 +138,7 @@ class _Bucket:
 def _default_hook(state: Any, bucket: GradBucket) -> Future:
     """All-reduce (SUM) the bucket, which the reducer has already divided by the world size."""
     return (
-        started_work(api.all_reduce(bucket.buffer(), group=state, async_op=True))
-        .get_future()
-        .then(lambda f: f.value()[0])
+        started_work(all_reduce(bucket.buffer(), group=state, async_op=True)).get_future().then(lambda f: f.value()[0])
     )
 
 
@@ -207,8 +206,8 @@ class DistributedDataParallel(nn.Module):
             )
         self._names = {p: n for n, p in module.named_parameters() if p.requires_grad}
         self._params = list(self._names)
-        self._world = api.get_world_size(process_group)
-        self._root = api.get_global_rank(process_group, 0) if process_group is not None else 0
+        self._world = get_world_size(process_group)
+        self._root = get_global_rank(process_group, 0) if process_group is not None else 0
         _verify_same_model(module, process_group)
         if init_sync:
             self._sync_module_states()
@@ -239,7 +238,7 @@ class DistributedDataParallel(nn.Module):
     def _broadcast(self, tensors: list, src: int | None = None) -> None:
         with torch.no_grad():
             for t in tensors:
-                api.broadcast(t.data, src=self._root if src is None else src, group=self.process_group)
+                broadcast(t.data, src=self._root if src is None else src, group=self.process_group)
 
     def _make_buckets(self, bucket_cap_mb: float | None) -> list[_Bucket]:
         cap = int((DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb) * 1024 * 1024)
@@ -254,7 +253,7 @@ class DistributedDataParallel(nn.Module):
         """``module(*inputs, **kwargs)``, after syncing buffers; arms the next backward to average gradients."""
         if self._unfinished:
             names, self._unfinished = self._unfinished, []
-            raise RuntimeError(_UNFINISHED.format(rank=api.get_rank(self.process_group), names=", ".join(names)))
+            raise RuntimeError(_UNFINISHED.format(rank=get_rank(self.process_group), names=", ".join(names)))
         if self._join is not None:
             self._join.notify()
         if self.broadcast_buffers and self.require_forward_param_sync:
@@ -343,7 +342,7 @@ class DistributedDataParallel(nn.Module):
     def _global_use(self) -> dict:
         """Whether each parameter received a gradient on any rank (one all_reduce of a used-map)."""
         used = torch.tensor([p in self._used for p in self._params], dtype=torch.int32)
-        api.all_reduce(used, group=self.process_group)
+        all_reduce(used, group=self.process_group)
         return {p: bool(u) for p, u in zip(self._params, used.tolist())}
 
     # -- user controls -----------------------------------------------------------------------
@@ -402,7 +401,7 @@ class _JoinState:
 
     def _count(self, active: int) -> int:
         t = torch.tensor([active], dtype=torch.int64)
-        api.all_reduce(t, group=self.ddp.process_group)
+        all_reduce(t, group=self.ddp.process_group)
         return int(t.item())
 
     def notify(self) -> None:
@@ -410,7 +409,7 @@ class _JoinState:
         active = self._count(1)
         if self.throw and active < self.ddp._world:
             raise RuntimeError(
-                f"rank {api.get_rank()} found that a rank exhausted all inputs (join: throw_on_early_termination=True)"
+                f"rank {get_rank()} found that a rank exhausted all inputs (join: throw_on_early_termination=True)"
             )
         if not self.by_initial:
             self.divisor = active
@@ -425,9 +424,7 @@ class _JoinState:
                 break
             last = False
             if self.throw:
-                raise RuntimeError(
-                    f"rank {api.get_rank()} exhausted all inputs (join: throw_on_early_termination=True)"
-                )
+                raise RuntimeError(f"rank {get_rank()} exhausted all inputs (join: throw_on_early_termination=True)")
             if not self.by_initial:
                 self.divisor = active
             if ddp.broadcast_buffers and ddp.require_forward_param_sync:
@@ -442,7 +439,7 @@ class _JoinState:
             bucket.buffer.zero_()
             ddp._launch(bucket)
         if ddp.find_unused_parameters:
-            api.all_reduce(torch.zeros(len(ddp._params), dtype=torch.int32), group=ddp.process_group)
+            all_reduce(torch.zeros(len(ddp._params), dtype=torch.int32), group=ddp.process_group)
         for bucket in ddp._buckets:
             assert bucket.future is not None, "every bucket was launched above"
             bucket.future.wait()
@@ -450,9 +447,9 @@ class _JoinState:
     def _sync_final_model(self, last: bool) -> None:
         """Broadcast the module's state from the highest rank among the last to join (the others' is stale)."""
         ddp = self.ddp
-        t = torch.tensor([api.get_rank(ddp.process_group) if last else -1], dtype=torch.int64)
-        api.all_reduce(t, op=ReduceOp.MAX, group=ddp.process_group)
-        src = api.get_global_rank(ddp.process_group, int(t.item())) if ddp.process_group is not None else int(t.item())
+        t = torch.tensor([get_rank(ddp.process_group) if last else -1], dtype=torch.int64)
+        all_reduce(t, op=ReduceOp.MAX, group=ddp.process_group)
+        src = get_global_rank(ddp.process_group, int(t.item())) if ddp.process_group is not None else int(t.item())
         ddp._sync_module_states(src)
 
 
@@ -497,7 +494,7 @@ def _tensors(obj: Any) -> Iterator[torch.Tensor]:
 def _verify_same_model(module: nn.Module, group: Any) -> None:
     """Every rank holds parameters of the same shapes and dtypes, or every rank raises naming the first that differs."""
     mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters()]
-    everyone: list = [None] * api.get_world_size(group)
+    everyone: list = [None] * get_world_size(group)
     all_gather_object(everyone, mine, group=group)
     ref = everyone[0]
     for rank, theirs in enumerate(everyone):

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from . import _api
+from ._collectives import all_gather, broadcast, gather, scatter
 from ._checks import resolve, root_of
 from ._entry import library_call
 
@@ -54,9 +54,9 @@ def broadcast_object_list(
     src_global = pg.ranks[root]
     packed = [_pack(o) for o in object_list] if pg.rank == root else []
     sizes = torch.tensor([p.numel() for p in packed] or [0] * len(object_list), dtype=torch.int64)
-    _api.broadcast(sizes, src=src_global, group=group)
+    broadcast(sizes, src=src_global, group=group)
     data = torch.cat(packed) if packed else torch.empty(int(sizes.sum()), dtype=torch.uint8)
-    _api.broadcast(data, src=src_global, group=group)
+    broadcast(data, src=src_global, group=group)
     if pg.rank != root:
         pos = 0
         for i, n in enumerate(sizes.tolist()):
@@ -67,7 +67,7 @@ def broadcast_object_list(
 def _gather_sizes(t: torch.Tensor, group: Any, size: int) -> list[int]:
     mine = torch.tensor([t.numel()], dtype=torch.int64)
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
-    _api.all_gather(sizes, mine, group=group)
+    all_gather(sizes, mine, group=group)
     return [int(s.item()) for s in sizes]
 
 
@@ -82,7 +82,7 @@ def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
     sizes = _gather_sizes(mine, group, pg.size)
     width = max(sizes)
     outs = [torch.empty(width, dtype=torch.uint8) for _ in range(pg.size)]
-    _api.all_gather(outs, _padded(mine, width), group=group)
+    all_gather(outs, _padded(mine, width), group=group)
     for i, (t, n) in enumerate(zip(outs, sizes)):
         object_list[i] = _unpack(t, n)
 
@@ -106,7 +106,7 @@ def gather_object(
     sizes = _gather_sizes(mine, group, pg.size)
     width = max(sizes)
     outs = [torch.empty(width, dtype=torch.uint8) for _ in range(pg.size)] if pg.rank == root else None
-    _api.gather(_padded(mine, width), outs, dst=pg.ranks[root], group=group)
+    gather(_padded(mine, width), outs, dst=pg.ranks[root], group=group)
     if outs is not None and object_gather_list is not None:  # (the root, whose list was checked above)
         for i, (t, n) in enumerate(zip(outs, sizes)):
             object_gather_list[i] = _unpack(t, n)
@@ -135,9 +135,9 @@ def scatter_object_list(
         sizes = torch.tensor([p.numel() for p in packed], dtype=torch.int64)
     else:
         sizes = torch.zeros(pg.size, dtype=torch.int64)
-    _api.broadcast(sizes, src=src_global, group=group)
+    broadcast(sizes, src=src_global, group=group)
     width = int(sizes.max().item())
     parts = [_padded(p, width) for p in packed] if pg.rank == root else None
     out = torch.empty(width, dtype=torch.uint8)
-    _api.scatter(out, parts, src=src_global, group=group)
+    scatter(out, parts, src=src_global, group=group)
     scatter_object_output_list[0] = _unpack(out, int(sizes[pg.rank].item()))

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from . import _api as api
+from ._api import get_world_size
+from ._collectives import all_reduce
 from ._ddp import started_work
 from ._future import Future
 
@@ -26,23 +27,21 @@ __all__ = ["allreduce_hook", "bf16_compress_hook", "fp16_compress_hook"]
 def allreduce_hook(process_group: Any, bucket: Any) -> Future:
     """The bucket's average over the group: divide by the group size, then all-reduce (SUM)."""
     buffer = bucket.buffer()
-    buffer.div_(api.get_world_size(process_group))
+    buffer.div_(get_world_size(process_group))
     return (
-        started_work(api.all_reduce(buffer, group=process_group, async_op=True))
-        .get_future()
-        .then(lambda f: f.value()[0])
+        started_work(all_reduce(buffer, group=process_group, async_op=True)).get_future().then(lambda f: f.value()[0])
     )
 
 
 def _compressed(dtype: torch.dtype, process_group: Any, bucket: Any) -> Future:
     buffer = bucket.buffer()
-    small = buffer.to(dtype).div_(api.get_world_size(process_group))
+    small = buffer.to(dtype).div_(get_world_size(process_group))
 
     def decompress(fut: Future) -> torch.Tensor:
         buffer.copy_(fut.value()[0])
         return buffer
 
-    return started_work(api.all_reduce(small, group=process_group, async_op=True)).get_future().then(decompress)
+    return started_work(all_reduce(small, group=process_group, async_op=True)).get_future().then(decompress)
 
 
 def fp16_compress_hook(process_group: Any, bucket: Any) -> Future:

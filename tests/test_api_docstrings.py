@@ -20,6 +20,8 @@ pytestmark = pytest.mark.timeout(120)
 # (module, names): every public function documented to rule 9, in the order they are documented.
 SURFACES = [
     ("simdist._api", None),  # None: every function of the module's __all__
+    ("simdist._p2p", None),
+    ("simdist._collectives", None),
     ("simdist.backends.sim._runner", ["simulate"]),
     ("simdist._launch", ["spawn"]),
     ("simdist.testing", None),
@@ -55,8 +57,8 @@ def _sections(doc: str) -> set[str]:
 
 
 def test_the_surface_is_what_the_brief_counts():
-    """``simdist._api`` alone has 29 public functions (``P2POp`` is a class); all are checked here."""
-    api = [name for name in IDS if name.startswith("simdist._api.")]
+    """The torch.distributed functions (set-up, point-to-point, collectives) are 29 (``P2POp`` is a class); all are checked here."""
+    api = [name for name in IDS if name.startswith(("simdist._api.", "simdist._p2p.", "simdist._collectives."))]
     assert len(api) == 29, api
     assert "simdist.backends.sim._runner.simulate" in IDS and "simdist._launch.spawn" in IDS
 
