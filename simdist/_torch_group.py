@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -385,7 +384,7 @@ def bridge_classes() -> tuple[type, type]:
             wait as long for rank 0's answer. A wait times out when no rank can run any more, or
             when what it waits for completes later than its timeout.
             """
-            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
+            seconds = timeout_seconds(timeout, "timeout", default=0.0)  # torch passes its group timeout
             me, token = self.rank(), torch.zeros(1)
             if me != 0:
                 sent = _p2p.isend(token, group=self._g, group_dst=0, tag=_MONITORED)
