@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 __all__ = [
     "DistError",
     "DeadlockError",
@@ -36,6 +38,8 @@ class DistError(RuntimeError):
         text = super().__str__()
         if self.schedule and "replay token" not in text:
             text += f"\nreplay token: {self.schedule}"
+        if sys.version_info < (3, 11):  # tracebacks print notes from 3.11 on; before, the message carries them
+            text += "".join(f"\n{note}" for note in getattr(self, "__notes__", ()))
         return text
 
 
@@ -136,3 +140,15 @@ class NotInitializedError(DistError):
 
 class LeakWarning(UserWarning):
     """A simulation ended with unmatched messages, never-waited works or groups never destroyed."""
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """Add ``note`` to ``exc``'s notes (``BaseException.add_note`` of Python 3.11, also on 3.10).
+
+    On Python 3.10 the note is appended to ``exc.__notes__`` as 3.11 does; a :class:`DistError`
+    then prints its notes after its message, since 3.10's tracebacks do not.
+    """
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from simdist import _arrays as A
 from simdist import algorithms
-from simdist._errors import CollectiveMismatchError, DistError, DistTimeoutError, RankError
+from simdist._errors import CollectiveMismatchError, DistError, DistTimeoutError, RankError, add_note
 from simdist._signatures import mismatch_error
 from simdist._trace import Trace
 from simdist._world import set_thread_world
@@ -239,7 +239,7 @@ class Engine:
                 if not self.stopped:  # (a timeout has stopped it)
                     stuck = self._stop()
                     if stuck:
-                        exc.add_note(stuck)
+                        add_note(exc, stuck)
                 raise
         finally:
             _isolation.leave(self)
@@ -299,7 +299,7 @@ class Engine:
         self.stopped = True
         if again is not None:
             if stuck:
-                again.add_note(stuck)
+                add_note(again, stuck)
             raise again
         return stuck
 

@@ -11,7 +11,7 @@ import traceback
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from simdist._errors import DistTimeoutError, PeerLostError, RankError
+from simdist._errors import DistTimeoutError, PeerLostError, RankError, add_note
 from simdist._registry import BACKEND_ENV
 
 __all__ = ["spawn", "free_port"]
@@ -178,8 +178,7 @@ def spawn(
                     continue
                 if status == "error":
                     exc, text = payload
-                    if hasattr(exc, "add_note"):  # Python >= 3.11
-                        exc.add_note(f"traceback in rank {r}:\n{text}")
+                    add_note(exc, f"traceback in rank {r}:\n{text}")
                     errors[r] = RankError(r, exc)
                 else:
                     values[r] = payload[0]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from simdist._errors import DistError, RankError
+from simdist._errors import DistError, RankError, add_note
 
 __all__ = ["MAX_NOTED", "explain", "note_decisions"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
@@ -138,7 +138,7 @@ def note_decisions(fn: Callable, nprocs: int, args: tuple, err: DistError, optio
         return
     lines = explain(fn, nprocs, err.schedule, args, **options)
     if lines:
-        err.add_note("the scheduling decisions that led here (simdist.testing.explain):\n  " + "\n  ".join(lines))
+        add_note(err, "the scheduling decisions that led here (simdist.testing.explain):\n  " + "\n  ".join(lines))
 
 
 def _site(call_site: str | None) -> str:

@@ -362,17 +362,20 @@ def check_replays(
     Raises:
         NondeterminismError: the replay passed, or failed another way.
     """
+    token = err.schedule
+    if token is None:
+        raise ValueError(f"{type(err).__name__} carries no replay token: only the error of a simulated run replays")
     try:
-        run_checked(fn, nprocs, args, kwargs, check, schedule=err.schedule)
+        run_checked(fn, nprocs, args, kwargs, check, schedule=token)
         second = None
     except DistError as again:
         second = again
-    if same_failure(err, second):
+    if second is not None and same_failure(err, second):
         return second
-    causes = _diagnose(fn, nprocs, args, err.schedule, kwargs)
+    causes = _diagnose(fn, nprocs, args, token, kwargs)
     outcome = "passed" if second is None else f"raised {type(second).__name__}"
     raise NondeterminismError(
-        f"the run failed with {type(err).__name__}, but its replay ({err.schedule}) {outcome}: the program does "
+        f"the run failed with {type(err).__name__}, but its replay ({token}) {outcome}: the program does "
         "something the simulator does not control, so its schedule cannot be replayed.\n  " + "\n  ".join(causes),
         err,
         second,
@@ -386,7 +389,7 @@ def _package_dirs() -> tuple[str, ...]:
     import simdist.visualize
 
     packages = (simdist, simdist.backends, simdist.visualize)
-    return tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in packages)
+    return tuple(os.path.dirname(os.path.abspath(str(m.__file__))) + os.sep for m in packages)
 
 
 _PACKAGES = _package_dirs()
@@ -431,7 +434,7 @@ def _diagnose(fn: Callable, nprocs: int, args: tuple, token: str, kwargs: dict) 
 
     for name, real in originals.items():
         setattr(time, name, watch(name, real))
-    threading.Thread.start = watched_start
+    setattr(threading.Thread, "start", watched_start)  # put back below
     try:
         simulate(fn, nprocs, args, schedule=token, **kwargs)
     except BaseException:  # noqa: BLE001 - only what the program touched matters here
@@ -439,7 +442,7 @@ def _diagnose(fn: Callable, nprocs: int, args: tuple, token: str, kwargs: dict) 
     finally:
         for name, real in originals.items():
             setattr(time, name, real)
-        threading.Thread.start = start
+        setattr(threading.Thread, "start", start)
     causes = [f"it reads the clock: {s}" for s in sorted(seen["clock"])]
     causes += [
         f"it starts its own threads (the simulator schedules only rank threads): {s}" for s in sorted(seen["thread"])

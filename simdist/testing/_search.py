@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from simdist._errors import DistError
 from simdist.backends.sim import Strategy
 
 __all__ = ["RunRecord", "Search", "SearchRun", "SearchStrategy", "preemptions", "signature"]
@@ -202,7 +203,7 @@ class SearchRun:
     level: int
     record: RunRecord
     result: Any = None
-    error: BaseException | None = None
+    error: DistError | None = None
 
 
 class Search:
@@ -233,11 +234,10 @@ class Search:
         self.signatures: set = set()
 
     def __iter__(self) -> Iterator[SearchRun]:
-        from simdist._errors import DistError
-
         from ._check import run_checked
 
-        root, level, depth = _Node(), [[]], 0
+        root, depth = _Node(), 0
+        level: list[list[int]] = [[]]
         while level:
             nxt: list[list[int]] = []
             for prefix in level:
@@ -250,12 +250,12 @@ class Search:
                     run.result = run_checked(
                         self.fn, self.nprocs, self.args, self.options, self.check, strategy=strategy
                     )
+                    run.choices = list(run.result.choices)
                 except DistError as err:
                     if err.choices is None:
                         raise
-                    run.error = err
+                    run.error, run.choices = err, list(err.choices)
                 self.signatures.add(strategy.finish().signature)
-                run.choices = list(run.result.choices) if run.error is None else list(run.error.choices)
                 if self.bound is None or depth < self.bound:
                     nxt.extend(strategy.record.children())
                 yield run

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from simdist._errors import DistError
+from simdist._errors import DistError, add_note
 
 from ._check import run_checked, unrecorded
 from ._run import check_replays, same_failure
@@ -232,12 +232,13 @@ def shrunk_failure(
     found, spent = _minimize(fn, nprocs, args, err, unrecorded(options), MINIMIZE_RUNS, check)
     best = check_replays(fn, nprocs, args, found, options, check)
     if best.schedule != err.schedule:
-        best.add_note(
+        add_note(
+            best,
             f"schedule shrunk from {_significant(err.choices)} to {_significant(best.choices)} "
-            f"in {spent} replays; the original run's token: {err.schedule}"
+            f"in {spent} replays; the original run's token: {err.schedule}",
         )
     else:
-        best.add_note(f"schedule already minimal: none of {spent} simpler ones replayed fails the same way")
+        add_note(best, f"schedule already minimal: none of {spent} simpler ones replayed fails the same way")
     best.__suppress_context__ = True  # a RankError keeps its __cause__: the rank's own exception
     return best
 
