@@ -23,15 +23,8 @@ from simdist.backends.socket import _frames as F
 from simdist.backends.socket import _links as L
 from simdist.backends.socket._auth import ServerBusy
 from simdist.backends.socket._peers import PeerNetwork
-from simdist.backends.socket._store import (
-    DEFAULT_MAX_VALUE_BYTES,
-    HEADER_SLACK,
-    Op,
-    Request,
-    StoreClient,
-    StoreServer,
-    encode_request,
-)
+from simdist.backends.socket._store import StoreClient, StoreServer
+from simdist.backends.socket._store_wire import DEFAULT_MAX_VALUE_BYTES, HEADER_SLACK, Op, Request, encode_request
 from test_socket_peers import DictStore
 from test_socket_store import SignallingServer
 from test_socket_store import _read_to_eof as read_to_eof

@@ -18,7 +18,8 @@ import time
 import pytest
 from simdist.backends.socket._flight import FlightRecorder
 from simdist.backends.socket._spawn import free_port
-from simdist.backends.socket._store import Op, StoreClient, StoreServer
+from simdist.backends.socket._store import StoreClient, StoreServer
+from simdist.backends.socket._store_wire import Op
 from test_socket_failfast import event, run_job
 
 pytestmark = pytest.mark.timeout(180)

@@ -34,9 +34,10 @@ from simdist.backends.socket import _auth
 from simdist.backends.socket import _frames as F
 from simdist.backends.socket import _links as L
 from simdist.backends.socket import _store as S
+from simdist.backends.socket import _store_wire as W
 from simdist.backends.socket._accept import REFUSAL_LOG_INTERVAL_S
 from simdist.backends.socket._peers import PeerNetwork
-from simdist.backends.socket._store import Kind, Op, Request, Response
+from simdist.backends.socket._store_wire import Kind, Op, Request, Response
 from test_socket_bounds import settle
 from test_socket_store import _read_to_eof as read_to_eof
 
@@ -287,7 +288,7 @@ REQUESTS = st.one_of(
     st.builds(lambda k: Request(Op.DELETE, (k,)), _KEYS),
     st.just(Request(Op.NUM_KEYS)),
 )
-_BIG = st.integers(S.DEFAULT_MAX_VALUE_BYTES, S.DEFAULT_MAX_VALUE_BYTES + S.HEADER_SLACK + 2)
+_BIG = st.integers(W.DEFAULT_MAX_VALUE_BYTES, W.DEFAULT_MAX_VALUE_BYTES + W.HEADER_SLACK + 2)
 
 
 def _model(requests: list[Request]) -> list[Response | None]:
@@ -335,7 +336,7 @@ def _responses(stream: bytes) -> list[Response]:
     out, pos = [], 0
     while pos < len(stream):
         end = pos + 4 + int.from_bytes(stream[pos : pos + 4], "big")
-        out.append(S.parse_response(stream[pos:end]))  # ProtocolError: the server sent a bad frame
+        out.append(W.parse_response(stream[pos:end]))  # ProtocolError: the server sent a bad frame
         pos = end
     return out
 
@@ -364,7 +365,7 @@ def test_store_after_authentication(job):
         job.cases["store_after_auth"] += 1
         space = f"fuzz/{next(numbers)}/"  # every example starts from a store without its keys
         requests = [dataclasses.replace(r, keys=tuple(space + k for k in r.keys)) for r in requests]
-        valid = b"".join(S.encode_request(r) for r in requests)
+        valid = b"".join(W.encode_request(r) for r in requests)
         data = {"valid": valid, "mutated": _edit(valid, edits), "noise": noise, "big": big.to_bytes(4, "big") + noise}[
             how
         ]

@@ -15,19 +15,16 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from simdist.backends.socket import _auth
-from simdist.backends.socket._store import (
+from simdist.backends.socket._store import REPLY_MARGIN_S, StoreClient, StoreServer, main
+from simdist.backends.socket._store_wire import (
     DEFAULT_MAX_VALUE_BYTES,
     HEADER_SLACK,
-    REPLY_MARGIN_S,
     Kind,
     Op,
     Request,
     Response,
-    StoreClient,
-    StoreServer,
     encode_request,
     encode_response,
-    main,
     parse_request,
     parse_response,
 )

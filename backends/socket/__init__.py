@@ -1,10 +1,10 @@
 """The socket backend (``backend="socket"``): real processes over TCP, one machine or many.
 
-Its modules: the rendezvous store with HMAC-authenticated connections (``_store``, ``_auth``),
-the framed peer transport (``_frames``, ``_peers``, with ``_links``, ``_sending``, ``_receiving``
-and ``_matching``), the world (``_world``) and the launch of local processes (``_spawn``). Code
-outside this package uses only ``__all__``: the world and ``spawn``, and what a launcher such as
-``simdist run`` needs.
+Its modules: the rendezvous store with HMAC-authenticated connections (``_store``, its wire
+format ``_store_wire``, ``_auth``), the framed peer transport (``_frames``, ``_peers``, with
+``_links``, ``_sending``, ``_receiving`` and ``_matching``), the world (``_world``) and the
+launch of local processes (``_spawn``). Code outside this package uses only ``__all__``: the
+world and ``spawn``, and what a launcher such as ``simdist run`` needs.
 """
 
 from simdist._callsite import skip_directory
