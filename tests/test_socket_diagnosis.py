@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from simdist.backends.socket._flight import FlightRecorder
@@ -84,6 +85,28 @@ def test_every_state_comes_in_one_request_with_its_age():
         assert f"rank {r} published no state" in text
 
 
+def wait_stopped(pid: int, limit: float = 10.0) -> None:
+    """Return once every thread of process ``pid`` is stopped (``T`` in ``/proc``).
+
+    ``SIGSTOP`` takes effect when the kernel next runs each thread: on a busy machine a thread
+    can still answer a request after ``os.kill`` has returned.
+    """
+    deadline = time.monotonic() + limit
+
+    def states() -> set[str]:
+        found = set()
+        for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+            try:
+                found.add(stat.read_text().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:  # a thread that has just ended
+                pass
+        return found
+
+    while states() - {"T", "t"}:
+        assert time.monotonic() < deadline, f"process {pid} did not stop within {limit} s: {states()}"
+        time.sleep(0.01)
+
+
 def test_a_frozen_store_is_named_unreachable():
     env = {**os.environ, "SIMDIST_SECRET": SECRET.decode()}
     port = free_port()
@@ -98,6 +121,7 @@ def test_a_frozen_store_is_named_unreachable():
         store = StoreClient("127.0.0.1", port, SECRET, timeout=60)
         recorder = FlightRecorder(store, 0)
         os.kill(server.pid, signal.SIGSTOP)
+        wait_stopped(server.pid)
         start = time.monotonic()
         text = recorder.report(0, (0, 1, 2), 7, "barrier")
         elapsed = time.monotonic() - start

@@ -30,6 +30,8 @@ from collections.abc import Callable
 
 from simdist._errors import AuthenticationError, DistTimeoutError, ProtocolError
 
+from ._frames import MAX_SOCKET_TIMEOUT
+
 __all__ = [
     "MAGIC", "SECRET_ENV", "ServerBusy", "authenticated", "client_handshake", "new_secret", "resolve_secret",
     "secret_from_env", "server_handshake",
@@ -109,7 +111,7 @@ class _Channel:
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise DistTimeoutError(f"authentication with {self.who} timed out after {self.timeout:g} s ({step})")
-        self.sock.settimeout(min(left, 1e8))  # sockets refuse timeouts past time_t
+        self.sock.settimeout(min(left, MAX_SOCKET_TIMEOUT))
         try:
             chunk = self.sock.recv(n)
         except TimeoutError:
@@ -147,7 +149,7 @@ class _Channel:
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise DistTimeoutError(f"authentication with {self.who} timed out after {self.timeout:g} s ({step})")
-        self.sock.settimeout(min(left, 1e8))  # sockets refuse timeouts past time_t
+        self.sock.settimeout(min(left, MAX_SOCKET_TIMEOUT))
         try:
             self.sock.sendall(MAGIC + kind + body)
         except TimeoutError:

@@ -38,6 +38,7 @@ __all__ = [
     "HEADER_SIZE",
     "MAGIC",
     "MAX_FRAME_BYTES",
+    "MAX_SOCKET_TIMEOUT",
     "SHM",
     "SHM_ACK",
     "SHM_OPEN",
@@ -65,6 +66,8 @@ KINDS = {
 }
 MAX_FRAME_BYTES = 1 << 40
 """The largest payload a header may announce (1 TiB); anything above is a protocol error."""
+MAX_SOCKET_TIMEOUT = 1e8
+"""The longest timeout (seconds) given to a socket: sockets refuse timeouts past ``time_t``."""
 
 _HEADER = struct.Struct("!2sBBQqQI")
 HEADER_SIZE = _HEADER.size  # 32
@@ -157,7 +160,7 @@ def recv_exact_into(
             left = deadline - time.monotonic()
             if left <= 0:
                 raise DistTimeoutError(f"{_peer_name(peer)} sent {got} of {n} bytes before their deadline")
-            sock.settimeout(min(left, 1e8))  # sockets refuse timeouts past time_t
+            sock.settimeout(min(left, MAX_SOCKET_TIMEOUT))
         try:
             k = sock.recv_into(view[got:])
         except TimeoutError:  # socket.timeout

@@ -41,10 +41,10 @@ from simdist._errors import DistError, DistTimeoutError, ProtocolError
 
 from ._accept import FRAME_DEADLINE_S, HANDSHAKE_DEADLINE_S, Acceptor
 from ._auth import SECRET_ENV, authenticated, resolve_secret, secret_from_env, server_handshake
+from ._frames import MAX_SOCKET_TIMEOUT
 from ._store_wire import (
     DEFAULT_MAX_VALUE_BYTES,
     HEADER_SLACK,
-    MAX_SOCKET_TIMEOUT,
     Kind,
     Op,
     Request,

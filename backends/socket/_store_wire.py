@@ -34,16 +34,16 @@ from dataclasses import dataclass
 from simdist._errors import ProtocolError
 
 from ._accept import frame_deadline
+from ._frames import MAX_SOCKET_TIMEOUT
 
 __all__ = [
-    "DEFAULT_MAX_VALUE_BYTES", "HEADER_SLACK", "MAX_SOCKET_TIMEOUT", "REQUEST_LAYOUT", "RESPONSE_LAYOUT", "Kind",
+    "DEFAULT_MAX_VALUE_BYTES", "HEADER_SLACK", "REQUEST_LAYOUT", "RESPONSE_LAYOUT", "Kind",
     "Op", "Request", "Response", "decode_request", "decode_response", "encode_request", "encode_response",
     "parse_request", "parse_response", "read_frame",
 ]  # fmt: skip
 
 DEFAULT_MAX_VALUE_BYTES = 64 * 1024 * 1024
 HEADER_SLACK = 1024 * 1024  # room for the op, ints and keys around the largest value
-MAX_SOCKET_TIMEOUT = 1e8  # seconds; sockets refuse timeouts past time_t
 _FIRST_PIECE = 64 * 1024  # bytes: the first piece of a payload; each later one at most doubles what arrived
 
 _U32 = struct.Struct(">I")
