@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -73,3 +75,22 @@ def test_every_kind_of_event_comes_out_with_its_fields():
     assert sorted((r.rank, r.step) for r in by_kind["received"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     # snapshots: before any wait, after each of the two waits
     assert sorted((s.rank, s.step) for s in by_kind["step"]) == [(r, k) for r in (0, 1) for k in range(3)]
+
+
+def _unwritten_receive(rank: int) -> list:
+    """An all_gather into a buffer whose unwritten part holds signalling NaNs (as ``torch.empty`` may)."""
+    simdist.init_process_group("gloo")
+    out = torch.tensor([0x7F800001] * 4, dtype=torch.int32).view(torch.float32)  # float32 signalling NaNs
+    simdist.all_gather_into_tensor(out, torch.full((2,), float(rank)))
+    return out.tolist()
+
+
+def test_a_buffer_of_signalling_nans_is_recorded_without_a_numpy_warning():
+    """The step snapshots widen float32 to float64; an unwritten buffer's NaNs stay NaN, with no RuntimeWarning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "invalid value encountered in cast" would fail the run
+        res = simdist.simulate(_unwritten_receive, 2, record_steps=True, seed=0)
+    assert res.values == [[0.0, 0.0, 1.0, 1.0]] * 2
+    steps = [e for e in res.trace.events if e.kind == "step" and e.snapshot is not None]
+    first = [e.snapshot for e in steps if e.step == 0]
+    assert first and all(sum(map(math.isnan, snap)) == 2 for snap in first), first  # half not yet received

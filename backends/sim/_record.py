@@ -148,7 +148,13 @@ def _snapshot_values(buf: Any) -> list | array:
 
 
 def _array(code: str, view: Any) -> array:
-    """The numpy values ``view`` as an ``array`` of typecode ``code`` (``'d'`` or ``'q'``)."""
+    """The numpy values ``view`` as an ``array`` of typecode ``code`` (``'d'`` or ``'q'``).
+
+    float16/32 values are widened by ``tolist()``: a buffer not yet written (``torch.empty``) may
+    hold signalling NaNs, which numpy's cast would report as "invalid value encountered in cast".
+    """
+    if view.dtype.kind == "f" and view.dtype != np.float64:
+        return array(code, view.tolist())
     values = array(code)
     values.frombytes(view.astype(_WIDE[code]).tobytes())
     return values
