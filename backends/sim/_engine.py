@@ -1,11 +1,12 @@
-"""The simulator's engine: rank threads, one baton, matching, virtual time.
+"""The simulator's engine: rank threads, one baton, point-to-point matching, virtual time.
 
 Exactly one rank thread runs at a time (one of all the simulations running in the
 process: a rank also waits for its turn, see :mod:`._isolation`). At every scheduling
 point the running rank posts what it wants, the engine completes whatever that makes
-possible (matches messages, advances collective algorithms), then the strategy picks
-the next runnable rank and the baton moves to it. No wall clock, OS scheduling or hash ordering enters
-a choice: a run is a function of the program and its choice list.
+possible (matches messages, advances collective algorithms: see :mod:`._collective_runs`),
+then the strategy picks the next runnable rank and the baton moves to it. No wall clock,
+OS scheduling or hash ordering enters a choice: a run is a function of the program and its
+choice list.
 """
 
 from __future__ import annotations
@@ -17,27 +18,19 @@ import threading
 import time
 from collections import deque
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from simdist import _arrays as A
-from simdist import algorithms
-from simdist._errors import CollectiveMismatchError, DistError, DistTimeoutError, RankError, add_note
-from simdist._signatures import mismatch_error
+from simdist._errors import DistError, DistTimeoutError, RankError, add_note
 from simdist._trace import Trace
 from simdist._world import set_thread_world
-from simdist.algorithms import Timed
 
 from . import _isolation, _threads
+from ._collective_runs import GroupState, drain
 from ._events import TraceRecorder
-from ._messages import CollectiveRun, Post, Waitable
-from ._record import recorded
+from ._messages import Post, Waitable
 from ._report import deadlock_error
 from ._strategies import Hooks
-
-if TYPE_CHECKING:
-    from simdist._algorithmic import CollectiveCall
-
-    from ._group import SimGroup
 
 __all__ = ["Engine", "Abort"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
@@ -128,28 +121,6 @@ class RankState:
             self.close()
 
 
-class _GroupState:
-    __slots__ = ("gid", "ranks", "seq", "instances")
-
-    def __init__(self, gid: int, ranks: tuple[int, ...]):
-        self.gid = gid
-        self.ranks = ranks
-        self.seq = dict.fromkeys(ranks, 0)
-        self.instances: dict[int, _Instance] = {}
-
-
-class _Instance:
-    """The k-th collective on a group, as the ranks arrive at it."""
-
-    __slots__ = ("seq", "coll_id", "first", "runs")
-
-    def __init__(self, seq: int, coll_id: int):
-        self.seq = seq
-        self.coll_id = coll_id
-        self.first: tuple[int, Any] | None = None
-        self.runs: dict[int, CollectiveRun] = {}
-
-
 class Engine:
     """One simulated run of ``fn(rank, *args)`` on ``size`` rank threads."""
 
@@ -206,9 +177,9 @@ class Engine:
         self.events = TraceRecorder(self.trace)  # every event of the run is written through it
         self.sends: dict[tuple, dict[int, deque]] = {}
         self.recvs: dict[tuple, list[Post]] = {}
-        self.ready: deque = deque()
+        self.ready: deque = deque()  # collective runs whose step has completed (see _collective_runs)
         self.draining = False
-        self.groups: dict[int, _GroupState] = {}
+        self.groups: dict[int, GroupState] = {}
         self.coll_counter = 0
         self.unwaited: dict[int, tuple[int, str]] = {}
         self.works_made = 0
@@ -497,7 +468,7 @@ class Engine:
     def _point(self, me: RankState) -> None:
         self.points += 1
         if self.ready:
-            self.drain()
+            drain(self)
         if self.aborting:
             raise Abort
         if self.cpu_time:
@@ -575,18 +546,6 @@ class Engine:
                         bisect.insort(self.runnable, w.rank)
                     else:
                         ready.append(w)
-
-    def drain(self) -> None:
-        """Advance every collective run whose messages have completed, until none can move."""
-        if self.draining:
-            return
-        self.draining = True
-        ready, advance = self.ready, self._advance
-        try:
-            while ready:
-                advance(ready.popleft())
-        finally:
-            self.draining = False
 
     # --- point to point --------------------------------------------------------------
 
@@ -688,176 +647,3 @@ class Engine:
         if p.run is None:  # a user's send or receive: its span on the rank's lane
             self.events.span(p, t)
         self.complete(p, t)
-
-    # --- collectives -------------------------------------------------------------------
-
-    def group_state(self, gid: int, ranks: tuple[int, ...]) -> _GroupState:
-        gs = self.groups.get(gid)
-        if gs is None:
-            gs = self.groups[gid] = _GroupState(gid, ranks)
-        return gs
-
-    def start_collective(
-        self, me: RankState, group: SimGroup, call: CollectiveCall, instant: bool = False
-    ) -> CollectiveRun:
-        """Join the next collective on ``group``; check it against the other ranks' calls."""
-        gs = self.group_state(group.group_id, group.ranks)
-        self.footprint.add(("group", group.group_id))
-        gs.seq[me.rank] += 1
-        seq = gs.seq[me.rank]
-        inst = gs.instances.get(seq)
-        if inst is None:
-            inst = gs.instances[seq] = _Instance(seq, self.coll_counter)
-            self.coll_counter += 1
-            inst.first = (me.rank, call)
-        else:
-            self._check(inst, me.rank, call, group)
-        run = CollectiveRun(call, group, me.rank, seq, inst.coll_id, me.clock)
-        inst.runs[group.rank] = run
-        if instant or self.detail == "collectives":
-            if len(inst.runs) == group.size:
-                del gs.instances[seq]
-                self._complete_at_once(inst, instant)
-        else:
-            if len(inst.runs) == group.size:
-                del gs.instances[seq]
-            setup = self.topology.setup(group.size, call.staged, call.copied)  # the check, staging lists
-            if setup:
-                run.t += setup
-            transport = _Transport(self, run)
-            run.gen = recorded(call, transport) if self.record_steps else call.start(transport)
-            self.ready.append(run)
-        return run
-
-    def _check(self, inst: _Instance, rank: int, call: CollectiveCall, group: SimGroup) -> None:
-        first_rank, first = inst.first
-        a, b = (first_rank, first.signature, first.call_site), (rank, call.signature, call.call_site)
-        err = mismatch_error(group.group_id, inst.seq, a, b)
-        if err is not None:
-            self.fail(err)
-
-    def _complete_at_once(self, inst: _Instance, instant: bool) -> None:
-        runs = [inst.runs[i] for i in range(len(inst.runs))]
-        call = runs[0].call
-        try:
-            algorithms.oneshot.run(call.op, [r.call.args for r in runs])
-        except (ValueError, TypeError) as exc:
-            self.fail(CollectiveMismatchError(f"{call.op} #{inst.coll_id}: {exc}"))
-        start = max(r.t0 for r in runs)
-        cost = (
-            0.0
-            if instant
-            else algorithms.cost(call.op, call.algorithm, call.nbytes, len(runs), self.alpha, self.beta, self.gamma)
-        )
-        for r in runs:
-            self._end_run(r, start + cost)
-
-    def _advance(self, run: CollectiveRun) -> None:
-        if run.waiting:
-            self._step_done(run)
-        gen = run.gen
-        while True:
-            try:
-                handles = next(gen)
-            except StopIteration:
-                self._end_run(run, run.t)
-                return
-            except Abort:
-                raise
-            except Exception as exc:  # noqa: BLE001 - an algorithm's failure belongs to its rank
-                self.fail(RankError(run.rank, exc))
-            run.waiting = handles
-            if not handles:  # a step with nothing to wait for: _step_done, short
-                run.step += 1
-                continue
-            pending = 0
-            for h in handles:
-                if not h.done:
-                    h.waiters.append(run)
-                    pending += 1
-            if pending:
-                run.pending = pending
-                return
-            self._step_done(run)
-
-    def _step_done(self, run: CollectiveRun) -> None:
-        """Every message of ``run``'s current step has completed: advance its clock (steps are recorded by
-        :mod:`._record`'s transport)."""
-        for h in run.waiting:
-            if h.t_done > run.t:
-                run.t = h.t_done
-        run.step += 1
-
-    def _end_run(self, run: CollectiveRun, t: float) -> None:
-        run.call.complete()
-        self.events.collective(run, t)
-        self.complete(run, t)
-
-
-class _Transport(Timed):
-    """The Transport a collective algorithm sees inside the simulator."""
-
-    __slots__ = ("engine", "run", "rank", "size", "ranks", "me", "gid", "site", "dtype")
-
-    def __init__(self, engine: Engine, run: CollectiveRun):
-        self.engine = engine
-        self.run = run
-        self.rank = run.group.rank
-        self.size = run.group.size
-        self.ranks = run.group.ranks
-        self.me = run.rank
-        self.gid = run.group.group_id
-        self.site = run.call.call_site
-        self.dtype: str | None = None  # the messages' dtype, from the first buffer
-
-    def isend(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Post:
-        return self._post("send", self.me, self.ranks[peer], buf, tag, chunk)
-
-    def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Post:
-        return self._post("recv", self.ranks[peer], self.me, buf, tag, chunk)
-
-    def _post(self, kind: str, src: int, dst: int, buf: Any, tag: int, chunk: int | None) -> Post:
-        """Post this rank's send or receive of ``buf`` at the step the run has reached."""
-        if self.dtype is None:
-            self.dtype = A.dtype_name(buf)
-        run = self.run
-        return self.engine.post(
-            Post(
-                kind,
-                src,
-                dst,
-                run.ctx,
-                tag,
-                buf,
-                A.nbytes(buf),
-                self.dtype,
-                run.t,
-                self.me,
-                self.gid,
-                self.site,
-                run,
-                run.step,
-                chunk,
-            )
-        )
-
-    def reduced(self, nbytes: int) -> None:
-        """Advance the rank's collective clock past a reduction of ``nbytes`` (``Topology.reduce``)."""
-        self.run.t = self.engine.topology.reduce(self.me, nbytes, self.run.t)
-
-    def allocated(self, nbytes: int) -> None:
-        """Advance the rank's collective clock past first touching a new buffer (``Topology.fresh``, on a core)."""
-        self._work(self.engine.topology.fresh(nbytes))
-
-    def copied(self, nbytes: int) -> None:
-        """Advance the rank's collective clock past copying ``nbytes`` between its buffers (``Topology.copying``,
-        on a core)."""
-        self._work(self.engine.topology.copying(nbytes))
-
-    def _work(self, seconds: float) -> None:
-        """Advance the rank's collective clock past ``seconds`` of its own work on a free core (none: no wait)."""
-        if seconds:
-            self.run.t = self.engine.topology.compute(self.me, seconds, self.run.t)
-
-    def wait(self, handles: Any) -> None:
-        raise RuntimeError("inside the simulator, algorithms wait by yielding their handles")

@@ -13,6 +13,7 @@ from simdist._work import Work
 from simdist._world import World
 
 from ._buffers import BufferCheck
+from ._collective_runs import group_state, start_collective
 from ._messages import Post, Waitable
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ class SimGroup(AlgorithmicGroup):
         self.default_algorithms = dict(engine.algorithms)
         if engine.beta > 0:
             self.network = {"alpha": engine.alpha, "beta": engine.beta}
-        engine.group_state(group_id, self.ranks)
+        group_state(engine, group_id, self.ranks)
 
     def _p2p(self, kind: str, tensor: Any, peer: int | None, opts: Options) -> Work:
         engine, me = self.engine, self.me
@@ -151,7 +152,7 @@ class SimGroup(AlgorithmicGroup):
             from ._engine import Abort
 
             raise Abort
-        run = engine.start_collective(me, self, call)
+        run = start_collective(engine, me, self, call)
         work = SimWork(self, run, call.op, call.outputs, track=bool(opts.async_op))
         if opts.async_op:
             engine.point(me)
@@ -232,7 +233,7 @@ class SimWorld(World):
         )
         group = self.default_group
         assert isinstance(group, SimGroup), "a sync runs between init_process_group and destroy_process_group"
-        run = self.engine.start_collective(self.me, group, call, instant=True)
+        run = start_collective(self.engine, self.me, group, call, instant=True)
         self.engine.wait(self.me, [run], op)
 
     def compute(self, seconds: float, call_site: str, op: str = "compute") -> None:
