@@ -12,10 +12,12 @@ states, ``os.environ`` and ``sys.stdout`` must be the ones it had.
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
 import random
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -363,3 +365,81 @@ def test_a_topology_object_given_to_a_run_is_left_as_it_was():
     again = simdist.simulate(timed, 4, ("<a>",), topology=simdist.TOPOLOGIES["ring"](8))
     assert topo.size == 8
     assert first.trace.to_json() == again.trace.to_json()
+
+
+STRADDLING_PRINT = '''
+import sys, threading
+import simdist
+
+
+class Slow:
+    """A stream whose first write waits until the simulation running beside it has ended."""
+
+    def __init__(self, real):
+        self.real, self.entered, self.gate = real, threading.Event(), threading.Event()
+
+    def write(self, text):
+        if not self.entered.is_set():
+            self.entered.set()
+            self.gate.wait(60)
+        return self.real.write(text)
+
+    def flush(self):
+        self.real.flush()
+
+
+inside, release = threading.Event(), threading.Event()
+
+
+def fn(rank):
+    inside.set()
+    release.wait(60)
+
+
+sys.stdout = slow = Slow(sys.__stdout__)
+sim = threading.Thread(target=lambda: simdist.simulate(fn, 2))
+sim.start()
+inside.wait(60)
+stand_in = type(sys.stdout).__name__
+
+
+def end_the_run():
+    slow.entered.wait(60)
+    release.set()
+    sim.join(60)
+    junk = [type("Junk", (), {})() for _ in range(20000)]  # reuses freed memory
+    slow.gate.set()
+
+
+threading.Thread(target=end_the_run).start()
+print("printed through", stand_in, "as the run ended")
+print("put back", type(sys.stdout).__name__)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_print_that_straddles_the_end_of_the_last_run_completes(tmp_path):
+    """``print`` holds ``sys.stdout`` by a borrowed reference while it writes (CPython 3.10-3.13):
+    the stand-in must outlive the run that put the real stream back, or the print crashes the process."""
+    script = tmp_path / "straddle.py"
+    script.write_text(STRADDLING_PRINT)
+    proc = subprocess.run(
+        [sys.executable, "-X", "faulthandler", str(script)], capture_output=True, text=True, timeout=100
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert proc.stdout.splitlines() == ["printed through _Stdout as the run ended", "put back Slow"], proc.stdout
+
+
+def test_the_stand_in_of_a_stream_is_made_once_and_the_kept_ones_are_bounded(monkeypatch):
+    from simdist.backends.sim import _isolation
+
+    monkeypatch.setattr(_isolation, "_STDOUTS", {})  # the process's own stand-ins are left as they are
+    streams = [io.StringIO() for _ in range(_isolation.MAX_STDOUTS + 1)]
+    first = _isolation._stdout_for(streams[0])
+    assert _isolation._stdout_for(streams[0]) is first and first.inner is streams[0]
+    assert _isolation._stdout_for(first) is first  # a stand-in put back by the program is not wrapped again
+    for stream in streams[1:]:
+        _isolation._stdout_for(stream)
+    assert len(_isolation._STDOUTS) <= _isolation.MAX_STDOUTS
+    assert id(streams[0]) not in _isolation._STDOUTS  # the oldest was dropped
+    assert _isolation._stdout_for(streams[-1]).inner is streams[-1]

@@ -34,6 +34,9 @@ gives alone: the same values, schedule and trace. What they share is process-wid
   other thread: the real ones), and torch's hooks are installed; the first simulation
   to start installs them and the last to end removes them and puts back the generator
   states, ``sys.stdout`` and ``os.environ`` the process had when the first started.
+  The ``sys.stdout`` stand-in of a stream is made once and kept (:func:`_stdout_for`): CPython's
+  ``print()`` holds ``sys.stdout`` by a borrowed reference while it writes, so a stand-in freed
+  when the last run ends would crash a print that another thread had begun beside it.
 - The global generators stay process-wide: a thread that is not a rank thread and draws
   from them while simulations run draws from the running rank's states, and that rank
   then no longer draws what it draws alone (the app's pages draw only on ranks).
@@ -166,7 +169,7 @@ def _share() -> None:
         _shared.gauss_pending = True
         _torch_bridge.install()
         if sys.stdout is not None:
-            sys.stdout = _Stdout(sys.stdout)
+            sys.stdout = _stdout_for(sys.stdout)
         os.environ = _Environ(os.environ)  # type: ignore[assignment]  # noqa: B003 - put back by _unshare()
     _shared.runs += 1
 
@@ -528,6 +531,24 @@ class _Environ(MutableMapping):
 
     def copy(self) -> dict[str, str]:
         return dict(self._env())
+
+
+_STDOUTS: dict[int, _Stdout] = {}
+"""The ``sys.stdout`` stand-in made for each stream (by ``id``; each holds its stream, so no id is reused)."""
+MAX_STDOUTS = 64
+"""Stand-ins kept at most; past that the oldest is dropped (a process that keeps replacing ``sys.stdout``)."""
+
+
+def _stdout_for(stream: Any) -> _Stdout:
+    """The stand-in of ``stream``: the same object every time, so that it outlives any ``print`` writing to it."""
+    if isinstance(stream, _Stdout):  # kept from an earlier run by the program, and put back
+        return stream
+    stand_in = _STDOUTS.get(id(stream))
+    if stand_in is None:
+        if len(_STDOUTS) >= MAX_STDOUTS:
+            del _STDOUTS[next(iter(_STDOUTS))]
+        stand_in = _STDOUTS[id(stream)] = _Stdout(stream)
+    return stand_in
 
 
 class _Stdout:
