@@ -37,41 +37,40 @@ def _blocks(rank: int, world: int, blocks: int, m: int) -> torch.Tensor:
 def _program(rank: int, op: str, algorithm: str, world: int, n: int, m: int, encoding: str) -> list:
     """One rank of the collective; returns the leading values of the buffer the trace snapshots."""
     dist.init_process_group("sim", rank=rank, world_size=world)
-    kw = {"algorithm": algorithm}
     mark = float(2**rank) if encoding == "bits" else 1.0
     if op in ("all_reduce", "reduce"):
         buf = torch.full((n,), mark, dtype=torch.float64)
         if op == "all_reduce":
-            dist.all_reduce(buf, **kw)
+            dist.all_reduce(buf, algorithm=algorithm)
         else:
-            dist.reduce(buf, dst=ROOT, **kw)
+            dist.reduce(buf, dst=ROOT, algorithm=algorithm)
     elif op == "reduce_scatter":
         buf = torch.zeros(m, dtype=torch.float64)
-        dist.reduce_scatter_tensor(buf, torch.full((world * m,), mark, dtype=torch.float64), **kw)
+        dist.reduce_scatter_tensor(buf, torch.full((world * m,), mark, dtype=torch.float64), algorithm=algorithm)
     elif op == "broadcast":
         buf = torch.zeros(n, dtype=torch.float64)
         if rank == ROOT:
             for j, (start, length) in enumerate(chunk_bounds(n, world)):
                 buf[start : start + length] = 1 + ROOT + world * j
-        dist.broadcast(buf, src=ROOT, **kw)
+        dist.broadcast(buf, src=ROOT, algorithm=algorithm)
     elif op == "all_gather":
         buf = torch.zeros(world * m, dtype=torch.float64)
-        dist.all_gather_into_tensor(buf, _blocks(rank, world, 1, m), **kw)
+        dist.all_gather_into_tensor(buf, _blocks(rank, world, 1, m), algorithm=algorithm)
     elif op == "gather":
         inp = _blocks(rank, world, 1, m)
         outs = [torch.zeros(m, dtype=torch.float64) for _ in range(world)] if rank == ROOT else None
-        dist.gather(inp, outs, dst=ROOT, **kw)
+        dist.gather(inp, outs, dst=ROOT, algorithm=algorithm)
         buf = torch.cat(outs) if outs is not None else inp
     elif op == "scatter":
         buf = torch.zeros(m, dtype=torch.float64)
         ins = list(_blocks(ROOT, world, world, m).split(m)) if rank == ROOT else None
-        dist.scatter(buf, ins, src=ROOT, **kw)
+        dist.scatter(buf, ins, src=ROOT, algorithm=algorithm)
     elif op == "all_to_all":
         buf = torch.zeros(world * m, dtype=torch.float64)
-        dist.all_to_all_single(buf, _blocks(rank, world, world, m), **kw)
+        dist.all_to_all_single(buf, _blocks(rank, world, world, m), algorithm=algorithm)
     else:
         buf = None
-        dist.barrier(**kw)
+        dist.barrier(algorithm=algorithm)
     dist.destroy_process_group()
     return snapshot(buf) if buf is not None else []
 
