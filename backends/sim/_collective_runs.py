@@ -54,10 +54,10 @@ class _Instance:
 
     __slots__ = ("seq", "coll_id", "first", "runs")
 
-    def __init__(self, seq: int, coll_id: int):
+    def __init__(self, seq: int, coll_id: int, first: tuple[int, CollectiveCall]):
         self.seq = seq
         self.coll_id = coll_id
-        self.first: tuple[int, Any] | None = None
+        self.first = first  # the rank that arrived first, and its call: the others are checked against it
         self.runs: dict[int, CollectiveRun] = {}
 
 
@@ -79,9 +79,8 @@ def start_collective(
     seq = gs.seq[me.rank]
     inst = gs.instances.get(seq)
     if inst is None:
-        inst = gs.instances[seq] = _Instance(seq, engine.coll_counter)
+        inst = gs.instances[seq] = _Instance(seq, engine.coll_counter, (me.rank, call))
         engine.coll_counter += 1
-        inst.first = (me.rank, call)
     else:
         _check(engine, inst, me.rank, call, group)
     run = CollectiveRun(call, group, me.rank, seq, inst.coll_id, me.clock)
@@ -144,6 +143,7 @@ def _advance(engine: Engine, run: CollectiveRun) -> None:
     if run.waiting:
         _step_done(run)
     gen = run.gen
+    assert gen is not None, "a run is queued once its generator is set"
     while True:
         try:
             handles = next(gen)

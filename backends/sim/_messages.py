@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ class CollectiveRun(Waitable):
         self.t = t
         self.t0 = t
         self.step = 0
-        self.gen = None
+        self.gen: Iterator[list] | None = None  # the algorithm's steps, set once the run starts
         self.waiting: list = []
         self.pending = 0
         self.ctx = ("c", group.group_id, seq)

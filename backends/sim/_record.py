@@ -119,6 +119,7 @@ class Recorder(Observer, Timed):
         self.t.engine.events.received_in(index, self.steps, handle.t_done)
 
     def _snapshot(self) -> None:
+        values: list | array
         if self.view is not None:
             kind, values = "work", list(self.view)
         elif self.head is not None:

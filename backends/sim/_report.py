@@ -21,7 +21,7 @@ def _group_names(engine: Engine) -> dict[int, str]:
 
 
 def _group(gid: int | None, names: dict[int, str]) -> str:
-    return f"group {names.get(gid, gid)}"
+    return f"group {gid if gid is None else names.get(gid, gid)}"
 
 
 def _blocked_entry(
