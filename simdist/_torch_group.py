@@ -87,8 +87,7 @@ def bridge_classes() -> tuple[type, type]:
     """``(BridgeGroup, BridgeWork)``, made on first use."""
     import torch.distributed as tdist
 
-    from . import _api, _collectives, _p2p
-    from . import _torch_profiler
+    from . import _api, _collectives, _p2p, _torch_profiler
 
     class BridgeWork(tdist.Work):
         """One op's simdist works as a torch Work: complete once every one of them is (at ``wait()``)."""

@@ -356,3 +356,11 @@ def test_leaks_can_still_be_ignored_or_raised():
         sdt.explore(arrivals, 3, max_runs=3)  # waits every work, destroys its group: no warning
     with pytest.raises(simdist.DistError, match="never waited"):
         sdt.explore(never_waited, 2, max_runs=3, leaks="error")
+
+
+def test_replaying_an_error_without_a_token_is_refused_by_name():
+    """Only the error of a simulated run carries a schedule to replay; another is refused, not replayed as ``None``."""
+    from simdist.testing._run import check_replays
+
+    with pytest.raises(ValueError, match="DeadlockError carries no replay token"):
+        check_replays(lambda rank: None, 2, (), simdist.DeadlockError("made by hand"), {})

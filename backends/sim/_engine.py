@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from simdist import _arrays as A
 from simdist._errors import DistError, DistTimeoutError, RankError, add_note
@@ -372,7 +372,7 @@ class Engine:
             self.error = err
         self.aborting = True
 
-    def fail(self, err: BaseException) -> None:
+    def fail(self, err: BaseException) -> NoReturn:
         """Record ``err`` as the run's error and unwind the calling rank."""
         self._set_error(err)
         raise Abort
