@@ -14,7 +14,7 @@ torch (``torch/testing/_internal/distributed/distributed_test.py``), at world si
   codes to pass, fail or skip (``MultiProcessTestCase._check_return_codes``).
 - **sim**: the same test class and method, each rank a thread of ``simdist.simulate(fn, 2)``;
   its ``torch.distributed`` calls reach the simulator through the torch bridge
-  (``simdist/_torch_bridge.py``). The harness replaces only what needs processes (see
+  (``simdist/torch_bridge/ranks.py``). The harness replaces only what needs processes (see
   :func:`_sim_case_class`): the parent joins a simulation instead of spawned processes, and
   ``self._barrier()`` (files polled with sleeps, which cannot progress while only one rank
   thread runs) is a barrier of the simulated world.
@@ -445,9 +445,9 @@ def _log_tail(path: str) -> str:
 CAUSES: list[tuple[str, str, str]] = [
     (
         "profiler: crash in the shared session",
-        r"^crashed: .*simdist/_torch_profiler\.py",
+        r"^crashed: .*simdist/torch_bridge/profiler\.py",
         "a SIGSEGV in torch's profiler __exit__ (profiler.py:434) on the bridge's Kineto thread, called from "
-        "simdist/_torch_profiler.py _exit, while the other rank is inside a bridged op (all_gather within "
+        "simdist/torch_bridge/profiler.py _exit, while the other rank is inside a bridged op (all_gather within "
         "allgather_coalesced); schedule-dependent (seed 0 crashes, 1-3 pass; `--only "
         "'^test_all_gather_coalesced_complex$' --sim-only --seed 0` reproduces it). Suspect: the session is "
         "stopped while that rank's op record is open (started, not ended; not reproduced outside the simulator); "

@@ -37,7 +37,7 @@ from torch import nn
 
 from ._api import get_global_rank, get_rank, get_world_size
 from ._collectives import all_reduce, broadcast
-from . import _torch_cuda
+from . import torch_bridge
 from ._future import Future
 from ._callsite import skip_directory, user_call_site
 from ._objects import all_gather_object
@@ -516,7 +516,7 @@ def _names_device(d: Any, device: torch.device) -> bool:
 
     On a rank with simulated GPUs, whose tensors live on the CPU, a simulated GPU names the CPU.
     """
-    if device.type == "cpu" and _torch_cuda.names_simulated_gpu(d):
+    if device.type == "cpu" and torch_bridge.cuda.names_simulated_gpu(d):
         return True
     if isinstance(d, int) and not isinstance(d, bool):
         return device.type != "cpu" and device.index == d

@@ -600,7 +600,7 @@ def _run_sim(opts: argparse.Namespace) -> int:
     import torch
 
     import simdist
-    from simdist import DistError, RankError, _torch_cuda, _torch_spawn
+    from simdist import DistError, RankError, torch_bridge
 
     n, world = opts.nproc_per_node, opts.nproc_per_node * opts.nnodes
     script = os.path.abspath(opts.script)
@@ -639,8 +639,8 @@ def _run_sim(opts: argparse.Namespace) -> int:
             if not as_parent:
                 simdist.spawn(rank_main, nprocs=world, backend="sim", **options)
             else:
-                gpus = _torch_cuda.simulated_gpus(n) if cuda_as_cpu else contextlib.nullcontext()
-                with gpus, _torch_spawn.starting_ranks(start_ranks):
+                gpus = torch_bridge.cuda.simulated_gpus(n) if cuda_as_cpu else contextlib.nullcontext()
+                with gpus, torch_bridge.spawn.starting_ranks(start_ranks):
                     _exit_ok(runpy.run_path, script, None, "__main__")
         return 0
     except RankError as err:

@@ -1,4 +1,4 @@
-"""GPU scripts unchanged on simulated ranks backed by the CPU (simdist/_torch_cuda.py, docs/gpu-scripts.md).
+"""GPU scripts unchanged on simulated ranks backed by the CPU (simdist/torch_bridge/cuda.py, docs/gpu-scripts.md).
 
 Each rank sees a node of simulated GPUs: torch.cuda and torch.accelerator answer for them, tensors
 moved to them stay on the CPU, torch's DDP takes their ids, torch.load maps checkpoints onto them.
@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import simdist
-from simdist import _torch_cuda
+from simdist import torch_bridge
 
 pytestmark = [
     pytest.mark.torch_release,
@@ -166,7 +166,7 @@ def test_unmapped_calls_name_simdist_and_the_call():
 
 def test_the_docs_table_lists_every_mapped_name():
     text = (Path(__file__).resolve().parent.parent / "docs" / "gpu-scripts.md").read_text()
-    for module, table in (("torch.cuda", _torch_cuda.CUDA), ("torch.accelerator", _torch_cuda.ACCELERATOR)):
+    for module, table in (("torch.cuda", torch_bridge.cuda.CUDA), ("torch.accelerator", torch_bridge.cuda.ACCELERATOR)):
         for name in table:
             assert f"`{module}.{name}" in text, f"{module}.{name} is mapped but not in docs/gpu-scripts.md"
 

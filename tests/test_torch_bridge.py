@@ -1,4 +1,4 @@
-"""Unmodified torch.distributed code on simulated ranks (simdist/_torch_bridge.py).
+"""Unmodified torch.distributed code on simulated ranks (simdist/torch_bridge/ranks.py).
 
 The seed lesson's programs run with ``import torch.distributed as dist`` exactly as written
 (their ``setup`` sets MASTER_ADDR/MASTER_PORT and calls ``init_process_group("gloo", ...)``);
@@ -320,12 +320,12 @@ def test_the_supported_torch_versions_are_declared_once():
 
     tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
 
-    from simdist import _torch_versions
+    from simdist import torch_bridge
 
     project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
     declared = project["tool"]["simdist"]["torch-bridge-versions"]
-    assert declared == [f"{a}.{b}" for a, b in _torch_versions.TESTED]
-    assert _torch_versions.unsupported() is None  # the torch installed here is one of them
+    assert declared == [f"{a}.{b}" for a, b in torch_bridge.versions.TESTED]
+    assert torch_bridge.versions.unsupported() is None  # the torch installed here is one of them
 
 
 def any_source(rank):

@@ -444,16 +444,16 @@ def test_the_bridge_is_gone_after_a_simulation():
 
 
 def test_an_untested_torch_release_is_refused_with_the_way_forward(monkeypatch):
-    from simdist import _torch_versions
+    from simdist import torch_bridge
 
-    monkeypatch.setattr(_torch_versions, "release", lambda: (2, 99))
-    reason = _torch_versions.unsupported()
+    monkeypatch.setattr(torch_bridge.versions, "release", lambda: (2, 99))
+    reason = torch_bridge.versions.unsupported()
     assert "tested on torch 2.13, 2.14" in reason and "SIMDIST_TORCH_UNTESTED=1" in reason
     with pytest.raises(simdist.RankError) as info:
         simdist.simulate(ring_all_reduce, 2, args=(2,))
     assert "SIMDIST_TORCH_UNTESTED=1" in str(info.value.__cause__)
     monkeypatch.setenv("SIMDIST_TORCH_UNTESTED", "1")
-    assert _torch_versions.unsupported() is None
+    assert torch_bridge.versions.unsupported() is None
     assert simdist.simulate(ring_all_reduce, 2, args=(2,)).values == [[3.0] * 3] * 2
 
 

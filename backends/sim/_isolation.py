@@ -15,8 +15,8 @@
   ranks do with ``OMP_NUM_THREADS=1`` (``_threads``).
 - With ``cuda_as_cpu`` (the default on a machine without CUDA), each rank sees a node of
   ``gpus_per_node`` simulated GPUs backed by the CPU, so GPU code runs unchanged
-  (``simdist._torch_cuda``).
-- ``torch.multiprocessing.spawn`` on a rank raises a clear error (``simdist._torch_spawn``).
+  (``simdist.torch_bridge.cuda``).
+- ``torch.multiprocessing.spawn`` on a rank raises a clear error (``simdist.torch_bridge.spawn``).
 
 Several simulations may run at once, each started from its own thread (a Streamlit server
 serves every browser session from a thread of one process); each gives exactly what it
@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import torch
 
-from simdist import _torch_cuda, _torch_spawn
+from simdist import torch_bridge
 from simdist._callsite import user_tracer
 
 from . import _threads
@@ -112,24 +112,23 @@ def enter(engine: Engine) -> RunSetup:
             f"simulated rank {rank} started a simulation; simulations cannot be nested (a rank called "
             "simdist.simulate or simdist.spawn): start it from outside the simulated ranks"
         )
-    from simdist import _torch_bridge
 
     with _shared.setup:
         _share()
-        _torch_spawn.install()
+        torch_bridge.spawn.install()
         if engine.cuda_as_cpu:
-            _torch_cuda.install()
+            torch_bridge.cuda.install()
         environ = _environ_copy(_shared.saved[4])
     # Hypothesis's explain phase also sees the ranks' lines through the caller's tracer
-    return RunSetup(environ, _torch_bridge.new_store(), user_tracer(sys.gettrace()))
+    return RunSetup(environ, torch_bridge.ranks.new_store(), user_tracer(sys.gettrace()))
 
 
 def leave(engine: Engine) -> None:
     """Undo :func:`enter` (the last run puts back what the process had before the first)."""
     with _shared.setup:
-        _torch_spawn.uninstall()
+        torch_bridge.spawn.uninstall()
         if engine.cuda_as_cpu:
-            _torch_cuda.uninstall()
+            torch_bridge.cuda.uninstall()
         _unshare()
 
 
@@ -162,12 +161,11 @@ def held() -> Iterator[None]:
 
 def _share() -> None:
     """Count one more user of the stand-ins; the first installs them (``_shared.setup`` held)."""
-    from simdist import _torch_bridge
 
     if _shared.runs == 0:
         _shared.saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(), sys.stdout, os.environ)
         _shared.gauss_pending = True
-        _torch_bridge.install()
+        torch_bridge.ranks.install()
         if sys.stdout is not None:
             sys.stdout = _stdout_for(sys.stdout)
         os.environ = _Environ(os.environ)  # type: ignore[assignment]  # noqa: B003 - put back by _unshare()
@@ -176,12 +174,11 @@ def _share() -> None:
 
 def _unshare() -> None:
     """Count one user fewer; the last puts back what the process had before the first (``_shared.setup`` held)."""
-    from simdist import _torch_bridge
 
     _shared.runs -= 1
     if _shared.runs > 0:
         return
-    _torch_bridge.uninstall()
+    torch_bridge.ranks.uninstall()
     py, npy, th, stdout, environ = _shared.saved
     _shared.saved = None
     os.environ = environ  # noqa: B003 - the real mapping again
@@ -467,13 +464,12 @@ def _start_intra_op_pool() -> None:
 
 def enter_thread(engine: Engine, rs: RankState) -> None:
     """Make the calling thread rank ``rs`` of ``engine``'s run (its environment, prefix, torch world, core)."""
-    from simdist import _torch_bridge
 
     _local.rank = rs.rank
     _local.environ = dict(engine.setup.environ)
     _local.prefix = f"[rank {rs.rank}] " if engine.prefix_output else None
     _local.at_start = True
-    _torch_bridge.enter_rank(engine.setup.torch_store)
+    torch_bridge.ranks.enter_rank(engine.setup.torch_store)
     if getattr(_local, "core", False) is False:  # a new thread (a pooled one is set up by its first run)
         _threads.one_thread()
         _local.core = None
@@ -481,19 +477,18 @@ def enter_thread(engine: Engine, rs: RankState) -> None:
         os.sched_setaffinity(0, {engine.pin_core} if engine.pin_core is not None else os.sched_getaffinity(os.getpid()))
         _local.core = engine.pin_core
     if engine.cuda_as_cpu:
-        _torch_cuda.enter_thread(engine.gpus_per_node, functools.partial(engine.now, rs))
+        torch_bridge.cuda.enter_thread(engine.gpus_per_node, functools.partial(engine.now, rs))
     if engine.setup.user_trace is not None:
         sys.settrace(engine.setup.user_trace)
 
 
 def leave_thread(engine: Engine, rs: RankState) -> None:
-    from simdist import _torch_bridge
 
-    _torch_bridge.leave_rank()
+    torch_bridge.ranks.leave_rank()
     _local.rank = _local.environ = _local.prefix = None
     torch.set_grad_enabled(True)  # as on a new thread: a pooled thread's next run starts the same
     if engine.cuda_as_cpu:
-        _torch_cuda.leave_thread()
+        torch_bridge.cuda.leave_thread()
     if engine.setup.user_trace is not None:
         sys.settrace(None)
 

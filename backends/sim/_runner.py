@@ -128,9 +128,9 @@ def _collector_skips_older_objects(nprocs: int) -> Iterator[None]:
 
 def _default_cuda_as_cpu() -> bool:
     """Simulate GPUs where CUDA is unavailable, or where the caller's own GPUs are simulated already."""
-    from simdist import _torch_cuda
+    from simdist import torch_bridge
 
-    return _torch_cuda.gpu_count() is not None or not torch.cuda.is_available()
+    return torch_bridge.cuda.gpu_count() is not None or not torch.cuda.is_available()
 
 
 def simulate(

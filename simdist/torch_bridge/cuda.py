@@ -20,7 +20,7 @@ Every other thread (the main thread of a program that calls ``simdist.simulate``
 rank starts) sees the real ``torch.cuda``; :func:`uninstall` undoes everything but the inert
 deserializer (torch keeps no way to unregister one).
 
-Touch points, the same in torch 2.13 and 2.14 (``simdist._torch_versions.TESTED``):
+Touch points, the same in torch 2.13 and 2.14 (``simdist.torch_bridge.versions.TESTED``):
 
 - ``torch.cuda`` / ``torch.accelerator``: the attributes of ``torch`` and the ``sys.modules``
   entries are replaced, while installed, by :class:`_ThreadModule` stand-ins that forward to

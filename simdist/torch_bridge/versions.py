@@ -1,6 +1,6 @@
 """The torch releases the torch bridge was tested on, and what differs between them.
 
-The bridge (:mod:`simdist._torch_bridge`, :mod:`simdist._torch_group`) relies on torch
+The bridge (:mod:`simdist.torch_bridge.ranks`, :mod:`simdist.torch_bridge.group`) relies on torch
 internals. The table below lists every one of them whose shape changed between the
 tested releases, and how the bridge copes; everything else it touches is the same in
 all of them. With a release outside :data:`TESTED`, the first

@@ -11,17 +11,17 @@ ends; simulations may run at once on several threads):
 - on a rank thread, torch's rendezvous (``env://``, ``tcp://``, ``file://``, a given store)
   becomes a store shared by the ranks of its simulation (:func:`new_store`), and every
   group torch creates (``init_process_group``, ``new_group``, ``DeviceMesh``'s groups) is
-  first created in simdist and then, in torch, as a :class:`~simdist._torch_group` bridge
+  first created in simdist and then, in torch, as a :class:`~simdist.torch_bridge.group` bridge
   group, whatever backend the program names; ``get_backend()`` still answers the name the program gave
   (``"gloo"``, ``"nccl"``). Both hooks sit under torch's public functions, so a
   ``from torch.distributed import init_process_group`` made before the simulation works too;
 - torch's own folder is library code for call sites, and warnings raised on rank threads
   point at the user's line; torch's ``[rankN]:`` exception hook is undone at the end;
-- torch's profiler is shared by the ranks (:mod:`simdist._torch_profiler`).
+- torch's profiler is shared by the ranks (:mod:`simdist.torch_bridge.profiler`).
 
 So a rank's torch calls become simdist calls: scheduled, checked, traced and replayable.
 Which torch releases this was tested on, and what differs between them, is in
-:mod:`simdist._torch_versions`.
+:mod:`simdist.torch_bridge.versions`.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from . import _torch_profiler, _torch_versions
-from ._callsite import INSTALLED, is_library_file, skip_directory, user_call_site
+from . import profiler, versions
+from .._callsite import INSTALLED, is_library_file, skip_directory, user_call_site
 
 __all__ = ["install", "uninstall", "new_store", "enter_rank", "leave_rank", "in_rank"]
 
@@ -107,7 +107,7 @@ def _rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs: Any) -
     if not in_rank():
         yield from _state["rendezvous"](url, rank, world_size, **kwargs)
         return
-    from . import _api as api
+    from .. import _api as api
 
     _join_simdist(rank, world_size, kwargs.get("timeout"))
     yield _local.store, api.get_rank(), api.get_world_size()
@@ -115,7 +115,7 @@ def _rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs: Any) -
 
 def _join_simdist(rank: int, world_size: int, timeout: Any) -> None:
     """Initialize the rank's simdist world (once); ``rank``/``world_size`` must match the simulation."""
-    from . import _api as api
+    from .. import _api as api
 
     if not api.is_initialized():
         api.init_process_group("sim", rank=rank, world_size=world_size, timeout=timeout)
@@ -129,7 +129,7 @@ def _new_process_group_helper(
         return _state["helper"](group_size, group_rank, global_ranks, backend, store, *args, **kwargs)
     from torch.distributed import distributed_c10d as c10d
 
-    from . import _api as api
+    from .. import _api as api
 
     if not global_ranks:  # the default group
         _join_simdist(group_rank, group_size, kwargs.get("timeout"))
@@ -150,9 +150,9 @@ def _new_process_group_helper(
 
 def _creator(opts: Any, backend_options: Any = None) -> Any:
     """torch's backend factory (extended API) for ``"simdist"``: a bridge group over the pending simdist group."""
-    from . import _api as api
-    from ._torch_group import bridge_classes
-    from ._world import current_world
+    from .. import _api as api
+    from .group import bridge_classes
+    from .._world import current_world
 
     pending = getattr(_local, "group", None)
     if pending is None:
@@ -210,8 +210,8 @@ def install() -> None:
     skip_directory(os.path.dirname(torch.__file__))
     _state.update(showwarning=warnings.showwarning, excepthook=sys.excepthook)
     warnings.showwarning = _showwarning
-    _torch_profiler.install()
-    reason = _torch_versions.unsupported()
+    profiler.install()
+    reason = versions.unsupported()
     if reason is not None:  # torch's entry points refuse on rank threads, saying why and what to do
         from torch.distributed import distributed_c10d as c10d
 
@@ -249,7 +249,7 @@ def uninstall() -> None:
     if "showwarning" in _state:
         warnings.showwarning = _state["showwarning"]
         sys.excepthook = _state["excepthook"]
-        _torch_profiler.uninstall()
+        profiler.uninstall()
     for module, name, original in _state.get("refused", ()):
         setattr(module, name, original)
     if "c10d" in _state:

@@ -75,7 +75,7 @@ def _start_session(prof: Any) -> None:
 
 
 def _prepare_trace(prof: Any) -> None:
-    from ._torch_bridge import in_rank
+    from .ranks import in_rank
 
     if not in_rank():
         return _saved["prepare"](prof)

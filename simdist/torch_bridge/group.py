@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from ._checks import timeout_seconds
-from ._errors import DistTimeoutError
+from .._checks import timeout_seconds
+from .._errors import DistTimeoutError
 
 __all__ = ["bridge_classes"]
 
@@ -39,7 +39,7 @@ def _reduction(opts: Any, what: str) -> tuple[Any, Any]:
     """
     import torch.distributed as tdist
 
-    from ._reduce_op import ReduceOp
+    from .._reduce_op import ReduceOp
 
     reduce_op = getattr(opts, "reduceOp", None)
     op = getattr(reduce_op, "op", tdist.ReduceOp.SUM)
@@ -87,7 +87,8 @@ def bridge_classes() -> tuple[type, type]:
     """``(BridgeGroup, BridgeWork)``, made on first use."""
     import torch.distributed as tdist
 
-    from . import _api, _collectives, _p2p, _torch_profiler
+    from .. import _api, _collectives, _p2p
+    from . import profiler
 
     class BridgeWork(tdist.Work):
         """One op's simdist works as a torch Work: complete once every one of them is (at ``wait()``)."""
@@ -203,7 +204,7 @@ def bridge_classes() -> tuple[type, type]:
 
         def _record(self, op: str, inputs: list) -> None:
             """Record ``op`` for torch's profiler as torch's own backend names it (while a rank profiles)."""
-            _torch_profiler.record_op(f"{self._backend_name}:{op}", inputs)
+            profiler.record_op(f"{self._backend_name}:{op}", inputs)
 
         def _start(self, works: list, outputs: Any, source: Any = None) -> Any:
             work = BridgeWork(works, outputs, self._keeper, source)
@@ -232,8 +233,8 @@ def bridge_classes() -> tuple[type, type]:
 
         def _sparse_sum(self, tensors: list, op: Any) -> list:
             """gloo's sparse all_reduce: each sparse COO tensor becomes the sum of every rank's (nnz may differ)."""
-            from ._objects import all_gather_object
-            from ._reduce_op import ReduceOp
+            from .._objects import all_gather_object
+            from .._reduce_op import ReduceOp
 
             if op is not ReduceOp.SUM:
                 raise ValueError(f"simdist: all_reduce of sparse tensors takes ReduceOp.SUM only (as gloo), not {op}")
