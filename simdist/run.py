@@ -1,15 +1,27 @@
 """``simdist run``: a torchrun-compatible launcher for simdist's process backends and the simulator.
 
-    simdist run --nproc-per-node 4 train.py --epochs 3                # 4 processes on this machine
+    simdist run --nproc-per-node 4 train.py --epochs 3                # 4 processes on this machine, as torchrun
+    simdist run --nproc-per-node 4 --backend socket train.py          # ... with simdist's checks for torch code
     simdist run --nnodes 2 --node-rank 0 --master-addr HOST --master-port 29500 --nproc-per-node 2 train.py
     simdist run --nproc-per-node 4 --backend sim train.py             # the same script on the simulator
     simdist run --nproc-per-node 8 --backend nccl train.py            # on GPUs (or torch-nccl, gloo, mpi)
 
 Each rank runs the script as ``__main__`` with torchrun's environment (RANK, LOCAL_RANK,
-WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), plus SIMDIST_SECRET and
-SIMDIST_BACKEND, so ``dist.init_process_group("gloo")`` needs no arguments. Like torchrun, with
-more than one rank per node and OMP_NUM_THREADS unset, ranks get OMP_NUM_THREADS=1. The launcher
-exits 0 when every rank exits 0; when a rank fails it stops the others and exits non-zero.
+WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, MASTER_ADDR, MASTER_PORT), so
+``dist.init_process_group("gloo")`` needs no arguments. MASTER_ADDR and MASTER_PORT mean what
+torchrun means: node 0's address and a port where the job's torch ``TCPStore`` listens (rank 0's
+``init_process_group`` serves it, or the script's own ``TCPStore``). simdist's own store, served
+by node 0's launcher for the socket and nccl backends, lives at another port (``--store-port``;
+the ranks find it in SIMDIST_STORE). The ranks also get SIMDIST_SECRET and SIMDIST_BACKEND.
+
+Which engine a rank's process groups run on (:data:`ENGINES`): the name in the code decides for
+``torch.distributed`` code, as under torchrun, unless ``--backend socket`` is given, which runs
+torch's groups on simdist's socket backend (checked collectives, hang reports); ``--backend``
+decides for code written against ``import simdist as dist``.
+
+Like torchrun, with more than one rank per node and OMP_NUM_THREADS unset, ranks get
+OMP_NUM_THREADS=1. The launcher exits 0 when every rank exits 0; when a rank fails it stops the
+others and exits non-zero.
 
 With ``--backend sim`` a script that starts its own ranks with ``torch.multiprocessing.spawn``
 (or ``start_processes``) runs once instead, as ``python script.py`` would, on a node of N
@@ -33,13 +45,29 @@ from collections.abc import Iterator, Sequence
 from queue import Empty, Queue
 from typing import IO, Any
 
-__all__ = ["COMMANDS", "cli", "main"]
+__all__ = ["COMMANDS", "ENGINES", "cli", "main"]
 
 GRACE_SECONDS = 5.0
 """How long ranks get between SIGTERM and SIGKILL once the job is being stopped."""
 
 DEFAULT_PORT = 29500
 PROCESS_BACKENDS = ("socket", "nccl", "gloo", "torch-nccl", "mpi")
+STORE_BACKENDS = ("socket", "nccl")  # the backends whose ranks meet in simdist's store, served by the launcher
+
+ENGINES = {
+    # --backend: (what `import simdist as dist` code runs on, what torch.distributed code runs on)
+    None: ("simdist's socket backend", "torch's own backend, the one the code names (as under torchrun)"),
+    "socket": ("simdist's socket backend", "simdist's socket backend, whatever name the code gives (checked)"),
+    "nccl": ("simdist's NCCL backend (GPUs, through cupy)", "torch's own backend, the one the code names"),
+    "gloo": ("torch's gloo", "torch's own backend, the one the code names"),
+    "torch-nccl": (
+        "torch's NCCL for CUDA tensors, gloo for CPU tensors",
+        "torch's own backend, the one the code names",
+    ),
+    "mpi": ("torch's MPI", "torch's own backend, the one the code names"),
+    "sim": ("the simulator", "the simulator, whatever name the code gives (checked)"),
+}
+"""The engine each ``--backend`` gives a rank's process groups, by the API the code uses."""
 LAUNCHES = ("auto", "torchrun", "spawn")
 SPAWNS = ("spawn", "start_processes")  # the functions of torch.multiprocessing that start ranks
 
@@ -53,12 +81,18 @@ LAUNCH_HELP = (
 )
 
 # A rank process: the script becomes __main__, sys.argv is the script and its arguments, and the
-# script's folder comes first on sys.path, as with ``python script.py``. It does not import simdist.
-_WORKER = (
-    "import os, runpy, sys; sys.argv = sys.argv[1:]; "
-    "sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0])); "
-    "runpy.run_path(sys.argv[0], run_name='__main__')"
-)
+# script's folder comes first on sys.path, as with ``python script.py``. It imports simdist only to
+# install the torch bridge, where the launcher asks for it (``--backend socket``).
+_WORKER = """\
+import os, runpy, sys
+sys.argv = sys.argv[1:]
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+if os.environ.get("SIMDIST_TORCH_BACKEND"):
+    from simdist.torch_bridge import processes
+    processes.install_from_env()
+    del processes
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 class _Stop(Exception):
@@ -102,7 +136,7 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
         "--master_addr",
         default="127.0.0.1",
         metavar="HOST",
-        help="address of node 0, where rank 0 serves the rendezvous store (default 127.0.0.1)",
+        help="the address of node 0 (MASTER_ADDR), where the job's stores listen (default 127.0.0.1)",
     )
     p.add_argument(
         "--master-port",
@@ -110,16 +144,29 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="P",
-        help=f"port of the rendezvous store (default: a free port on one node, {DEFAULT_PORT} on several)",
+        help="the port of MASTER_PORT, where the job's torch TCPStore listens, as under torchrun "
+        f"(default: a free port on one node, {DEFAULT_PORT} on several)",
+    )
+    p.add_argument(
+        "--store-port",
+        "--store_port",
+        type=int,
+        default=None,
+        metavar="Q",
+        help="the port of simdist's own store, served by node 0's launcher for the socket and nccl backends "
+        "(default: a free port on one node, the master port + 1 on several)",
     )
     p.add_argument(
         "--backend",
         choices=PROCESS_BACKENDS + ("sim",),
-        default="socket",
-        help="'socket': one process per rank over TCP (default); 'nccl': one process per rank on "
-        "GPUs; 'gloo', 'torch-nccl', 'mpi': torch.distributed's own backends; 'sim': every rank "
-        "of the job as a simulated rank in this process, each running the script in a fresh namespace "
-        "(or the script once, starting its own ranks: see --launch)",
+        default=None,
+        help="what the ranks run on. Not given: one process per rank; torch.distributed code runs on the "
+        "backend it names, as under torchrun, and simdist's API on simdist's socket backend. 'socket': the "
+        "same processes, torch.distributed code too on simdist's socket backend (collectives checked across "
+        "ranks, hangs reported); 'nccl': simdist's API on GPUs; 'gloo', 'torch-nccl', 'mpi': simdist's API "
+        "on torch.distributed's own backends; 'sim': every rank of the job as a simulated rank in this "
+        "process, each running the script in a fresh namespace (or the script once, starting its own ranks: "
+        "see --launch)",
     )
     p.add_argument(
         "--log-dir",
@@ -161,8 +208,14 @@ def _check(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--nnodes={opts.nnodes} must be at least 1")
     if not 0 <= opts.node_rank < opts.nnodes:
         parser.error(f"--node-rank={opts.node_rank} must be in 0..{opts.nnodes - 1} for --nnodes={opts.nnodes}")
-    if opts.master_port is not None and not 0 < opts.master_port < 65536:
-        parser.error(f"--master-port={opts.master_port} is not a TCP port")
+    for flag, port in (("--master-port", opts.master_port), ("--store-port", opts.store_port)):
+        if port is not None and not 0 < port < 65536:
+            parser.error(f"{flag}={port} is not a TCP port")
+    if opts.store_port is not None and opts.store_port == opts.master_port:
+        parser.error(
+            f"--store-port={opts.store_port} equals --master-port: simdist's store and the job's torch TCPStore "
+            "need a port each"
+        )
     if opts.timeout is not None and not opts.timeout > 0:
         parser.error(f"--timeout={opts.timeout} must be a positive number of seconds")
     if not os.path.isfile(opts.script):
@@ -250,30 +303,49 @@ def _launch_env(opts: argparse.Namespace) -> dict[str, str]:
     return {}
 
 
-def _rank_env(opts: argparse.Namespace, local: int, port: int, secret: str) -> dict[str, str]:
-    n = opts.nproc_per_node
+def _rank_env(opts: argparse.Namespace, local: int, ports: tuple[int, int], secret: str) -> dict[str, str]:
+    """A rank's environment: torchrun's variables, simdist's store and secret, and the bridge where asked for."""
+    from simdist.backends.socket import SERVED_ENV, STORE_ENV
+    from simdist.torch_bridge.processes import TORCH_BACKEND_ENV
+
+    n, (master_port, store_port) = opts.nproc_per_node, ports
     env = {**os.environ, **_launch_env(opts)}
+    for key in (STORE_ENV, SERVED_ENV, TORCH_BACKEND_ENV):  # the launcher's own, never inherited
+        env.pop(key, None)
     env.update(
         RANK=str(opts.node_rank * n + local),
         LOCAL_RANK=str(local),
         WORLD_SIZE=str(n * opts.nnodes),
         LOCAL_WORLD_SIZE=str(n),
         GROUP_RANK=str(opts.node_rank),
+        ROLE_RANK=str(opts.node_rank * n + local),
+        ROLE_WORLD_SIZE=str(n * opts.nnodes),
         MASTER_ADDR=opts.master_addr,
-        MASTER_PORT=str(port),
+        MASTER_PORT=str(master_port),
         SIMDIST_SECRET=secret,
-        SIMDIST_BACKEND=opts.backend,
+        SIMDIST_BACKEND=opts.backend or "socket",
     )
+    if (opts.backend or "socket") in STORE_BACKENDS:
+        env[STORE_ENV] = f"{opts.master_addr}:{store_port}"
+        if _serves_store(opts):
+            env[SERVED_ENV] = env[STORE_ENV]
+    if opts.backend == "socket":
+        env[TORCH_BACKEND_ENV] = "socket"
     if opts.timeout is not None:
         env["SIMDIST_TIMEOUT"] = str(opts.timeout)
     return env
 
 
-def _job_port_and_secret(opts: argparse.Namespace) -> tuple[int, str]:
+def _job_ports_and_secret(opts: argparse.Namespace) -> tuple[tuple[int, int], str]:
+    """``((master port, store port), secret)``: free ports and a new secret on one node; agreed ones on several."""
     from simdist.backends.socket import SECRET_ENV, free_port, new_secret
 
     if opts.nnodes == 1:
-        return (opts.master_port or free_port()), new_secret()
+        master = opts.master_port or free_port()
+        store = opts.store_port or free_port()
+        while store == master:
+            store = free_port()
+        return (master, store), new_secret()
     secret = os.environ.get(SECRET_ENV)
     if not secret:
         raise SystemExit(
@@ -281,7 +353,8 @@ def _job_port_and_secret(opts: argparse.Namespace) -> tuple[int, str]:
             f"  export {SECRET_ENV}=$(python -c 'from simdist.backends.socket import new_secret; "
             "print(new_secret())')\nand set it on each node before 'simdist run'"
         )
-    return (opts.master_port or DEFAULT_PORT), secret
+    master = opts.master_port or DEFAULT_PORT
+    return (master, opts.store_port or master + 1), secret
 
 
 def _pump(stream: IO[bytes], out: IO[str], prefix: str, lock: threading.Lock) -> None:
@@ -341,7 +414,7 @@ def _raise_stop(signum: int, frame: Any) -> None:
 
 
 def _run_socket(opts: argparse.Namespace) -> int:
-    port, secret = _job_port_and_secret(opts)
+    ports, secret = _job_ports_and_secret(opts)
     n, base = opts.nproc_per_node, opts.node_rank * opts.nproc_per_node
     command = [sys.executable, "-u", "-c", _WORKER, opts.script, *opts.script_args]
     lock = threading.Lock()
@@ -355,15 +428,11 @@ def _run_socket(opts: argparse.Namespace) -> int:
             handlers[sig] = signal.signal(sig, _raise_stop)
     if opts.log_dir is not None:
         os.makedirs(opts.log_dir, exist_ok=True)
-    server = _serve_store(opts, port, secret)
+    server = _serve_store(opts, ports[1], secret)
     try:
         for local in range(n):
             rank = base + local
-            env = _rank_env(opts, local, port, secret)
-            if server is not None:
-                from simdist.backends.socket import SERVED_ENV
-
-                env[SERVED_ENV] = f"{opts.master_addr}:{port}"
+            env = _rank_env(opts, local, ports, secret)
             if opts.log_dir is not None:
                 with open(os.path.join(opts.log_dir, f"rank_{rank}.log"), "wb") as log:
                     p = subprocess.Popen(
@@ -394,7 +463,8 @@ def _run_socket(opts: argparse.Namespace) -> int:
             for t in threads:
                 t.start()
             threading.Thread(target=lambda p=p, local=local: exits.put((local, p.wait())), daemon=True).start()
-        store = (opts.master_addr, port, secret, n * opts.nnodes) if opts.backend in ("socket", "nccl") else None
+        uses_store = (opts.backend or "socket") in STORE_BACKENDS
+        store = (opts.master_addr, ports[1], secret, n * opts.nnodes) if uses_store else None
         watch = None
         if store is not None:
             from simdist.backends.socket import FirstFailure
@@ -419,13 +489,18 @@ def _run_socket(opts: argparse.Namespace) -> int:
     return status
 
 
+def _serves_store(opts: argparse.Namespace) -> bool:
+    """Whether this launcher serves simdist's store: on node 0 of a job whose ranks meet there."""
+    return (opts.backend or "socket") in STORE_BACKENDS and opts.node_rank == 0
+
+
 def _serve_store(opts: argparse.Namespace, port: int, secret: str) -> Any:
-    """The job's store, served by this launcher (on node 0 of a socket or nccl job), or ``None``.
+    """simdist's store of the job, served by this launcher (node 0 of a socket or nccl job), or ``None``.
 
     Served here rather than by rank 0, it outlives the ranks: the first failure of the job can be
     read after the rank that failed, and the others, are gone.
     """
-    if opts.backend not in ("socket", "nccl") or opts.node_rank != 0:
+    if not _serves_store(opts):
         return None
     from simdist.backends.socket import StoreServer, is_loopback
 

@@ -20,6 +20,7 @@ from ._spawn import free_port as free_port  # noqa: E402
 from ._spawn import spawn as spawn  # noqa: E402
 from ._store import StoreServer as StoreServer  # noqa: E402
 from ._world import SERVED_ENV as SERVED_ENV  # noqa: E402
+from ._world import STORE_ENV as STORE_ENV  # noqa: E402
 from ._world import SocketWorld as SocketWorld  # noqa: E402
 from ._world import is_loopback as is_loopback  # noqa: E402
 
@@ -29,6 +30,7 @@ __all__ = [
     # What a launcher (``simdist run``) uses: the job's secret and port, the store it serves, and how
     # it learns which rank failed first.
     "SECRET_ENV",
+    "STORE_ENV",
     "SERVED_ENV",
     "CHECK_ENV",
     "new_secret",

@@ -39,6 +39,9 @@ def _send(conn: Any, message: tuple) -> None:
 def _child(fn: Callable, args: tuple, rank: int, world_size: int, env: dict, conn: Any, forked: bool) -> None:
     os.environ.update(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+    from simdist.torch_bridge import processes
+
+    processes.install_from_env()  # torch.distributed code on the socket backend too
     if forked:  # the parent's OpenMP pool does not survive fork(): a parallel torch op would wait for it forever
         import torch
 
@@ -120,7 +123,10 @@ def spawn(
 
     Each process sees the caller's environment as it is at the call, plus MASTER_ADDR,
     MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE and a fresh SIMDIST_SECRET, as under torchrun,
-    so ``init_process_group()`` needs no arguments. The first rank to fail stops the others
+    so ``init_process_group()`` needs no arguments; simdist's store listens at another port
+    (SIMDIST_STORE), so MASTER_PORT is free for a torch program's ``TCPStore``. With
+    ``backend="socket"``, ``torch.distributed`` code in ``fn`` runs on the socket backend too
+    (:mod:`simdist.torch_bridge.processes`). The first rank to fail stops the others
     and raises ``RankError`` with its exception as ``__cause__``; a rank that failed only
     because another did (a ``PeerLostError`` naming it) or timed out waits up to
     ``SETTLE_S`` seconds for the original error, which is the one raised. No process
@@ -134,15 +140,27 @@ def spawn(
         raise TypeError(f"spawn(backend={backend!r}) got unexpected keyword arguments {sorted(options)}")
     from ._auth import new_secret
 
+    from simdist.torch_bridge.processes import TORCH_BACKEND_ENV
+
+    from ._world import SERVED_ENV, STORE_ENV
+
+    master_port, store_port = free_port(), free_port()
+    while store_port == master_port:
+        store_port = free_port()
     env = {
         **os.environ,  # the caller's environment now: a forkserver started earlier would hand out its own
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
+        "MASTER_PORT": str(master_port),  # torch's, as under torchrun: a torch program's TCPStore listens there
+        STORE_ENV: f"127.0.0.1:{store_port}",  # simdist's store, served by rank 0
         "WORLD_SIZE": str(nprocs),
         "LOCAL_WORLD_SIZE": str(nprocs),
         "SIMDIST_SECRET": new_secret(),
         BACKEND_ENV: backend,
     }
+    env.pop(SERVED_ENV, None)
+    env.pop(TORCH_BACKEND_ENV, None)
+    if backend == "socket":
+        env[TORCH_BACKEND_ENV] = "socket"
     if timeout is not None:
         env["SIMDIST_TIMEOUT"] = str(timeout)
     ctx = _context(start_method)

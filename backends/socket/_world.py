@@ -19,12 +19,18 @@ from ._failures import FailureMonitor, JobStore, caused_by, failure_text
 from ._flight import FlightRecorder
 from ._group import SocketGroup
 
-__all__ = ["SocketWorld", "rendezvous"]
+__all__ = ["SocketWorld", "rendezvous", "STORE_ENV", "SERVED_ENV"]
 
-# Set by a launcher that serves the job's store itself (``simdist run``): "HOST:PORT". Rank 0
-# then serves none at that address, and the store outlives every rank, so the launcher reads
-# the job's failures after the ranks are gone.
+STORE_ENV = "SIMDIST_STORE"
+"""``HOST:PORT`` of the job's store for ``env://``, set by simdist's launchers. ``MASTER_ADDR`` and
+``MASTER_PORT`` then stay what torchrun makes them: the address where a torch program's own
+``TCPStore`` listens, so a torch program and simdist's store never compete for a port. Unset,
+``env://`` means ``MASTER_ADDR:MASTER_PORT``, as for torch."""
+
 SERVED_ENV = "SIMDIST_STORE_SERVED"
+"""Set by a launcher that serves the job's store itself (``simdist run``): ``HOST:PORT``. Rank 0
+then serves none at that address, and the store outlives every rank, so the launcher reads the
+job's failures after the ranks are gone."""
 
 
 def _env_int(name: str) -> int:
@@ -37,10 +43,24 @@ def _env_int(name: str) -> int:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
+def _store_address(value: str) -> tuple[str, int]:
+    """``(host, port)`` of ``$SIMDIST_STORE`` (``HOST:PORT``)."""
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"environment variable {STORE_ENV}={value!r} must look like 'HOST:PORT'")
+    return host.strip("[]"), int(port)
+
+
 def rendezvous(init_method: str | None, rank: int, world_size: int) -> tuple[str, int, int, int]:
-    """``(host, port, rank, world_size)`` from ``env://`` (the default) or ``tcp://host:port``."""
+    """``(host, port, rank, world_size)`` from ``env://`` (the default) or ``tcp://host:port``.
+
+    ``env://`` takes the store's address from ``$SIMDIST_STORE`` where a launcher set it, else from
+    ``MASTER_ADDR`` and ``MASTER_PORT``.
+    """
     url = init_method or "env://"
-    if url.startswith("env://"):
+    if url.startswith("env://") and os.environ.get(STORE_ENV):
+        host, port = _store_address(os.environ[STORE_ENV])
+    elif url.startswith("env://"):
         host = os.environ.get("MASTER_ADDR")
         if not host:
             raise ValueError("init_method='env://' needs the environment variable MASTER_ADDR (as torchrun sets it)")

@@ -37,15 +37,14 @@ from typing import Any
 
 import torch
 
-from . import profiler, versions
+from . import factory, profiler, versions
 from .._callsite import INSTALLED, is_library_file, skip_directory, user_call_site
 
 __all__ = ["install", "uninstall", "new_store", "enter_rank", "leave_rank", "in_rank"]
 
 _OWN = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "tags_to_pg", "pg_to_tag")
 _state: dict[str, Any] = {}
-_registered = False
-_local = threading.local()  # .world: the rank's torch world; .store: its run's; .group: the simdist group being bridged
+_local = threading.local()  # .world: the rank's torch world; .store: its run's
 
 
 # -- per-thread torch worlds ------------------------------------------------------------------------------
@@ -127,41 +126,10 @@ def _new_process_group_helper(
     """torch's group factory on a rank thread: the simdist group first, then torch's bridge group over it."""
     if not in_rank():
         return _state["helper"](group_size, group_rank, global_ranks, backend, store, *args, **kwargs)
-    from torch.distributed import distributed_c10d as c10d
-
-    from .. import _api as api
-
-    if not global_ranks:  # the default group
-        _join_simdist(group_rank, group_size, kwargs.get("timeout"))
-        _local.group = ("default", None)
-    else:
-        _local.group = ("new", api.new_group(list(global_ranks), sort_ranks=False))
-    try:
-        pg, pg_store = _state["helper"](group_size, group_rank, global_ranks, "simdist", store, *args, **kwargs)
-    finally:
-        _local.group = None
-    if pg is not c10d.GroupMember.NON_GROUP_MEMBER:
-        name = str(backend)
-        c10d._world.pg_map[pg] = (name, pg_store)
-        c10d._world.pg_backend_config[pg] = str(c10d.BackendConfig(c10d.Backend(name)))
-        pg._set_backend_name(name)
-    return pg, pg_store
-
-
-def _creator(opts: Any, backend_options: Any = None) -> Any:
-    """torch's backend factory (extended API) for ``"simdist"``: a bridge group over the pending simdist group."""
-    from .. import _api as api
-    from .group import bridge_classes
-    from .._world import current_world
-
-    pending = getattr(_local, "group", None)
-    if pending is None:
-        raise RuntimeError("simdist: the 'simdist' torch backend is created by simdist's simulator only")
-    world = current_world()
-    group = (world.default_group if world is not None else None) if pending[0] == "default" else pending[1]
-    if group is None or api.get_rank(group) < 0:
-        raise RuntimeError(f"simdist: no simdist group for ranks {list(opts.global_ranks_in_group)}")
-    return bridge_classes()[0](opts.group_rank, opts.group_size, group)
+    versions.warn_if_untested()
+    return factory.helper(
+        _state["helper"], _join_simdist, group_size, group_rank, global_ranks, backend, store, *args, **kwargs
+    )
 
 
 # -- call sites, warnings and the exception hook ------------------------------------------------------------
@@ -182,21 +150,8 @@ def _showwarning(message: Any, category: Any, filename: str, lineno: int, file: 
 
 
 def _ddp_logging_data(ddp: Any) -> dict:
-    """DDP's logging data names the backend the program asked for, as torch's own groups do.
-
-    DDP's C++ logger takes ``getBackendName()``, which a bridge group answers ``"simdist"``:
-    answering ``"gloo"`` there would make the logger look for a real gloo backend.
-    """
-    data = _state["ddp_logging_data"](ddp)
-    if in_rank() and data.get("backend_name") == "simdist":
-        import torch.distributed as tdist
-
-        data["backend_name"] = name = tdist.get_backend(ddp.process_group)
-        if name == "gloo":  # what the logger records for torch's gloo backend (2 threads by default)
-            data.setdefault("gloo_socket_ifname", os.environ.get("GLOO_SOCKET_IFNAME", "N/A"))
-            data.setdefault("gloo_device_transport", os.environ.get("GLOO_DEVICE_TRANSPORT", "N/A"))
-            data.setdefault("gloo_num_threads", 2)
-    return data
+    """DDP's logging data, naming on a rank thread the backend the program asked for."""
+    return factory.ddp_logging_data(_state["ddp_logging_data"], in_rank, ddp)
 
 
 # -- install / uninstall ----------------------------------------------------------------------------------
@@ -204,7 +159,6 @@ def _ddp_logging_data(ddp: Any) -> dict:
 
 def install() -> None:
     """Make torch.distributed per rank thread and route it to simdist, for the simulations about to run."""
-    global _registered
     import torch.distributed as tdist
 
     skip_directory(os.path.dirname(torch.__file__))
@@ -222,9 +176,7 @@ def install() -> None:
         return
     from torch.distributed import distributed_c10d as c10d
 
-    if not _registered:
-        tdist.Backend.register_backend("simdist", _creator, extended_api=True, devices=["cpu", "cuda"])
-        _registered = True
+    factory.register()
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     _state.update(
@@ -288,7 +240,7 @@ def leave_rank() -> None:
     c10d = torch._C._distributed_c10d
     if getattr(_local, "world", None) is not None and hasattr(c10d, "_unregister_all_process_groups"):
         c10d._unregister_all_process_groups()
-    _local.world = _local.group = _local.rank = _local.store = None
+    _local.world = _local.rank = _local.store = None
 
 
 _ENTRIES = ("init_process_group", "rendezvous", "_new_process_group_helper")

@@ -1,0 +1,147 @@
+# mypy: disable-error-code="method-assign,attr-defined"
+# (this module replaces torch internals by design; the versions they exist in are checked in .versions)
+"""Unmodified ``torch.distributed`` code on real processes joined by a simdist backend.
+
+``simdist run --backend socket script.py`` starts each rank with ``$SIMDIST_TORCH_BACKEND=socket``,
+and the rank calls :func:`install_from_env` before it runs the script. From then on every group
+torch creates in this process (``init_process_group``, ``new_group``, ``DeviceMesh``'s groups) is
+a simdist group of that backend seen through a bridge group (:mod:`.factory`), whatever backend the
+program names: torch's collectives become simdist's, checked across ranks before data moves (a
+float32/int32 mismatch is a ``CollectiveMismatchError`` naming both ranks' lines) and reported
+with every rank's last state when they hang. ``get_backend()`` still answers the name the program
+gave.
+
+torch's own rendezvous is left alone: rank 0's ``init_process_group`` serves torch's ``TCPStore``
+at ``MASTER_ADDR:MASTER_PORT`` as under torchrun, while simdist's groups meet in simdist's store
+(``$SIMDIST_STORE``, served by the launcher). Timeouts: ``$SIMDIST_TIMEOUT`` (``simdist run
+--timeout``) where set, else the timeout torch gives the group (the program's, or torch's default).
+
+A rank that starts its own processes with ``torch.multiprocessing.spawn`` (or ``start_processes``)
+passes the bridge on: the children join a job of their own, whose store the first child serves.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import torch
+
+from .._callsite import skip_directory
+from . import factory, versions
+
+__all__ = ["TORCH_BACKEND_ENV", "BRIDGED_BACKENDS", "install", "install_from_env", "installed"]
+
+TORCH_BACKEND_ENV = "SIMDIST_TORCH_BACKEND"
+"""The simdist backend that a rank's ``torch.distributed`` groups are made of (set by ``simdist run``)."""
+
+BRIDGED_BACKENDS = ("socket",)
+"""simdist's process backends that torch programs can run on through the bridge."""
+
+_state: dict[str, Any] = {}
+
+
+def installed() -> str | None:
+    """The simdist backend this process's torch groups are made of, or ``None`` where the bridge is not installed."""
+    return _state.get("backend")
+
+
+def install_from_env() -> None:
+    """:func:`install` the backend ``$SIMDIST_TORCH_BACKEND`` names, if it names one."""
+    backend = os.environ.get(TORCH_BACKEND_ENV)
+    if backend:
+        install(backend)
+
+
+def install(backend: str = "socket") -> None:
+    """Make every process group torch creates in this process a group of simdist's ``backend``.
+
+    Raises:
+        ValueError: ``backend`` is not one of :data:`BRIDGED_BACKENDS`.
+        RuntimeError: this torch lacks what the bridge needs (the reason says what, and what to do).
+    """
+    if backend not in BRIDGED_BACKENDS:
+        raise ValueError(
+            f"{TORCH_BACKEND_ENV}={backend!r}: torch programs run on simdist's {', '.join(BRIDGED_BACKENDS)} "
+            "backend only (other backends run them on torch's own engine)"
+        )
+    if _state:
+        return
+    reason = versions.unsupported()
+    if reason is not None:
+        raise RuntimeError(f"simdist: torch.distributed programs cannot run on simdist's {backend} backend: {reason}")
+    versions.warn_if_untested()
+    import torch.multiprocessing as tmp
+    from torch.distributed import distributed_c10d as c10d
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    skip_directory(os.path.dirname(torch.__file__))  # call sites name the program's lines, not torch's
+    factory.register()
+    original, logging_data = c10d._new_process_group_helper, DDP._get_ddp_logging_data
+    _state.update(backend=backend, start_processes=tmp.start_processes)
+
+    def new_process_group_helper(*args: Any, **kwargs: Any) -> Any:
+        return factory.helper(original, _join, *args, **kwargs)
+
+    c10d._new_process_group_helper = new_process_group_helper
+    DDP._get_ddp_logging_data = lambda ddp: factory.ddp_logging_data(logging_data, _bridged, ddp)
+    tmp.spawn = _spawn
+    tmp.start_processes = _start_processes
+
+
+def _bridged() -> bool:
+    return bool(_state)
+
+
+def _join(rank: int, world_size: int, timeout: Any) -> None:
+    """Join this process's simdist world as ``rank`` of ``world_size`` (once)."""
+    from .. import _api as api
+
+    if not api.is_initialized():
+        given = None if os.environ.get("SIMDIST_TIMEOUT") else timeout
+        api.init_process_group(_state["backend"], rank=rank, world_size=world_size, timeout=given)
+
+
+# -- ranks that start ranks: torch.multiprocessing.spawn in a bridged process ------------------------------
+
+
+def _child(rank: int, fn: Callable, backend: str, *args: Any) -> Any:
+    """A child of a spawn: the bridge first, then the program's ``fn(rank, *args)``."""
+    install(backend)
+    return fn(rank, *args)
+
+
+def _start_processes(
+    fn: Callable,
+    args: tuple = (),
+    nprocs: int = 1,
+    join: bool = True,
+    daemon: bool = False,
+    start_method: str = "spawn",
+) -> Any:
+    """torch's ``start_processes``, each child installing the bridge before ``fn`` runs.
+
+    The children are a job of their own, not ranks of the launcher's: they get a store of their
+    own (``$SIMDIST_STORE`` on a free loopback port, served by their rank 0), and the program
+    sets their rendezvous, as it would without simdist.
+    """
+    from simdist.backends.socket import SERVED_ENV, STORE_ENV, free_port
+
+    saved = {k: os.environ.get(k) for k in (STORE_ENV, SERVED_ENV)}
+    os.environ[STORE_ENV] = f"127.0.0.1:{free_port()}"
+    os.environ.pop(SERVED_ENV, None)
+    try:
+        start = _state["start_processes"]
+        return start(_child, (fn, _state["backend"], *args), nprocs, join, daemon, start_method)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
+           start_method: str = "spawn") -> Any:  # fmt: skip
+    """torch's ``spawn`` (``start_processes`` with the ``spawn`` start method), the bridge in every child."""
+    return _start_processes(fn, args, nprocs, join, daemon, start_method)
