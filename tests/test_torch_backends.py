@@ -8,6 +8,7 @@ torch's gloo cannot do, and clear errors where this build of torch lacks a backe
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 import textwrap
@@ -27,6 +28,10 @@ from simdist.backends.torchdist import MpiWorld, TorchGroup, TorchNcclWorld
 pytestmark = [pytest.mark.timeout(120), pytest.mark.torch_release]
 
 
+KEEPS_ORDER = "sort_ranks" in inspect.signature(td.new_group).parameters  # torch 2.11's new_group sorts every group
+
+
+@pytest.mark.skipif(not KEEPS_ORDER, reason=f"torch {torch.__version__}'s new_group has no sort_ranks")
 def test_groups_are_torch_groups_seen_from_both_apis() -> None:
     def body(rank: int):
         sub = dist.new_group([2, 0], sort_ranks=False)  # group ranks in the given order: 2 is group rank 0
@@ -42,6 +47,18 @@ def test_groups_are_torch_groups_seen_from_both_apis() -> None:
         return dist.get_backend(), mine, plain.item(), td.get_world_size()
 
     assert run_body(body, 3, "gloo") == [("gloo", 2.0, 3.0, 3), ("gloo", None, 3.0, 3), ("gloo", 2.0, 3.0, 3)]
+
+
+@pytest.mark.skipif(KEEPS_ORDER, reason=f"torch {torch.__version__}'s new_group keeps the given order")
+def test_an_unsorted_group_on_a_torch_that_sorts_every_group_is_refused_clearly() -> None:
+    def body(rank: int):
+        with pytest.raises(ValueError, match=r"new_group\(ranks=\[1, 0\], sort_ranks=False\).*increasing order"):
+            dist.new_group([1, 0], sort_ranks=False)
+        t = torch.tensor([1.0])
+        dist.all_reduce(t)  # the world goes on
+        return t.item()
+
+    assert run_body(body, 2, "gloo") == [2.0, 2.0]
 
 
 def test_reductions_gloo_lacks_are_done_by_gathering() -> None:

@@ -39,14 +39,14 @@ def _send(conn: Any, message: tuple) -> None:
 def _child(fn: Callable, args: tuple, rank: int, world_size: int, env: dict, conn: Any, forked: bool) -> None:
     os.environ.update(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
-    from simdist.torch_bridge import processes
-
-    processes.install_from_env()  # torch.distributed code on the socket backend too
     if forked:  # the parent's OpenMP pool does not survive fork(): a parallel torch op would wait for it forever
         import torch
 
         torch.set_num_threads(1)
     try:
+        from simdist.torch_bridge import processes
+
+        processes.install_from_env()  # torch.distributed code on the socket backend too
         value = fn(rank, *args)
         _send(conn, ("ok", value))
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime
+import inspect
 from typing import Any, Sequence
 
+import torch
 import torch.distributed as td
 
 from simdist._group import GroupMember
@@ -65,8 +67,14 @@ class TorchWorld(ProcessWorld):
         ranks = list(ranks)  # in group-rank order already: sorted, unless sort_ranks=False
         if ranks == sorted(ranks):
             pg = td.new_group(ranks, timeout=self._wait())
-        else:  # torch keeps the given order only when asked (a newer argument of new_group)
+        elif "sort_ranks" in inspect.signature(td.new_group).parameters:  # keeps the given order when asked
             pg = td.new_group(ranks, timeout=self._wait(), sort_ranks=False)
+        else:
+            raise ValueError(
+                f"new_group(ranks={ranks}, sort_ranks=False) on backend {self.name!r} needs torch's "
+                f"new_group(sort_ranks=False), which torch {torch.__version__} lacks (it sorts every group's ranks): "
+                "give the ranks in increasing order, or use backend 'socket' or 'sim'"
+            )
         if self.rank not in ranks:
             return GroupMember.NON_GROUP_MEMBER
         group = TorchGroup(self.name, pg, ranks.index(self.rank), ranks, self.group_count)
