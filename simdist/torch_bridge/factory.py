@@ -28,8 +28,12 @@ def register() -> None:
     global _registered
     if not _registered:
         import torch.distributed as tdist
+        from torch.distributed import distributed_c10d as c10d
 
         tdist.Backend.register_backend("simdist", creator, extended_api=True, devices=["cpu", "cuda"])
+        # torch 2.15 attaches its flight recorder to every group of a backend not in this set; it keys
+        # entries by the C++ group name, which a Python group has not: simdist records its own ops.
+        getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", set()).add("simdist")
         _registered = True
 
 

@@ -3,8 +3,9 @@
 The bridge (:mod:`simdist.torch_bridge`) relies on torch internals. It supports torch
 :data:`OLDEST` and newer; CI tests it on every release in :data:`TESTED` (the oldest supported,
 the newest that installs on its machines, and the one in between that the main suite uses). The
-table :data:`DIFFERENCES` lists every internal whose shape changed between the tested releases,
-and how the bridge copes; everything else it touches is the same in all of them.
+table :data:`DIFFERENCES` lists every internal whose shape changed between the tested releases
+(and in torch 2.15, newer than CI's machines install, tried by hand), and how the bridge copes;
+everything else it touches is the same in all of them.
 
 Whether a release can run the bridge is decided by the internals it needs (:data:`NEEDED`), not by
 its number: a release newer than every tested one runs with one ``UserWarning`` when it has them
@@ -74,6 +75,12 @@ DIFFERENCES = {
         (2, 13): "sort_ranks=False keeps the given order",
         (2, 14): "sort_ranks=False keeps the given order",
     },  # simdist's own groups keep their order; on torch's backends (gloo) an unsorted group needs sort_ranks
+    "distributed_c10d._FR_SELF_RECORDING_BACKENDS": {
+        (2, 11): "absent",
+        (2, 13): "absent",
+        (2, 14): "absent",
+        (2, 15): "new: a group of any other backend gets torch's flight recorder, keyed by the C++ group name",
+    },  # "simdist" joins the set: a Python group has no C++ name, and simdist records its own ops
     "ReduceOp.PREMUL_SUM": {
         (2, 11): "a plain RedOpType: the factor comes from dist._make_nccl_premul_sum(factor)",
         (2, 13): "callable: ReduceOp.PREMUL_SUM(factor), or dist._make_nccl_premul_sum(factor)",
