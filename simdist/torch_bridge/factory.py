@@ -33,7 +33,8 @@ def register() -> None:
         tdist.Backend.register_backend("simdist", creator, extended_api=True, devices=["cpu", "cuda"])
         # torch 2.15 attaches its flight recorder to every group of a backend not in this set; it keys
         # entries by the C++ group name, which a Python group has not: simdist records its own ops.
-        getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", set()).add("simdist")
+        self_recording: set[str] = getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", set())
+        self_recording.add("simdist")
         _registered = True
 
 
