@@ -4,8 +4,9 @@ Each launch is a fresh ``python -m simdist.run`` (the ranks are fresh interprete
 here depends on what this test process imported. What runs where (``simdist.run.ENGINES``):
 without ``--backend``, torch code runs on the torch backend it names, as under torchrun;
 ``--backend socket`` runs it on simdist's socket backend through the torch bridge, with its
-checks; ``--backend gloo`` runs simdist's API on torch's gloo. The NCCL backends need a GPU
-(tests/gpu/test_nccl.py runs them there).
+checks; ``--backend gloo`` runs simdist's API on torch's gloo; under ``nccl`` and ``torch-nccl``
+torch code runs as it names (gloo here), while simdist's API there needs a GPU
+(tests/gpu/test_run_gpu.py runs both kinds of script there).
 """
 
 from __future__ import annotations
@@ -166,8 +167,14 @@ def _check_torch_script(out: str, world: int, engine: str) -> None:
 
 @pytest.mark.parametrize(
     ("backend", "engine"),
-    [(None, "ProcessGroup"), pytest.param("socket", "BridgeGroup", marks=BRIDGE), ("gloo", "ProcessGroup")],
-    ids=["default", "socket", "gloo"],
+    [
+        (None, "ProcessGroup"),
+        pytest.param("socket", "BridgeGroup", marks=BRIDGE),
+        ("gloo", "ProcessGroup"),
+        ("nccl", "ProcessGroup"),  # simdist's NCCL serves simdist's API; torch code runs as it names: gloo here
+        ("torch-nccl", "ProcessGroup"),
+    ],
+    ids=["default", "socket", "gloo", "nccl", "torch-nccl"],
 )
 def test_an_unmodified_torch_script_runs_on_every_cpu_backend(tmp_path: Path, backend, engine) -> None:
     flags = ["--backend", backend] if backend else []
@@ -199,7 +206,9 @@ def test_a_simdist_script_runs_on_every_cpu_backend(tmp_path: Path, backend, eng
         assert f"[rank {r}] rank={r} world=2 sum=3.0 engine={engine}" in proc.stdout, proc.stdout
 
 
-@pytest.mark.parametrize(("backend", "engine"), [(None, "ProcessGroup"), ("socket", "BridgeGroup")])
+@pytest.mark.parametrize(
+    ("backend", "engine"), [(None, "ProcessGroup"), ("socket", "BridgeGroup"), ("nccl", "ProcessGroup")]
+)
 def test_two_nodes_run_one_torch_job(tmp_path: Path, backend, engine) -> None:
     """Two launchers, one per node (processes, on loopback), with --nnodes 2 and one secret.
 
