@@ -14,9 +14,11 @@ simdist's own API. Its parts:
 - :mod:`.profiler`: torch's profiler, shared by the rank threads of one process;
 - :mod:`.versions`: the torch releases the bridge supports, and what differs between them.
 
-Every internal of torch that simdist touches is in this package.
+Every internal of torch that simdist touches is in this package; :mod:`.factory` is the one
+place that turns a group torch creates into a simdist group, on simulated ranks and in processes.
+Importing the package installs nothing.
 """
 
-from . import cuda, group, profiler, ranks, spawn, versions
+from . import cuda, factory, group, processes, profiler, ranks, spawn, versions
 
-__all__ = ["cuda", "group", "profiler", "ranks", "spawn", "versions"]
+__all__ = ["cuda", "factory", "group", "processes", "profiler", "ranks", "spawn", "versions"]
