@@ -292,3 +292,27 @@ def test_help_states_the_engine_of_every_backend() -> None:
     assert "--store-port" in text and "as under torchrun" in text
     assert "torch.distributed code too on simdist's socket backend" in text
     assert set(run.ENGINES) == {None, *run.PROCESS_BACKENDS, "sim"}
+
+
+def test_torchrun_runs_a_simdist_script_on_the_socket_backend(tmp_path: Path) -> None:
+    """Under torchrun MASTER_PORT is its agent's TCPStore: simdist's store is published there, not bound there."""
+    script = _script(tmp_path, SIMDIST_SCRIPT.replace('init_process_group("gloo")', 'init_process_group("socket")'))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for r in range(2):
+        assert f"rank={r} world=2 sum=3.0 engine=SocketWorld" in proc.stdout, proc.stdout + proc.stderr

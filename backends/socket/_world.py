@@ -10,7 +10,7 @@ import sys
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
-from simdist._errors import DistError
+from simdist._errors import DistError, DistTimeoutError
 from simdist._group import GroupMember
 from simdist._world import ProcessWorld, set_process_world
 
@@ -79,6 +79,16 @@ def rendezvous(init_method: str | None, rank: int, world_size: int) -> tuple[str
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} and world_size={world_size} do not fit: expected 0 <= rank < world_size")
     return host, port, rank, world_size
+
+
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+"""``True`` under torchrun: its agent's ``TCPStore`` listens at MASTER_PORT, and the ranks are its clients."""
+
+
+def _torchrun_holds(init_method: str | None) -> bool:
+    """Whether ``env://`` means MASTER_PORT and torchrun's agent holds it (no launcher of simdist's set a store)."""
+    env = (init_method or "env://").startswith("env://") and not os.environ.get(STORE_ENV)
+    return env and os.environ.get(AGENT_STORE_ENV) == "True"
 
 
 def is_loopback(host: str) -> bool:
@@ -165,10 +175,41 @@ class SocketWorld(ProcessWorld):
 
         host, port, rank, world_size = rendezvous(init_method, rank, world_size)
         secret = shared_secret(host)
-        if rank == 0 and os.environ.get(SERVED_ENV) != f"{host}:{port}":
+        if _torchrun_holds(init_method):
+            host, port = self._meet_under_torchrun(host, port, rank, secret)
+        elif rank == 0 and os.environ.get(SERVED_ENV) != f"{host}:{port}":
             self.server = StoreServer("127.0.0.1" if is_loopback(host) else "0.0.0.0", port, secret)
         self.store = JobStore(host, port, secret, rank=rank, world_size=world_size, timeout=self.timeout)
         return host, port, rank, world_size, secret
+
+    def _meet_under_torchrun(self, master: str, master_port: int, rank: int, secret: bytes) -> tuple[str, int]:
+        """``(host, port)`` of the job's store under torchrun, whose agent's ``TCPStore`` holds MASTER_PORT.
+
+        Rank 0 serves simdist's store at a free port and publishes its address in torchrun's store
+        (a key per restart of the job); the other ranks read it there, waiting up to the timeout.
+        """
+        import datetime
+
+        import torch.distributed as td
+
+        from ._store import StoreServer
+
+        key = f"simdist/store/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        try:
+            agent = td.TCPStore(master, master_port, is_master=False, timeout=datetime.timedelta(seconds=self.timeout))
+            if rank == 0:
+                loopback = is_loopback(master)
+                self.server = StoreServer("127.0.0.1" if loopback else "0.0.0.0", 0, secret)
+                here = "127.0.0.1" if loopback else _address_towards(master, master_port)
+                agent.set(key, f"{here}:{self.server.port}")
+            address = agent.get(key).decode()
+        except RuntimeError as exc:  # torch's DistStoreError and its kin
+            raise DistTimeoutError(
+                f"rank {rank} found no simdist store in torchrun's store at {master}:{master_port} within "
+                f"{self.timeout:g} s (rank 0 publishes it when it calls init_process_group): {exc}"
+            ) from exc
+        host, _, port = address.rpartition(":")
+        return host, int(port)
 
     def goodbye(self, failed: bool = False) -> None:
         """Leave the store; rank 0 serves it until every rank has left or failed.
