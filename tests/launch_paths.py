@@ -97,14 +97,14 @@ def argv(
     """The command line that starts ``script`` (launch ``style``, ``world`` ranks) on ``path``.
 
     A ``torchrun`` style script is started on ``world`` ranks. A ``spawn`` or ``process`` style script
-    starts its ranks itself: the process launchers start it once (one rank), and ``--backend sim``
-    gives that one parent a node of ``world`` simulated GPUs. ``spawn`` is ``(function, args)`` for the
-    ``simdist.spawn`` paths: the module-level function of the script that its ranks run.
+    starts its ranks itself, so every launcher starts it once, as one rank; ``--backend sim`` gives a
+    ``spawn`` style parent a node of ``world`` simulated GPUs. ``spawn`` is ``(function, args)`` for
+    the ``simdist.spawn`` paths: the module-level function of the script that its ranks run.
     """
     if not applies(path, style):
         raise ValueError(f"{path!r} does not start {style}-style scripts")
     py = sys.executable
-    n = str(world if style == "torchrun" or path == "simdist run --backend sim" else 1)
+    n = str(world if style == "torchrun" or (style == "spawn" and path == "simdist run --backend sim") else 1)
     if path == "torchrun":
         return [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n, str(script), *args]
     if path == "python":
@@ -153,11 +153,11 @@ class Launched:
         """A line saying how the launch failed: the last exception line of its output, or its status."""
         if self.returncode is None:
             return f"timed out after {self.seconds:.0f} s"
-        lines = [ln for ln in (self.stderr + "\n" + self.stdout).splitlines() if ln.strip()]
-        pattern = re.compile(r"^(?:\[rank \d+\] )?(?:\w+\.)*\w*(Error|Exception|Exit)\b.*")
-        for line in reversed(lines):
-            if pattern.match(line.strip()):
-                return line.strip()
+        lines = [ln.strip() for ln in (self.stderr + "\n" + self.stdout).splitlines() if ln.strip()]
+        pattern = re.compile(r"^(?:\[rank \d+\] )?(?:\w+\.)*\w*(Error|Exception|Exit)\b.*\S")
+        for line in reversed(lines):  # the last exception with a message (not torchrun's bare ChildFailedError:)
+            if pattern.match(line) and not line.endswith(":"):
+                return line
         return f"exit status {self.returncode}: " + (lines[-1].strip() if lines else "no output")
 
     def describe(self) -> str:
