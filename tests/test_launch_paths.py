@@ -25,7 +25,7 @@ simdist's engines (the torch bridge) are ``torch_release`` tests.
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -43,8 +43,17 @@ WORLD, STEPS, TIMEOUT = 2, 4, 90.0
 TORCH_ENGINE = "ProcessGroupGloo"
 SCRIPTS = {"torchrun": "train_torchrun.py", "spawn": "train_spawn.py"}
 
-sys.path.insert(0, str(PROGRAMS))
-from toy_training import checksum  # noqa: E402  (the programs' own checksum, read back from a checkpoint)
+
+def _programs_checksum() -> Any:
+    """The programs' own checksum (toy_training.checksum), loaded from its file without touching sys.path."""
+    spec = importlib.util.spec_from_file_location("_launch_paths_toy_training", PROGRAMS / "toy_training.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.checksum
+
+
+checksum = _programs_checksum()
 
 
 def _case(*values: str, sep: str = "-") -> Any:
