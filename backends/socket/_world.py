@@ -61,10 +61,10 @@ def rendezvous(init_method: str | None, rank: int, world_size: int) -> tuple[str
     if url.startswith("env://") and os.environ.get(STORE_ENV):
         host, port = _store_address(os.environ[STORE_ENV])
     elif url.startswith("env://"):
-        host = os.environ.get("MASTER_ADDR", "")
-        if not host:
+        master = os.environ.get("MASTER_ADDR")
+        if not master:
             raise ValueError("init_method='env://' needs the environment variable MASTER_ADDR (as torchrun sets it)")
-        port = _env_int("MASTER_PORT")
+        host, port = master, _env_int("MASTER_PORT")
     elif url.startswith("tcp://"):
         parsed = urlparse(url)
         if not parsed.hostname or parsed.port is None:
