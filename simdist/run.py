@@ -31,8 +31,9 @@ simulated GPUs; each spawn runs its function on simulated ranks (see :data:`LAUN
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ast
+import contextlib
+import functools
 import os
 import runpy
 import signal
@@ -75,9 +76,10 @@ LAUNCH_HELP = (
     "how --backend sim starts the script: 'torchrun': every rank runs it as __main__ with torchrun's "
     "environment; 'spawn': it runs once, as 'python script.py' would, on a node of N simulated GPUs "
     "(torch.cuda.device_count() == N), and each torch.multiprocessing.spawn(fn, args, nprocs) or "
-    "start_processes it calls runs fn(i, *args) on nprocs simulated ranks, returning when they finish; "
-    "'auto' (default): 'spawn' when the script's own source calls torch.multiprocessing.spawn or "
-    "start_processes (the script is read, not run), else 'torchrun'"
+    "start_processes it calls runs fn(i, *args) on nprocs simulated ranks, returning when they finish "
+    "(multiprocessing.Process ranks it starts run at the first join(), one simulated rank each, in the "
+    "order started); 'auto' (default): 'spawn' when the script's own source calls torch.multiprocessing.spawn, "
+    "start_processes or a multiprocessing Process (the script is read, not run), else 'torchrun'"
 )
 
 # A rank process: the script becomes __main__, sys.argv is the script and its arguments, and the
@@ -561,31 +563,39 @@ def _supervise(
 
 
 def _spawn_line(path: str) -> int | None:
-    """The line of the script's first call of torch.multiprocessing.spawn or start_processes, read, not run.
+    """The line of the script's first start of ranks of its own, read, not run; ``None`` when there is none.
 
-    Calls through the usual imports count: ``import torch.multiprocessing as mp`` then ``mp.spawn``,
+    A start is a call of torch.multiprocessing's ``spawn`` or ``start_processes``, or of a
+    ``Process`` of ``multiprocessing`` or ``torch.multiprocessing`` (a context's too), through the
+    usual imports: ``import torch.multiprocessing as mp`` then ``mp.spawn``/``mp.Process``,
     ``torch.multiprocessing.spawn``, ``from torch import multiprocessing``, ``from
-    torch.multiprocessing import spawn``. ``None`` when there is none (or the file does not parse).
+    torch.multiprocessing import spawn``, ``import multiprocessing``, ``from multiprocessing import
+    Process``, ``mp.get_context("spawn").Process``. ``None`` too when the file does not parse.
     """
     try:
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
         return None
-    modules, functions, torches = set(), set(), set()
+    modules: dict[str, tuple[str, ...]] = {}  # a name bound to a module of processes -> the starters it has
+    functions, torches, contexts = set(), set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name == "torch.multiprocessing" and alias.asname:
-                    modules.add(alias.asname)
+                if alias.name in _STARTERS and (alias.asname or "." not in alias.name):
+                    modules[alias.asname or alias.name] = _STARTERS[alias.name]
                 elif alias.name == "torch" or (alias.name.startswith("torch.") and not alias.asname):
                     torches.add(alias.asname or "torch")
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             for alias in node.names:
                 if node.module == "torch" and alias.name == "multiprocessing":
-                    modules.add(alias.asname or alias.name)
-                elif node.module in ("torch.multiprocessing", "torch.multiprocessing.spawn") and alias.name in SPAWNS:
+                    modules[alias.asname or alias.name] = _STARTERS["torch.multiprocessing"]
+                elif node.module in _STARTERS and alias.name in _STARTERS[node.module]:
                     functions.add(alias.asname or alias.name)
+                elif node.module == "torch.multiprocessing.spawn" and alias.name in SPAWNS:
+                    functions.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Assign) and _is_get_context(node.value, modules):
+            contexts.update(t.id for t in node.targets if isinstance(t, ast.Name))
     lines = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
@@ -593,18 +603,38 @@ def _spawn_line(path: str) -> int | None:
         func = node.func
         if isinstance(func, ast.Name) and func.id in functions:
             lines.append(node.lineno)
-        elif isinstance(func, ast.Attribute) and func.attr in SPAWNS:
+        elif isinstance(func, ast.Attribute):
             owner = func.value
-            if isinstance(owner, ast.Name) and owner.id in modules:
+            if isinstance(owner, ast.Name) and func.attr in modules.get(owner.id, ()):
+                lines.append(node.lineno)
+            elif func.attr == "Process" and (
+                (isinstance(owner, ast.Name) and owner.id in contexts) or _is_get_context(owner, modules)
+            ):
                 lines.append(node.lineno)
             elif (
-                isinstance(owner, ast.Attribute)
+                func.attr in _STARTERS["torch.multiprocessing"]
+                and isinstance(owner, ast.Attribute)
                 and owner.attr == "multiprocessing"
                 and isinstance(owner.value, ast.Name)
                 and owner.value.id in torches
             ):
                 lines.append(node.lineno)
     return min(lines) if lines else None
+
+
+_STARTERS = {"torch.multiprocessing": (*SPAWNS, "Process"), "multiprocessing": ("Process",)}
+"""The modules whose functions (or classes) start a script's own ranks, and their names."""
+
+
+def _is_get_context(node: ast.AST, modules: dict[str, tuple[str, ...]]) -> bool:
+    """Whether ``node`` is ``mp.get_context(...)`` for a module of processes ``mp``."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get_context"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id in modules
+    )
 
 
 def _exit_ok(fn: Any, *args: Any) -> Any:
@@ -628,6 +658,20 @@ def _spawned(rank: int, script: str | None, fn: Any, *args: Any) -> Any:
     if script is not None:
         fn = _by_name(_exit_ok(runpy.run_path, script, None, "__mp_main__"), fn, script)
     return _exit_ok(fn, rank, *args)
+
+
+def _started(rank: int, mains: list, calls: list) -> Any:
+    """Simulated rank ``rank`` of the parent's ``multiprocessing.Process`` ranks: its ``target(*args, **kwargs)``.
+
+    With a script in ``mains[rank]``, the rank first runs it as ``__mp_main__`` and calls the
+    target of that fresh namespace, as a child of the 'spawn' start method does.
+    """
+    target, args, kwargs = calls[rank]
+    if target is None:
+        return None
+    if mains[rank] is not None:
+        target = _by_name(_exit_ok(runpy.run_path, mains[rank], None, "__mp_main__"), target, mains[rank])
+    return _exit_ok(functools.partial(target, *args, **kwargs))
 
 
 @contextlib.contextmanager
@@ -704,6 +748,10 @@ def _run_sim(opts: argparse.Namespace) -> int:
         main = script if _reimports(fn, start_method) else None
         simdist.spawn(_spawned, args=(main, fn, *args), nprocs=nprocs, backend="sim", **options)
 
+    def run_processes(calls: list, start_method: str) -> None:  # the parent's multiprocessing.Process ranks
+        mains = [script if _reimports(target, start_method) else None for target, _, _ in calls]
+        simdist.spawn(_started, args=(mains, calls), nprocs=len(calls), backend="sim", **options)
+
     # runpy swaps sys.modules["__main__"] and sys.argv[0] in and out; with ranks interleaved
     # the swaps do not nest, so the launcher's own values are put back here.
     saved = (sys.argv, sys.modules.get("__main__"), list(sys.path))
@@ -715,7 +763,7 @@ def _run_sim(opts: argparse.Namespace) -> int:
                 simdist.spawn(rank_main, nprocs=world, backend="sim", **options)
             else:
                 gpus = torch_bridge.cuda.simulated_gpus(n) if cuda_as_cpu else contextlib.nullcontext()
-                with gpus, torch_bridge.spawn.starting_ranks(start_ranks):
+                with gpus, torch_bridge.spawn.starting_ranks(start_ranks, run_processes):
                     _exit_ok(runpy.run_path, script, None, "__main__")
         return 0
     except RankError as err:

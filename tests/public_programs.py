@@ -342,16 +342,11 @@ def digest(value: Any) -> str:
 
 
 def _engine_note(program: Program, path: str, launched: Launched) -> str:
-    """Where a program ran on another engine than the path names: a script starting multiprocessing.Process ranks."""
-    if program.style != "process" or PATHS[path][1] != "simdist":
-        return ""
-    note = (
-        "ran on torch's gloo in real processes: the script starts its ranks with multiprocessing.Process, which "
-        "simdist neither simulates nor bridges (it intercepts torch.multiprocessing.spawn and start_processes)"
-    )
-    if path in SIM_PATHS and not any(_PREFIX.match(line) for line in launched.stdout.splitlines()):
-        note += "; none of its lines carries a simulated rank's '[rank N] ' prefix"
-    return note
+    """Where a run shows it did not use the engine the path names: on the simulator, no simulated rank's prefix."""
+    if path in SIM_PATHS and program.style != "torchrun" and PATHS[path][1] == "simdist":
+        if not any(_PREFIX.match(line) for line in launched.stdout.splitlines()):
+            return "none of its lines carries a simulated rank's '[rank N] ' prefix: it did not run on simulated ranks"
+    return ""
 
 
 def known_failure(program: Program, path: str) -> str | None:

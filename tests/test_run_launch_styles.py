@@ -1,8 +1,9 @@
-"""``simdist run --backend sim`` for both launch styles: torchrun scripts and scripts that call mp.spawn.
+"""``simdist run --backend sim`` for both launch styles: torchrun scripts and scripts that start their own ranks.
 
-A script whose source calls ``torch.multiprocessing.spawn`` runs once, as ``python script.py``
-would, on a node of ``--nproc-per-node`` simulated GPUs, and each spawn becomes simulated ranks;
-any other script runs on every rank (torchrun style). Runs go through subprocesses, as a user
+A script whose source calls ``torch.multiprocessing.spawn`` (or starts ``multiprocessing.Process``
+ranks) runs once, as ``python script.py`` would, on a node of ``--nproc-per-node`` simulated GPUs,
+and each spawn (or the processes it starts) becomes simulated ranks; any other script runs on
+every rank (torchrun style). Runs go through subprocesses, as a user
 would start them; argument errors are checked in this process.
 """
 
@@ -199,6 +200,82 @@ def test_the_fork_start_method_calls_the_parents_function(tmp_path: Path) -> Non
     assert sorted(proc.stdout.splitlines()) == [f"forked {r} parent's 3" for r in range(3)]
 
 
+# "Writing distributed applications" style: the ranks are multiprocessing.Process objects the script starts.
+PROCESS_STYLE = """\
+import os
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def run(rank, size):
+    t = torch.tensor([float(rank + 1)])
+    if {deadlock}:
+        dist.recv(t, src=(rank + 1) % size)  # every rank receives first: a cycle
+    dist.all_reduce(t)
+    print(f"rank={{rank}} sum={{t.item():g}} engine={{type(dist.group.WORLD).__name__}}", flush=True)
+
+
+def init_process(rank, size, fn, backend="gloo"):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = os.environ.get("PORT_FOR_TEST", "29500")
+    dist.init_process_group(backend, rank=rank, world_size=size)
+    fn(rank, size)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    size = 3
+    processes = []
+    mp.set_start_method("spawn")
+    for rank in range(size):
+        p = mp.Process(target=init_process, args=(rank, size, run))
+        p.start()
+        processes.append(p)
+    for p in processes:
+        p.join()
+    print("parent: exit codes", [p.exitcode for p in processes], "start method", mp.get_start_method())
+"""
+
+
+def test_a_script_that_starts_process_ranks_runs_them_as_simulated_ranks(tmp_path: Path) -> None:
+    proc = _simdist_run(_script(tmp_path, PROCESS_STYLE.format(deadlock=False)))
+    assert proc.returncode == 0, proc.stderr
+    for rank in range(3):
+        assert f"[rank {rank}] rank={rank} sum=6 engine=BridgeGroup" in proc.stdout, proc.stdout
+    assert "parent: exit codes [0, 0, 0] start method spawn" in proc.stdout
+    assert os.environ.get("MASTER_PORT") is None
+
+
+def test_a_deadlock_among_process_ranks_is_reported_with_its_lines(tmp_path: Path) -> None:
+    proc = _simdist_run(_script(tmp_path, PROCESS_STYLE.format(deadlock=True), "ring.py"))
+    assert proc.returncode == 1
+    assert "DeadlockError" in proc.stderr and "ring.py:10" in proc.stderr, proc.stderr
+    assert "parent: exit codes" not in proc.stdout
+
+
+@pytest.mark.timeout(150)
+def test_process_ranks_of_a_script_get_the_bridge_on_real_processes(tmp_path: Path) -> None:
+    """On the socket backend the Process ranks are real processes; their torch groups are the bridge's."""
+    from simdist.backends.socket import free_port
+
+    script = _script(tmp_path, PROCESS_STYLE.format(deadlock=False))
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    env["PORT_FOR_TEST"] = str(free_port())
+    proc = subprocess.run(
+        [sys.executable, "-m", "simdist.run", "--backend", "socket", script],
+        capture_output=True,
+        text=True,
+        timeout=140,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in range(3):
+        assert f"rank={rank} sum=6 engine=BridgeGroup" in proc.stdout, proc.stdout + proc.stderr
+    assert "parent: exit codes [0, 0, 0] start method spawn" in proc.stdout
+
+
 def test_launch_arguments_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
         run.main(["--help"])
@@ -251,7 +328,12 @@ SPAWN_CALLS = [
     ("import torch\ndef main():\n    torch.multiprocessing.start_processes(f)\n", 3),
     ("from torch import multiprocessing as tmp\ntmp.spawn(f)\n", 2),
     ("from torch.multiprocessing import spawn as go\ngo(f)\n", 2),
-    ("import torch.multiprocessing as mp\nimport multiprocessing\nmultiprocessing.Process()\n", None),
+    ("import torch.multiprocessing as mp\nimport multiprocessing\nmultiprocessing.Process()\n", 3),
+    ("import torch.multiprocessing as mp\n\nmp.Process(target=f).start()\n", 3),
+    ("from multiprocessing import Process\nProcess(target=f)\n", 2),
+    ("import multiprocessing as m\nctx = m.get_context('spawn')\nctx.Process(target=f)\n", 3),
+    ("import torch.multiprocessing as mp\nmp.get_context('spawn').Process(target=f)\n", 2),
+    ("import os\nos.Process()\n", None),
     ("import multiprocessing as mp\nmp.spawn(f)\n", None),
     ("import torch.multiprocessing as mp\n", None),
     ("def broken(:\n", None),

@@ -16,14 +16,17 @@ at ``MASTER_ADDR:MASTER_PORT`` as under torchrun, while simdist's groups meet in
 (``$SIMDIST_STORE``, served by the launcher). Timeouts: ``$SIMDIST_TIMEOUT`` (``simdist run
 --timeout``) where set, else the timeout torch gives the group (the program's, or torch's default).
 
-A rank that starts its own processes with ``torch.multiprocessing.spawn`` (or ``start_processes``)
-passes the bridge on: the children join a job of their own, whose store the first child serves.
+A rank that starts processes of its own (``torch.multiprocessing.spawn``, ``start_processes``, or
+``multiprocessing.Process``) passes the bridge on: the children join a job of their own, whose
+store their rank 0 serves.
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any, Callable
+
+from multiprocessing.process import BaseProcess
 
 import torch
 
@@ -71,22 +74,20 @@ def install(backend: str = "socket") -> None:
     if reason is not None:
         raise RuntimeError(f"simdist: torch.distributed programs cannot run on simdist's {backend} backend: {reason}")
     versions.warn_if_untested()
-    import torch.multiprocessing as tmp
     from torch.distributed import distributed_c10d as c10d
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     skip_directory(os.path.dirname(torch.__file__))  # call sites name the program's lines, not torch's
     factory.register()
     original, logging_data = c10d._new_process_group_helper, DDP._get_ddp_logging_data
-    _state.update(backend=backend, start_processes=tmp.start_processes)
+    _state.update(backend=backend, start=BaseProcess.start, children=[])
 
     def new_process_group_helper(*args: Any, **kwargs: Any) -> Any:
         return factory.helper(original, _join, *args, **kwargs)
 
     c10d._new_process_group_helper = new_process_group_helper
     DDP._get_ddp_logging_data = lambda ddp: factory.ddp_logging_data(logging_data, _bridged, ddp)
-    tmp.spawn = _spawn
-    tmp.start_processes = _start_processes
+    BaseProcess.start = _start  # type: ignore[method-assign]
 
 
 def _bridged() -> bool:
@@ -102,46 +103,35 @@ def _join(rank: int, world_size: int, timeout: Any) -> None:
         api.init_process_group(_state["backend"], rank=rank, world_size=world_size, timeout=given)
 
 
-# -- ranks that start ranks: torch.multiprocessing.spawn in a bridged process ------------------------------
+# -- ranks that start ranks: processes started by a bridged process ---------------------------------------
 
 
-def _child(rank: int, fn: Callable, backend: str, *args: Any) -> Any:
-    """A child of a spawn: the bridge first, then the program's ``fn(rank, *args)``."""
-    install(backend)
-    return fn(rank, *args)
+def _child(backend: str, store: str, target: Callable, args: tuple, kwargs: dict) -> Any:
+    """A process started by a bridged one: its own job's store, the bridge, then its ``target``."""
+    from simdist.backends.socket import SERVED_ENV, STORE_ENV
 
-
-def _start_processes(
-    fn: Callable,
-    args: tuple = (),
-    nprocs: int = 1,
-    join: bool = True,
-    daemon: bool = False,
-    start_method: str = "spawn",
-) -> Any:
-    """torch's ``start_processes``, each child installing the bridge before ``fn`` runs.
-
-    The children are a job of their own, not ranks of the launcher's: they get a store of their
-    own (``$SIMDIST_STORE`` on a free loopback port, served by their rank 0), and the program
-    sets their rendezvous, as it would without simdist.
-    """
-    from simdist.backends.socket import SERVED_ENV, STORE_ENV, free_port
-
-    saved = {k: os.environ.get(k) for k in (STORE_ENV, SERVED_ENV)}
-    os.environ[STORE_ENV] = f"127.0.0.1:{free_port()}"
+    os.environ[STORE_ENV] = store
     os.environ.pop(SERVED_ENV, None)
-    try:
-        start = _state["start_processes"]
-        return start(_child, (fn, _state["backend"], *args), nprocs, join, daemon, start_method)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    install(backend)
+    return target(*args, **kwargs)
 
 
-def _spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
-           start_method: str = "spawn") -> Any:  # fmt: skip
-    """torch's ``spawn`` (``start_processes`` with the ``spawn`` start method), the bridge in every child."""
-    return _start_processes(fn, args, nprocs, join, daemon, start_method)
+def _start(process: BaseProcess) -> None:
+    """``multiprocessing``'s ``Process.start``, the process running :func:`_child` around its target.
+
+    Whatever starts the process (``torch.multiprocessing.spawn``, ``start_processes``, a
+    ``multiprocessing.Process`` of the program), its torch groups are the bridge's. The processes
+    started while others of this process run are one job, with a store of their own on a free
+    loopback port that their rank 0 serves; once they have all ended, the next ones get a new one.
+    """
+    from simdist.backends.socket import free_port
+
+    if process._target is not None and process._target is not _child:  # type: ignore[attr-defined]
+        children = _state["children"]
+        if not children or not any(c.is_alive() for c in children):
+            children.clear()
+            _state["store"] = f"127.0.0.1:{free_port()}"
+        children.append(process)
+        process._args = (_state["backend"], _state["store"], process._target, process._args, process._kwargs)  # type: ignore[attr-defined]
+        process._target, process._kwargs = _child, {}  # type: ignore[attr-defined]
+    _state["start"](process)
