@@ -343,7 +343,7 @@ def digest(value: Any) -> str:
 
 def _engine_note(program: Program, path: str, launched: Launched) -> str:
     """Where a run shows it did not use the engine the path names: on the simulator, no simulated rank's prefix."""
-    if path in SIM_PATHS and program.style != "torchrun" and PATHS[path][1] == "simdist":
+    if path == "simdist run --backend sim" and program.style != "torchrun":  # simdist run prefixes a rank's lines
         if not any(_PREFIX.match(line) for line in launched.stdout.splitlines()):
             return "none of its lines carries a simulated rank's '[rank N] ' prefix: it did not run on simulated ranks"
     return ""
