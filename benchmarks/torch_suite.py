@@ -69,6 +69,7 @@ SUITE = "torch/testing/_internal/distributed/distributed_test.py"
 def _set_env(timeout: float, init_method: str | None = None) -> None:
     """The environment distributed_test.py reads at import (call before importing it)."""
     os.environ.update(ENV)
+    os.environ["PYTORCH_PRINT_REPRO_ON_FAILURE"] = "0"  # torch's "To execute this test, run ..." after each error
     if init_method:
         os.environ["INIT_METHOD"] = ENV["INIT_METHOD"] = init_method
     # torch's own limit for joining a test's processes (common_distributed.TIMEOUT_DEFAULT)
@@ -347,9 +348,12 @@ def _process_failure(text: str) -> dict[str, str]:
     )
     block = m.group(1) if m else text
     lines = [ln for ln in block.strip().splitlines() if ln.strip()]
-    # the exception line: the last line not indented (a traceback's frames are)
-    tail = [ln for ln in lines if not ln.startswith(" ")]
-    return {"error": (tail[-1] if tail else (lines[-1] if lines else "")).strip(), **_where(_text_frames(block))}
+    # the exception: the lines not indented after the last frame (a frame's lines are indented), the first
+    # three ("AssertionError: Scalars are not equal!", "Expected 1 but got 0.", ...)
+    frame_lines = [i for i, ln in enumerate(lines) if ln.lstrip().startswith('File "')]
+    after = [ln.strip() for ln in lines[frame_lines[-1] + 1 if frame_lines else 0 :] if not ln.startswith(" ")]
+    error = " ".join(after[:3]) if after else (lines[-1].strip() if lines else "")
+    return {"error": error, **_where(_text_frames(block))}
 
 
 def _run_case(side: str, name: str, timeout: float, seed: int) -> dict[str, Any]:
