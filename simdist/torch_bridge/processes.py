@@ -94,12 +94,22 @@ def _bridged() -> bool:
 
 
 def _join(rank: int, world_size: int, timeout: Any) -> None:
-    """Join this process's simdist world as ``rank`` of ``world_size`` (once)."""
+    """Join this process's simdist world as ``rank`` of ``world_size`` (once), at the store ``$SIMDIST_STORE`` names.
+
+    ``env://`` finds the store there but asks for ``MASTER_ADDR`` too, which a program whose torch
+    rendezvous is a ``file://`` store (torch's own tests) does not set: the store is then named as ``tcp://``.
+    """
+    from simdist.backends.socket import STORE_ENV
+
     from .. import _api as api
 
     if not api.is_initialized():
         given = None if os.environ.get("SIMDIST_TIMEOUT") else timeout
-        api.init_process_group(_state["backend"], rank=rank, world_size=world_size, timeout=given)
+        store = os.environ.get(STORE_ENV)
+        init_method = f"tcp://{store}" if store and "MASTER_ADDR" not in os.environ else None
+        api.init_process_group(
+            _state["backend"], init_method=init_method, rank=rank, world_size=world_size, timeout=given
+        )
 
 
 # -- ranks that start ranks: torch.multiprocessing.spawn in a bridged process ------------------------------
