@@ -41,3 +41,20 @@ def file_rendezvous(rank: int, path: str) -> tuple:
 
 def test_a_program_joining_through_a_file_store_meets_in_simdists_store(tmp_path):
     assert _socket(file_rendezvous, str(tmp_path / "init")) == [(3.0, True)] * 2
+
+
+def profiled_ops(rank: int) -> list:
+    """torch's profiler around two collectives, as torch's tests check it (``get_profiling_event``)."""
+    dist.init_process_group("gloo")
+    t = torch.ones(2, 3)
+    with torch.autograd.profiler.profile(record_shapes=True) as prof:
+        dist.all_reduce(t)
+        dist.broadcast(t, 0)
+    events = [(e.name, e.is_async, e.input_shapes, e.count) for e in prof.function_events if e.name.startswith("gloo:")]
+    dist.destroy_process_group()
+    return events
+
+
+def test_the_profiler_sees_each_op_as_gloo_records_it():
+    expected = [("gloo:all_reduce", True, [[2, 3]], 1), ("gloo:broadcast", True, [[2, 3]], 1)]
+    assert _socket(profiled_ops) == [expected] * 2
