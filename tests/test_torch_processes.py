@@ -10,6 +10,7 @@ the program. These are the cases torch's own distributed tests met on this path
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -58,3 +59,27 @@ def profiled_ops(rank: int) -> list:
 def test_the_profiler_sees_each_op_as_gloo_records_it():
     expected = [("gloo:all_reduce", True, [[2, 3]], 1), ("gloo:broadcast", True, [[2, 3]], 1)]
     assert _socket(profiled_ops) == [expected] * 2
+
+
+def barrier_alone(rank: int) -> tuple:
+    """Rank 0 alone enters a barrier of a group made with a 1 s timeout (torch's test_barrier_timeout_full_group)."""
+    import time
+    from datetime import timedelta
+
+    dist.init_process_group("gloo")
+    group = dist.new_group([0, 1], timeout=timedelta(seconds=1))
+    outcome = (None, 0.0)
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            dist.barrier(group)
+        except Exception as exc:  # noqa: BLE001 - the outcome is what the test checks
+            outcome = (str(exc), time.monotonic() - start)
+    dist.barrier()  # the default group (60 s) is still fine
+    return outcome
+
+
+def test_a_groups_own_timeout_ends_a_wait_on_it_with_a_timeout_error():
+    (message, waited), _ = _socket(barrier_alone)
+    assert message is not None and 1.0 <= waited < 10.0, (message, waited)
+    assert re.search(" (Timed out|closed|timeout) ", message), message  # what torch's tests match on gloo's errors

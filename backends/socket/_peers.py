@@ -510,7 +510,7 @@ class PeerNetwork:
         self._cond.notify_all()
 
     def _timeout_message(self, pending: list[Handle], limit: float) -> str:
-        lines = [f"rank {self.rank}: {len(pending)} operation(s) still pending after {limit:g} s:"]
+        lines = [f"rank {self.rank}: {len(pending)} operation(s) still pending after the timeout of {limit:g} s:"]
         lines += [f"  {op.describe()}" for op in pending[:8]]
         if len(pending) > 8:
             lines.append(f"  ... and {len(pending) - 8} more")

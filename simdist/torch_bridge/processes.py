@@ -13,8 +13,8 @@ gave.
 
 torch's own rendezvous is left alone: rank 0's ``init_process_group`` serves torch's ``TCPStore``
 at ``MASTER_ADDR:MASTER_PORT`` as under torchrun, while simdist's groups meet in simdist's store
-(``$SIMDIST_STORE``, served by the launcher). Timeouts: ``$SIMDIST_TIMEOUT`` (``simdist run
---timeout``) where set, else the timeout torch gives the group (the program's, or torch's default).
+(``$SIMDIST_STORE``, served by the launcher). Timeouts: the timeout torch gives each group (the
+program's, or torch's default), at most ``$SIMDIST_TIMEOUT`` (``simdist run --timeout``) where set.
 
 A rank that starts its own processes with ``torch.multiprocessing.spawn`` (or ``start_processes``)
 passes the bridge on: the children join a job of their own, whose store the first child serves.
@@ -104,11 +104,14 @@ def _join(rank: int, world_size: int, timeout: Any) -> None:
     from .. import _api as api
 
     if not api.is_initialized():
-        given = None if os.environ.get("SIMDIST_TIMEOUT") else timeout
         store = os.environ.get(STORE_ENV)
         init_method = f"tcp://{store}" if store and "MASTER_ADDR" not in os.environ else None
         api.init_process_group(
-            _state["backend"], init_method=init_method, rank=rank, world_size=world_size, timeout=given
+            _state["backend"],
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=factory.group_timeout(timeout),
         )
 
 
