@@ -151,8 +151,8 @@ class SocketWorld(ProcessWorld):
         self.rank, self.size, self.backend = rank, world_size, backend or "socket"
         self._hook, sys.excepthook = sys.excepthook, self._excepthook
         atexit.register(self._at_exit)
-        self.default_group = self._group(list(range(world_size)), 0)
-        self.groups = [self.default_group]
+        self.default_group = group = self._group(list(range(world_size)), 0)
+        self.groups = [group]
         set_process_world(self)
 
     def connect_store(self, init_method: str | None, rank: int, world_size: int) -> tuple[str, int, int, int, bytes]:
