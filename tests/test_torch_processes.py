@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -63,9 +65,6 @@ def test_the_profiler_sees_each_op_as_gloo_records_it():
 
 def barrier_alone(rank: int) -> tuple:
     """Rank 0 alone enters a barrier of a group made with a 1 s timeout (torch's test_barrier_timeout_full_group)."""
-    import time
-    from datetime import timedelta
-
     dist.init_process_group("gloo")
     group = dist.new_group([0, 1], timeout=timedelta(seconds=1))
     outcome = (None, 0.0)
