@@ -1,12 +1,14 @@
-"""(i) torch's own distributed test suite, unmodified, on gloo processes and on simulated ranks.
+"""(i) torch's own distributed test suite, unmodified, on gloo processes, simulated ranks and socket processes.
 
-    python benchmarks/torch_suite.py [--only REGEX] [--sim-only | --gloo-only] [--gloo-from JSON]
-                                     [--timeout S] [--seed N] [--all] [--json PATH] [--list] [--report JSON]
+    python benchmarks/torch_suite.py [--only REGEX] [--sides gloo,sim,socket | --sim-only | --gloo-only |
+                                     --socket-only] [--gloo-from JSON] [--timeout S] [--sim-timeout S]
+                                     [--seed N] [--all] [--json PATH] [--list] [--report JSON]
 
 torch's own test suite as the peer. The tests are the methods of ``DistributedTest._DistTestBase`` in the installed
 torch (``torch/testing/_internal/distributed/distributed_test.py``), at world size 2 with
 ``BACKEND=gloo``, ``WORLD_SIZE=2``, ``INIT_METHOD=env://`` (the environment torch's
-``run_test.py`` gives ``test_distributed_spawn.py``). Each test runs twice:
+``run_test.py`` gives ``test_distributed_spawn.py``). Each test runs on up to three sides
+(:data:`SIDES`, the case class of each from :func:`case_class`):
 
 - **gloo**: the way torch runs it (``test/distributed/test_distributed_spawn.py``): a
   ``TestDistBackend`` subclass whose ``setUp`` spawns one process per rank; each process joins
@@ -18,13 +20,18 @@ torch (``torch/testing/_internal/distributed/distributed_test.py``), at world si
   :func:`_sim_case_class`): the parent joins a simulation instead of spawned processes, and
   ``self._barrier()`` (files polled with sleeps, which cannot progress while only one rank
   thread runs) is a barrier of the simulated world.
+- **socket**: the gloo side's processes, each of which installs the process bridge
+  (``simdist/torch_bridge/processes.py``, ``install("socket")``) before the test joins its group,
+  so every ``torch.distributed`` group of the test is a simdist socket group (real TCP between the
+  rank processes, collectives checked across ranks). Each test gets a simdist store of its own
+  (:func:`_socket_case_class`); torch's rendezvous (the ``file://`` store) is untouched.
 
-Every test runs in a child process forked for it (on both sides), so a crash (torch's autograd
+Every test runs in a child process forked for it (on every side), so a crash (torch's autograd
 profiler in two rank threads of one process) is that test's result ("crashed: SIGSEGV") and a
-hang is killed after ``--timeout`` (the sim side also passes it to ``simulate(timeout=)``).
-The figure: of the tests that pass on gloo, how many pass on the simulator (target >= 95%).
-Every test that passes on gloo and not on the simulator is listed with its error, the torch
-call involved and a cause (:data:`CAUSES`).
+hang is killed after its limit (``--timeout`` on the process sides, ``--sim-timeout`` on the simulator,
+each plus 60 s). The figure, per side other than gloo: of the tests that pass on gloo, how many pass
+there (target >= 95%). Every test that passes on gloo and not there is listed with its error, the
+torch call involved and a cause (``CAUSES`` in ``torch_suite_causes.py``, one table per side).
 
 ``--gloo-from`` reuses the gloo side of an earlier ``--json`` (it does not depend on simdist).
 """
@@ -50,8 +57,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from torch_suite_causes import CAUSES  # noqa: E402
+
 ENV = {"BACKEND": "gloo", "WORLD_SIZE": "2", "INIT_METHOD": "env://"}
-SIDES = ("gloo", "sim")
+SIDES = ("gloo", "sim", "socket")
+"""The ways a test runs: torch's (gloo processes), then simdist's, each compared with gloo."""
 SUITE = "torch/testing/_internal/distributed/distributed_test.py"
 
 
@@ -61,6 +71,7 @@ SUITE = "torch/testing/_internal/distributed/distributed_test.py"
 def _set_env(timeout: float, init_method: str | None = None) -> None:
     """The environment distributed_test.py reads at import (call before importing it)."""
     os.environ.update(ENV)
+    os.environ["PYTORCH_PRINT_REPRO_ON_FAILURE"] = "0"  # torch's "To execute this test, run ..." after each error
     if init_method:
         os.environ["INIT_METHOD"] = ENV["INIT_METHOD"] = init_method
     # torch's own limit for joining a test's processes (common_distributed.TIMEOUT_DEFAULT)
@@ -100,11 +111,49 @@ def _gloo_case_class() -> type:
     return TorchSpawnCase
 
 
+@functools.cache
+def _socket_case_class() -> type:
+    """torch's spawn case of :func:`_gloo_case_class`, each rank process on simdist's socket backend.
+
+    What differs from it, and nothing else:
+
+    - ``setUp`` gives the test a simdist store of its own before the ranks are spawned (they
+      inherit the environment): ``$SIMDIST_STORE`` on a free loopback port, a fresh
+      ``$SIMDIST_SECRET``, no ``$SIMDIST_STORE_SERVED`` (so rank 0 serves the store);
+    - each rank process installs the process bridge (``processes.install("socket")``) before
+      torch's ``TestDistBackend._run`` calls ``init_process_group``: from then on every group
+      the test makes is a simdist socket group, whatever backend it names.
+    """
+    from simdist.backends.socket import SECRET_ENV, SERVED_ENV, STORE_ENV, free_port, new_secret
+
+    class SocketSpawnCase(_gloo_case_class()):
+        def setUp(self):
+            os.environ.update({STORE_ENV: f"127.0.0.1:{free_port()}", SECRET_ENV: new_secret()})
+            os.environ.pop(SERVED_ENV, None)
+            super().setUp()
+
+        @classmethod
+        def _run(cls, rank, test_name, file_name, pipe, **kwargs):
+            from simdist.torch_bridge import processes
+
+            processes.install("socket")
+            super()._run(rank, test_name, file_name, pipe, **kwargs)
+
+    SocketSpawnCase.__module__ = __name__
+    SocketSpawnCase.__qualname__ = "SocketSpawnCase"
+    return SocketSpawnCase
+
+
+def case_class(side: str) -> type:
+    """The unittest case class that runs a test on ``side`` (one of :data:`SIDES`)."""
+    return {"gloo": _gloo_case_class, "sim": _sim_case_class, "socket": _socket_case_class}[side]()
+
+
 def __getattr__(name: str) -> Any:
     # torch's spawn start method re-imports this script in each rank process as __mp_main__ and
     # looks the test class up by name there
-    if name == "TorchSpawnCase":
-        return _gloo_case_class()
+    if name in ("TorchSpawnCase", "SocketSpawnCase"):
+        return case_class("socket" if name == "SocketSpawnCase" else "gloo")
     raise AttributeError(name)
 
 
@@ -283,25 +332,35 @@ def _rank_stacks() -> dict[int, dict[str, str]]:
     return dict(sorted(out.items()))
 
 
+def _text_frames(text: str, newest_first: bool = False) -> list[tuple[str, int, str]]:
+    """The frames of a traceback's text (outermost first), or of a faulthandler dump (``newest_first``)."""
+    frames = [(f, int(ln), fn) for f, ln, fn in re.findall(r'File "([^"]+)", line (\d+),? in (\S+)', text)]
+    return frames[::-1] if newest_first else frames
+
+
 def _frames(exc: BaseException) -> dict[str, str]:
     return _where([(f.filename, f.lineno, f.name) for f in traceback.extract_tb(exc.__traceback__)])
 
 
-def _gloo_reason(text: str) -> str:
-    """The first rank's error out of torch's "Process i exited with error code 10 and exception: <traceback>"."""
+def _process_failure(text: str) -> dict[str, str]:
+    """The first failed rank's error and where it happened, from torch's "Process i exited with error code 10
+    and exception: <traceback>" (the parent's error on the process sides)."""
     m = re.search(
         r"Process \d+ exited with error code \d+ and exception:\n(.*?)(?:\nProcess \d+ exited|\Z)", text, re.S
     )
     block = m.group(1) if m else text
     lines = [ln for ln in block.strip().splitlines() if ln.strip()]
-    # the exception line: the last line not indented (a traceback's frames are)
-    tail = [ln for ln in lines if not ln.startswith(" ")]
-    return (tail[-1] if tail else (lines[-1] if lines else "")).strip()
+    # the exception: the lines not indented after the last frame (a frame's lines are indented), the first
+    # three ("AssertionError: Scalars are not equal!", "Expected 1 but got 0.", ...)
+    frame_lines = [i for i, ln in enumerate(lines) if ln.lstrip().startswith('File "')]
+    after = [ln.strip() for ln in lines[frame_lines[-1] + 1 if frame_lines else 0 :] if not ln.startswith(" ")]
+    error = " ".join(after[:3]) if after else (lines[-1].strip() if lines else "")
+    return {"error": error, **_where(_text_frames(block))}
 
 
 def _run_case(side: str, name: str, timeout: float, seed: int) -> dict[str, Any]:
     """Run one test method on one side in this process through unittest; its outcome as a dict."""
-    cls = _gloo_case_class() if side == "gloo" else _sim_case_class()
+    cls = case_class(side)
     if side == "sim":
         cls.sim_timeout, cls.sim_seed = timeout, seed
     case = cls(name)
@@ -328,7 +387,10 @@ def _run_case(side: str, name: str, timeout: float, seed: int) -> dict[str, Any]
             rec["error"] = "unexpected success"
         else:
             text = (result.errors + result.failures)[0][1]
-            rec["error"] = _gloo_reason(text) if side == "gloo" else _first_line(text.strip().splitlines()[-1])
+            if side == "sim":
+                rec["error"] = _first_line(text.strip().splitlines()[-1])
+            else:
+                rec.update(_process_failure(text))
     elif result.skipped:
         rec = {"outcome": "skip", "reason": _first_line(result.skipped[0][1])}
     else:
@@ -387,6 +449,8 @@ def run_isolated(side: str, name: str, timeout: float, seed: int, logdir: str) -
     elif os.path.exists(res_path):
         with open(res_path, encoding="utf-8") as f:
             rec = json.load(f)
+        if rec.get("error", "").startswith("Expected exit code"):  # a rank failed outside the test method
+            rec.update(_logged_failure(log_path))
     else:
         rec = {"outcome": "fail", "error": f"harness error (exit code {os.WEXITSTATUS(status)}): {_log_tail(log_path)}"}
     rec["seconds"] = seconds
@@ -398,28 +462,25 @@ def run_isolated(side: str, name: str, timeout: float, seed: int, logdir: str) -
 
 def _crash_frames(log_path: str) -> dict[str, str]:
     """Where a crash happened: the crashing thread's stack in faulthandler's dump (most recent call first)."""
-    try:
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return {}
+    text = _read_log(log_path)
     blocks = re.findall(r"^(Current thread|Thread) [^\n]*\n((?:  File [^\n]*\n)+)", text, re.M)
-    stacks = {
-        kind == "Current thread": [
-            (f, int(ln), fn) for f, ln, fn in reversed(re.findall(r'File "([^"]+)", line (\d+) in (\S+)', body))
-        ]
-        for kind, body in blocks
-    }
+    stacks = {kind == "Current thread": _text_frames(body, newest_first=True) for kind, body in blocks}
     where = _where(stacks.get(True, []))
     if "test_line" not in where:  # it crashed outside the ranks: where the rank in the test was meanwhile
         for kind, body in blocks:
-            other = _where(
-                [(f, int(ln), fn) for f, ln, fn in reversed(re.findall(r'File "([^"]+)", line (\d+) in (\S+)', body))]
-            )
+            other = _where(_text_frames(body, newest_first=True))
             if kind == "Thread" and "test_line" in other:
                 where.update({k: v for k, v in other.items() if k != "deepest"})
                 break
     return where
+
+
+def _logged_failure(log_path: str) -> dict[str, str]:
+    """The first traceback in a test's log: a rank process that failed outside the test method (joining its
+    group, torch's barrier file, ``destroy_process_group``), which torch reports by its exit code only."""
+    text = _read_log(log_path)
+    m = re.search(r"^Traceback \(most recent call last\):\n((?:[ \t].*\n)+)(\S.*)", text, re.M)
+    return {"error": m.group(2).strip(), **_where(_text_frames(m.group(1)))} if m else {}
 
 
 def _kill_group(pgid: int) -> None:
@@ -429,159 +490,28 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _log_tail(path: str) -> str:
+def _read_log(path: str) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            lines = [ln.strip() for ln in f if ln.strip()]
+            return f.read()
     except OSError:
-        return "no log"
+        return ""
+
+
+def _log_tail(path: str) -> str:
+    lines = [ln.strip() for ln in _read_log(path).splitlines() if ln.strip()]
     return lines[-1] if lines else "no output"
 
 
-# --- causes of the simulator's failures ------------------------------------------------------------------
-
-# (cause, pattern searched in "error | test_line | call | torch_call | blocked | deepest", what would fix it);
-# the first match wins. The fixes name the bridge's ProcessGroup method torch calls, as torch calls it.
-CAUSES: list[tuple[str, str, str]] = [
-    (
-        "profiler: crash in the shared session",
-        r"^crashed: .*simdist/torch_bridge/profiler\.py",
-        "a SIGSEGV in torch's profiler __exit__ (profiler.py:434) on the bridge's Kineto thread, called from "
-        "simdist/torch_bridge/profiler.py _exit, while the other rank is inside a bridged op (all_gather within "
-        "allgather_coalesced); schedule-dependent (seed 0 crashes, 1-3 pass; `--only "
-        "'^test_all_gather_coalesced_complex$' --sim-only --seed 0` reproduces it). Suspect: the session is "
-        "stopped while that rank's op record is open (started, not ended; not reproduced outside the simulator); "
-        "ending the other ranks' open op records before a stop, or recording ops as instant events and setting "
-        "is_async afterwards (a prototype that did so passed every profiler test), would rule it out",
-    ),
-    (
-        "profiler: the shared session's stop calls torch.cuda off the rank",
-        r"Torch not compiled with CUDA enabled.*profiler\.py",
-        "torch.profiler.profile(activities=[CPU, CUDA]) on a simulated GPU: the bridge runs profile.__exit__ on its "
-        "Kineto thread, where the rank's simulated torch.cuda is not in effect, and __exit__ calls "
-        "torch.cuda.synchronize() (use_device='cuda'): the real, CPU-only torch.cuda raises. Synchronize on the "
-        "rank thread first and run the stop without use_device",
-    ),
-    (
-        "profiler: two rank threads open torch's profiler",
-        r"(crashed: .*profiler|torch's profiler is already profiling)",
-        "torch's profiler (Kineto) holds one session per process and crashes when sessions start and stop on "
-        "different threads; every rank opens torch.autograd.profiler.profile (or torch.profiler.profile) and then "
-        "counts the backend's events. Bridge: one shared session with _ExperimentalConfig(profile_all_threads=True), "
-        "started and stopped on one dedicated thread; a rank's _start_trace joins it and records a marker event on "
-        "its thread; its __exit__ stops it (restarting it if other ranks are still inside) and keeps the events of "
-        "its own thread; every bridged op records '<get_backend()>:<gloo title>' on the rank thread, and the bridge "
-        "sets that event's input_shapes and is_async=True as gloo's are (a global session records no inputs for a "
-        "Python record function)",
-    ),
-    (
-        "DDP's logging data names the backend 'simdist'",
-        r"'simdist' != 'gloo'.*test_ddp_logging_data",
-        "DDP's C++ Logger takes backend_name from ProcessGroup.getBackendName() ('simdist'); answering 'gloo' "
-        "there makes it static_cast the group's GLOO backend ('Could not find backend type 1'). The bridge can "
-        "correct DistributedDataParallel._get_ddp_logging_data(): backend_name = get_backend(process_group) and, "
-        "for 'gloo', what the logger adds for ProcessGroupGloo (gloo_socket_ifname and gloo_device_transport from "
-        "the environment or 'N/A', gloo_num_threads 2)",
-    ),
-    (
-        "get_backend() answers 'simdist'",
-        r"'simdist' != 'gloo'|only implemented for GLOO backend",
-        "torch.distributed.get_backend(group) must answer the name the program gave ('gloo'); "
-        "monitored_barrier checks it before calling ProcessGroup.monitored_barrier(timeout, wait_all_ranks)",
-    ),
-    (
-        "bridge lacks a ProcessGroup method",
-        r"No backend type associated with device type",
-        "torch called a ProcessGroup method the bridge does not define (see the torch call): define it",
-    ),
-    (
-        "allgather_coalesced reads its outputs the wrong way round",
-        r"expected \d+ \(the group size\).*allgather_coalesced",
-        "torch calls ProcessGroup.allgather_coalesced(output_tensor_lists, input_tensor_list, opts) with "
-        "output_tensor_lists[r][i] receiving rank r's input_tensor_list[i] (one list per rank); the bridge's "
-        "allgather_coalesced = allgather reads it as allgather's [i][r]. Fix: allgather([[outs[i] for outs in "
-        "output_tensor_lists] for i in range(len(input_tensor_list))], input_tensor_list, opts)",
-    ),
-    (
-        "a virtual-time timeout's message is not torch's",
-        r"caught collective operation timeout",
-        "Work.wait(timeout) now times out in virtual time, with simdist's message ('all_reduce did not complete "
-        "within its timeout of 0.1 s (virtual time)'); the test matches ProcessGroupNCCL's wording ('Watchdog "
-        "caught collective operation timeout: WorkNCCL(...) ran for N milliseconds before timing out'; gloo: "
-        "'Timed out waiting ... for ...'): put the wording of the backend the program named into the message",
-    ),
-    (
-        "monitored_barrier: a rank that never arrives is a deadlock",
-        r"monitored_barrier|monitoredBarrier",
-        "ProcessGroup.monitored_barrier(timeout, wait_all_ranks) must raise on rank 0, in virtual time, when a rank "
-        "never arrives: RuntimeError('Rank {r} failed to pass monitoredBarrier in {ms} ms') (first missing rank), "
-        "'Ranks {r1, r2} failed to pass monitoredBarrier' with wait_all_ranks, 'Rank 0 timed out in "
-        "monitoredBarrier after {ms} ms' at once with timeout 0; the other ranks return once rank 0 has seen them. "
-        "The simulator reports a deadlock instead: it needs timed waits (when no rank can run, the blocked wait "
-        "with the earliest deadline fails with its timeout and the virtual clock moves to it)",
-    ),
-    (
-        "async p2p blocks",
-        r"DeadlockError.*\| .*(send|recv|batch_isend_irecv)",
-        "isend/irecv/batch_isend_irecv must start the transfer and return a work that completes at wait() "
-        "(ProcessGroup.send(tensors, dst, tag)/recv(tensors, src, tag) return before the peer arrives)",
-    ),
-    (
-        "sparse tensors",
-        r"sparse",
-        "ProcessGroup.allreduce([sparse COO tensor], opts) with SUM: gloo replaces the tensor in place by the "
-        "coalesced sum of every rank's tensor (nnz differs per rank). The bridge can all_gather_object each "
-        "rank's coalesced tensor, sum, coalesce and copy_ into the input; simdist's collectives take dense tensors",
-    ),
-    (
-        "test needs one process per rank (os.getpid)",
-        r"in test_get_rank\b",
-        "the test names a file per process with os.getpid(); rank threads share one pid (not a bridge matter)",
-    ),
-    (
-        "test needs a real timeout",
-        r"_test_barrier_timeout|Timed out",
-        "rank 0 alone calls barrier and expects gloo's 'Timed out' error after the group's timeout, measured with "
-        "time.time(); the simulator reports the rank that never joins as a deadlock at once (a virtual-time "
-        "timeout would still fail the time.time() check)",
-    ),
-    (
-        "simulated GPUs: a CUDA call the facade does not simulate",
-        r"expects a simulated torch\.cuda\.Stream|is not simulated on CPU ranks|torch\.cuda\.synchronize\(device=|"
-        r"cpu backend doesn't support events",
-        "the test runs on the simulator only because the CUDA facade makes each rank see a GPU (gloo skips it here: "
-        "no GPUs); the call named in the error needs the facade: Stream.wait_stream with a torch.cuda.Stream made "
-        "by torch, torch.cuda.get_rng_state, torch.cuda.synchronize(device) with a CPU device, CUDA events of "
-        "autocast/mixed precision",
-    ),
-    (
-        "simulated GPUs: tensors report the CPU",
-        r"SyncBatchNorm layers only work with GPU modules|"
-        r"in tuple_and_list_validator",
-        "simulated GPU tensors are CPU tensors: SyncBatchNorm's is_cuda check refuses them and DDP's output "
-        "device index is None instead of the rank's GPU",
-    ),
-    (
-        "race in torch's test (seen under some schedules)",
-        r"FileNotFoundError.*_test_post_localSGD_optimizer_step_reload",
-        "_rank_temp_file() removes the checkpoint on rank 0 as soon as rank 0 has loaded it; no barrier waits for "
-        "the other ranks' torch.load. Fails with seeds 0, 1 and 4, passes with 2, 3 and 5: a bug in the test",
-    ),
-    ("crash (signal)", r"^crashed: ", "see the per-test log (faulthandler's stacks)"),
-    (
-        "hang",
-        r"^hung: |DistTimeoutError",
-        "a rank runs past the timeout without reaching a simdist call: a loop, or a wait outside simdist "
-        "(where_by_rank in the JSON: each rank's line in the test and its innermost frame)",
-    ),
-]
+# --- causes of the failures on simdist's sides (the tables: torch_suite_causes.py) ------------------------
 
 
-def classify(rec: dict[str, Any]) -> tuple[str, str]:
+def classify(rec: dict[str, Any], side: str = "sim") -> tuple[str, str]:
+    """``(cause, what would fix it)`` of a failure on ``side``: the first of ``CAUSES[side]`` that matches."""
     text = " | ".join(
         str(rec.get(k, "")) for k in ("error", "test_line", "call", "torch_call", "blocked", "simdist_frame", "deepest")
     )
-    for cause, pattern, fix in CAUSES:
+    for cause, pattern, fix in CAUSES[side]:
         if re.search(pattern, text):
             return cause, fix
     return "unclassified", ""
@@ -589,34 +519,38 @@ def classify(rec: dict[str, Any]) -> tuple[str, str]:
 
 # --- the report ----------------------------------------------------------------------------------------
 
+NAMES = {"sim": "the simulator", "socket": "the socket backend"}
+"""How the report names each side compared with gloo."""
+
+
+def compare(results: dict[str, dict[str, Any]], side: str) -> dict[str, Any]:
+    """``side`` against gloo: the figure (of the tests that pass on gloo, how many pass on ``side``) and the lists."""
+    both = [n for n, r in results.items() if "gloo" in r and side in r]
+    gloo_pass = [n for n in both if results[n]["gloo"]["outcome"] == "pass"]
+    passed = [n for n in gloo_pass if results[n][side]["outcome"] == "pass"]
+    share = len(passed) / len(gloo_pass) if gloo_pass else None
+    outcome = lambda n, s: results[n][s]["outcome"]  # noqa: E731
+    return {
+        "gloo_pass": len(gloo_pass),
+        "pass_of_gloo_pass": len(passed),
+        "share": share,
+        "target": 0.95,
+        "met": share is not None and share >= 0.95,
+        "lost": [n for n in gloo_pass if outcome(n, side) != "pass"],
+        "gained": [n for n in both if outcome(n, "gloo") != "pass" and outcome(n, side) == "pass"],
+        "fail": [n for n, r in results.items() if side in r and r[side]["outcome"] == "fail"],
+        "extra_fail": [n for n in both if outcome(n, "gloo") == "skip" and outcome(n, side) == "fail"],
+    }
+
 
 def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Counts per side, the figure, and the tests that pass on gloo but not on the simulator."""
+    """Counts per side, and each side other than gloo compared with gloo (:func:`compare`)."""
     counts = {side: {"pass": 0, "fail": 0, "skip": 0} for side in SIDES}
     for rec in results.values():
         for side in SIDES:
             if side in rec:
                 counts[side][rec[side]["outcome"]] += 1
-    both = [n for n, r in results.items() if "gloo" in r and "sim" in r]
-    gloo_pass = [n for n in both if results[n]["gloo"]["outcome"] == "pass"]
-    sim_pass = [n for n in gloo_pass if results[n]["sim"]["outcome"] == "pass"]
-    lost = [n for n in gloo_pass if results[n]["sim"]["outcome"] != "pass"]
-    sim_fail = [n for n, r in results.items() if "sim" in r and r["sim"]["outcome"] == "fail"]
-    extra_fail = [n for n in both if results[n]["gloo"]["outcome"] == "skip" and results[n]["sim"]["outcome"] == "fail"]
-    gained = [n for n in both if results[n]["gloo"]["outcome"] != "pass" and results[n]["sim"]["outcome"] == "pass"]
-    share = len(sim_pass) / len(gloo_pass) if gloo_pass else None
-    return {
-        "counts": counts,
-        "gloo_pass": len(gloo_pass),
-        "sim_pass_of_gloo_pass": len(sim_pass),
-        "share": share,
-        "target": 0.95,
-        "met": share is not None and share >= 0.95,
-        "lost": lost,
-        "gained": gained,
-        "sim_fail": sim_fail,
-        "extra_fail": extra_fail,
-    }
+    return {"counts": counts, "sides": {s: compare(results, s) for s in SIDES[1:] if sum(counts[s].values())}}
 
 
 def report(results: dict[str, dict[str, Any]], summary: dict[str, Any], show_all: bool) -> str:
@@ -629,27 +563,8 @@ def report(results: dict[str, dict[str, Any]], summary: dict[str, Any], show_all
         if sum(c.values())
     ]
     out.append(markdown_table(["side", "pass", "fail", "skip", "tests"], rows))
-    if summary["share"] is not None:
-        out.append(
-            f"\n**{summary['sim_pass_of_gloo_pass']} of the {summary['gloo_pass']} tests that pass on gloo "
-            f"pass on the simulator ({100 * summary['share']:.1f}%; target >= 95%: "
-            f"{'met' if summary['met'] else 'missed'}).**"
-        )
-        out += _failure_tables(results, summary["lost"], "Pass on gloo, not on the simulator:")
-    else:
-        out += _failure_tables(results, summary["sim_fail"], "Fail on the simulator:")
-    if summary["gained"]:
-        why = sorted(
-            {results[n]["gloo"].get("reason") or results[n]["gloo"].get("error", "") for n in summary["gained"]}
-        )
-        out.append(
-            f"\nPass on the simulator, not on gloo ({len(summary['gained'])}; on gloo: "
-            + "; ".join(_cell(w, 80) for w in why)
-            + "): "
-            + ", ".join(summary["gained"])
-        )
-    if summary["extra_fail"]:
-        out += _failure_tables(results, summary["extra_fail"], "Skipped on gloo, fail on the simulator:")
+    for side, cmp in summary["sides"].items():
+        out += _side_report(results, side, cmp)
     skips: dict[str, int] = {}
     for rec in results.values():
         outcome = [rec[side] for side in SIDES if side in rec]
@@ -664,26 +579,53 @@ def report(results: dict[str, dict[str, Any]], summary: dict[str, Any], show_all
             )
         )
     if show_all:
-        rows = [[n, *(_side_cell(r.get(side)) for side in SIDES)] for n, r in sorted(results.items())]
+        run = [
+            s
+            for s in SIDES
+            if summary["counts"][s]["pass"] + summary["counts"][s]["fail"] + summary["counts"][s]["skip"]
+        ]
+        rows = [[n, *(_side_cell(r.get(side)) for side in run)] for n, r in sorted(results.items())]
         out.append("\nEvery test:\n")
-        out.append(markdown_table(["test", "gloo", "sim"], rows))
+        out.append(markdown_table(["test", *run], rows))
     return "\n".join(out)
 
 
-def _failure_tables(results: dict[str, dict[str, Any]], names: list[str], title: str) -> list[str]:
-    """The failures on the simulator of ``names``, one row per test grouped by cause, then one row per cause."""
+def _side_report(results: dict[str, dict[str, Any]], side: str, cmp: dict[str, Any]) -> list[str]:
+    """The figure of ``side`` and its failures by cause (or, without a gloo side, its failures)."""
+    on = NAMES[side]
+    if cmp["share"] is None:
+        return _failure_tables(results, side, cmp["fail"], f"Fail on {on}:")
+    out = [
+        f"\n**{cmp['pass_of_gloo_pass']} of the {cmp['gloo_pass']} tests that pass on gloo pass on {on} "
+        f"({100 * cmp['share']:.1f}%; target >= 95%: {'met' if cmp['met'] else 'missed'}).**"
+    ]
+    out += _failure_tables(results, side, cmp["lost"], f"Pass on gloo, not on {on}:")
+    if cmp["gained"]:
+        why = sorted({results[n]["gloo"].get("reason") or results[n]["gloo"].get("error", "") for n in cmp["gained"]})
+        out.append(
+            f"\nPass on {on}, not on gloo ({len(cmp['gained'])}; on gloo: "
+            + "; ".join(_cell(w, 80) for w in why)
+            + "): "
+            + ", ".join(cmp["gained"])
+        )
+    out += _failure_tables(results, side, cmp["extra_fail"], f"Skipped on gloo, fail on {on}:")
+    return out
+
+
+def _failure_tables(results: dict[str, dict[str, Any]], side: str, names: list[str], title: str) -> list[str]:
+    """The failures on ``side`` of ``names``, one row per test grouped by cause, then one row per cause."""
     from _common import markdown_table
 
     if not names:
         return []
     by_cause: dict[str, list[str]] = {}
     for n in names:
-        by_cause.setdefault(results[n]["sim"].get("cause", "unclassified"), []).append(n)
+        by_cause.setdefault(results[n][side].get("cause", "unclassified"), []).append(n)
     ordered = sorted(by_cause.items(), key=lambda kv: (-len(kv[1]), kv[0]))
     rows = []
     for cause, group in ordered:
         for n in group:
-            s = results[n]["sim"]
+            s = results[n][side]
             rows.append(
                 [
                     cause,
@@ -693,10 +635,10 @@ def _failure_tables(results: dict[str, dict[str, Any]], names: list[str], title:
                     _cell(s.get("torch_call", s.get("call", "")), 90),
                 ]
             )
-    fixes = {cause: fix for cause, _, fix in CAUSES}
+    fixes = {cause: fix for cause, _, fix in CAUSES[side]}
     return [
         f"\n{title}\n",
-        markdown_table(["cause", "test", "simulator's error", "test line", "torch call"], rows),
+        markdown_table(["cause", "test", "error", "test line", "torch call"], rows),
         "\nBy cause:\n",
         markdown_table(
             ["cause", "tests", "what would fix it"],
@@ -728,14 +670,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", metavar="REGEX", help="only the tests whose name matches (re.search)")
     side = p.add_mutually_exclusive_group()
-    side.add_argument("--sim-only", action="store_true", help="run the simulator side only")
-    side.add_argument("--gloo-only", action="store_true", help="run the gloo side only")
-    p.add_argument("--gloo-from", metavar="JSON", help="take the gloo side from an earlier --json run")
+    side.add_argument(
+        "--sides", default=",".join(SIDES), help=f"the sides to run, comma-separated (default {','.join(SIDES)})"
+    )
+    for s in SIDES:
+        side.add_argument(f"--{s}-only", dest="sides", action="store_const", const=s, help=f"--sides {s}")
+    p.add_argument(
+        "--gloo-from", metavar="JSON", help="take the gloo side from an earlier --json run (and do not run it)"
+    )
     p.add_argument(
         "--timeout",
         type=float,
         default=300.0,
-        help="real seconds per test on gloo (torch's own default, 300); the child is killed 60 s later",
+        help="real seconds per test on the process sides, gloo and socket (torch's own limit for joining a "
+        "test's processes, default 300); the child is killed 60 s later",
     )
     p.add_argument(
         "--sim-timeout",
@@ -751,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
         help="INIT_METHOD for the suite (default env://; torch's CI also runs file://PATH, which "
         "enables test_barrier_timeout_global)",
     )
-    p.add_argument("--all", action="store_true", help="also print every test's outcome on both sides")
+    p.add_argument("--all", action="store_true", help="also print every test's outcome on every side run")
     p.add_argument("--list", action="store_true", help="list the selected tests and exit")
     p.add_argument(
         "--report", metavar="JSON", help="print the report of an earlier --json run (causes re-derived) and exit"
@@ -768,8 +716,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.report, encoding="utf-8") as f:
             results = json.load(f)["tests"]
         for rec in results.values():
-            if rec.get("sim", {}).get("outcome") == "fail":
-                rec["sim"]["cause"] = classify(rec["sim"])[0]
+            for s, r in rec.items():
+                if s in CAUSES and r["outcome"] == "fail":
+                    r["cause"] = classify(r, s)[0]
         print(report(results, summarize(results), args.all))
         return 0
 
@@ -777,9 +726,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print("\n".join(names))
         return 0
-    sides = [
-        s for s in SIDES if not ((s == "sim" and args.gloo_only) or (s == "gloo" and (args.sim_only or args.gloo_from)))
-    ]
+    sides = [s for s in SIDES if s in args.sides.split(",") and not (s == "gloo" and args.gloo_from)]
+    if unknown := set(args.sides.split(",")) - set(SIDES):
+        p.error(f"--sides: unknown side(s) {', '.join(sorted(unknown))}; expected some of {', '.join(SIDES)}")
     earlier: dict[str, Any] = {}
     if args.gloo_from:
         with open(args.gloo_from, encoding="utf-8") as f:
@@ -799,8 +748,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in sides:
             rec[s] = run_isolated(s, name, args.sim_timeout if s == "sim" else args.timeout, args.seed, logdir)
             seconds[s] += rec[s]["seconds"]
-            if s == "sim" and rec[s]["outcome"] == "fail":
-                rec[s]["cause"] = classify(rec[s])[0]
+            if s in CAUSES and rec[s]["outcome"] == "fail":
+                rec[s]["cause"] = classify(rec[s], s)[0]
         results[name] = rec
         print(
             f"[{i}/{len(names)}] {name}: " + "  ".join(f"{s} {_side_cell(rec.get(s))}" for s in SIDES if s in rec),
@@ -826,6 +775,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _commit() -> str | None:
+    """The simdist checkout's commit (``+`` when it has uncommitted changes), or ``None`` outside git."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        return head + ("+" if git("status", "--porcelain", "--untracked-files=no") else "") if head else None
+    except OSError:
+        return None
+
+
 def _payload(results, seconds, wall, info, args, simdist, *, complete: bool) -> dict[str, Any]:
     import torch
 
@@ -837,11 +800,13 @@ def _payload(results, seconds, wall, info, args, simdist, *, complete: bool) -> 
         "complete": complete,
         "torch": torch.__version__,
         "simdist": simdist.__version__,
+        "commit": _commit(),
         "timeout_s": args.timeout,
         "sim_timeout_s": args.sim_timeout,
         "seed": args.seed,
         "only": args.only,
         "gloo_from": args.gloo_from,
+        "sides": [s for s in SIDES if s in args.sides.split(",") or (s == "gloo" and args.gloo_from)],
         "seconds": {**seconds, "wall": round(wall, 1)},
         "causes": CAUSES,
         "date": _dt.date.today().isoformat(),

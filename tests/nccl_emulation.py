@@ -182,10 +182,10 @@ def install() -> None:
 
     make_group = _world.NcclWorld._group
 
-    def group_on_the_host(self, ranks, group_id):
+    def group_on_the_host(self, ranks, group_id, timeout=None):
         self.device = torch.device("cpu")  # the "device" is the host: staging copies cost nothing
         _state["store"] = self.store
-        return make_group(self, ranks, group_id)
+        return make_group(self, ranks, group_id, timeout)
 
     _world.NcclWorld._group = group_on_the_host
 

@@ -199,6 +199,25 @@ def test_timeout_reports_which_rank_never_entered_the_collective():
     assert "its last call site is" in text and "test_socket_backend.py" in text
 
 
+def waits_alone_on_a_short_group(rank, world_size):
+    dist.init_process_group("gloo")
+    group = dist.new_group(list(range(world_size)), timeout=1)
+    outcome = None
+    if rank == 0:  # alone: the group's own timeout ends the wait, the world's (20 s) does not
+        start = time.monotonic()
+        with pytest.raises(simdist.DistTimeoutError, match="rank 1 never entered a collective on group 1"):
+            dist.barrier(group=group)
+        outcome = time.monotonic() - start
+    dist.barrier()  # the world's group still works
+    dist.destroy_process_group()
+    return outcome
+
+
+def test_a_groups_own_timeout_ends_its_waits():
+    waited, _ = simdist.spawn(waits_alone_on_a_short_group, args=(2,), nprocs=2, backend="socket", timeout=20)
+    assert 1.0 <= waited < 10.0
+
+
 def traced_program(rank, world_size):
     dist.init_process_group("gloo")
     t = torch.ones(1000)

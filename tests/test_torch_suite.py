@@ -1,12 +1,14 @@
-"""torch's own distributed tests, unmodified, pass on simulated ranks (a sample of benchmarks/torch_suite.py).
+"""torch's own distributed tests, unmodified, pass on simulated ranks and on socket processes (samples of
+benchmarks/torch_suite.py).
 
 The harness runs methods of ``DistributedTest._DistTestBase`` from the installed torch
 (``torch/testing/_internal/distributed/distributed_test.py``, ``BACKEND=gloo``, world 2) with each
 rank a thread of ``simdist.simulate`` and torch.distributed reaching the simulator through the
 bridge. This sample covers groups, p2p (blocking, async, any-source, tags, batched), object
 collectives, complex-number checks, torch's DDP (hooks, no_sync, static graph, double backward) and
-the barrier; every test in it passes on gloo processes too (benchmarks/results/). The whole suite
-and its failures by cause: docs/torch-suite.md.
+the barrier; every test in it passes on gloo processes too (benchmarks/results/). A smaller sample
+runs on the socket side: torch's own rank processes, each with the process bridge installed, so the
+test's groups are simdist socket groups. The whole suite and its failures by cause: docs/torch-suite.md.
 
 The harness is run as a script: it sets BACKEND/WORLD_SIZE in its own environment and forks a child
 per test, which a test process should not do to itself.
@@ -48,27 +50,52 @@ SAMPLE = [
 ]
 
 
-def test_sample_of_torchs_distributed_tests_passes_on_simulated_ranks(tmp_path):
+SOCKET_SAMPLE = [
+    "test_all_reduce_sum",
+    "test_send_recv_any_source",
+    "test_all_gather_object_subgroup",
+    "test_DistributedDataParallelCPU",
+    "test_barrier_timeout_full_group",
+    "test_monitored_barrier_gloo",
+]
+"""On socket processes each test spawns two rank processes that import torch (torch's way): a few
+seconds each on 2 cores, so a smaller sample: a collective under torch's profiler, any-source p2p,
+object collectives on a new group, torch's DDP, a group's own timeout and gloo's monitored barrier."""
+
+
+def _run_sample(side: str, sample: list[str], tmp_path: Path, timeout: float, limit: float) -> None:
+    """Run ``sample`` on ``side`` through the harness and assert that every test in it passes."""
     out = tmp_path / "suite.json"
     cmd = [
         sys.executable,
         str(HARNESS),
-        "--sim-only",
+        f"--{side}-only",
         "--only",
-        "^(" + "|".join(SAMPLE) + ")$",
+        "^(" + "|".join(sample) + ")$",
         "--timeout",
-        "60",
+        str(timeout),
         "--json",
         str(out),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=220)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     tests = json.loads(out.read_text())["tests"]
     if not tests:
         pytest.skip("this torch's distributed_test.py has none of the sampled tests")
-    failed = {name: rec["sim"] for name, rec in tests.items() if rec["sim"]["outcome"] != "pass"}
+    failed = {name: rec[side] for name, rec in tests.items() if rec[side]["outcome"] != "pass"}
     assert not failed, "\n".join(
         f"{name}: {r['outcome']} {r.get('error') or r.get('reason', '')} ({r.get('test_line', '')})"
         for name, r in failed.items()
     )
-    assert len(tests) >= len(SAMPLE) - 3, f"torch renamed most of the sample: ran only {sorted(tests)}"
+    assert len(tests) >= len(sample) - max(1, len(sample) // 6), (
+        f"torch renamed most of the sample: ran {sorted(tests)}"
+    )
+
+
+def test_sample_of_torchs_distributed_tests_passes_on_simulated_ranks(tmp_path):
+    _run_sample("sim", SAMPLE, tmp_path, timeout=60, limit=220)
+
+
+def test_sample_of_torchs_distributed_tests_passes_on_socket_processes(tmp_path):
+    """The same harness, each rank a process whose torch groups are simdist socket groups (the process bridge)."""
+    _run_sample("socket", SOCKET_SAMPLE, tmp_path, timeout=60, limit=220)

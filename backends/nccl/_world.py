@@ -55,8 +55,9 @@ class NcclWorld(SocketWorld):
         self.groups = [self.default_group]
         set_process_world(self)
 
-    def _group(self, ranks: list[int], group_id: int) -> NcclGroup:
-        """A communicator of ``ranks``: the first member makes the unique id, the others read it."""
+    def _group(self, ranks: list[int], group_id: int, timeout: float | None = None) -> NcclGroup:
+        """A communicator of ``ranks``: the first member makes the unique id, the others read it; its host
+        waits end after ``timeout`` seconds (``None``: the world's)."""
         from cupy.cuda import nccl
 
         key = f"simdist/nccl/{group_id}"
@@ -65,7 +66,8 @@ class NcclWorld(SocketWorld):
         uid = decode_unique_id(self.store.get(key))
         with self._cuda_device():
             comm = nccl.NcclCommunicator(len(ranks), uid, ranks.index(self.rank))
-        return NcclGroup(comm, self.device, ranks.index(self.rank), ranks, group_id, self.timeout)
+        limit = self.timeout if timeout is None else timeout
+        return NcclGroup(comm, self.device, ranks.index(self.rank), ranks, group_id, limit)
 
     def _cuda_device(self) -> Any:
         import torch

@@ -67,7 +67,7 @@ class SocketGroup(AlgorithmicGroup):
 
     def _run_collective(self, call: CollectiveCall, opts: Options) -> Work:
         seq = self._next_seq()
-        transport = self.peers.transport(self.ranks, self.rank, _ctx(self.group_id, seq))
+        transport = self.peers.transport(self.ranks, self.rank, _ctx(self.group_id, seq), self.timeout)
         recorder = self.recorder
         entry = None
         if recorder is not None:

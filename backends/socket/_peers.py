@@ -510,7 +510,7 @@ class PeerNetwork:
         self._cond.notify_all()
 
     def _timeout_message(self, pending: list[Handle], limit: float) -> str:
-        lines = [f"rank {self.rank}: {len(pending)} operation(s) still pending after {limit:g} s:"]
+        lines = [f"rank {self.rank}: {len(pending)} operation(s) still pending after the timeout of {limit:g} s:"]
         lines += [f"  {op.describe()}" for op in pending[:8]]
         if len(pending) > 8:
             lines.append(f"  ... and {len(pending) - 8} more")
@@ -551,15 +551,18 @@ class PeerNetwork:
 
     # -- transports and closing -----------------------------------------------------
 
-    def transport(self, group_ranks: Sequence[int], group_rank: int, ctx: int) -> PeerTransport:
+    def transport(
+        self, group_ranks: Sequence[int], group_rank: int, ctx: int, timeout: float | None = None
+    ) -> PeerTransport:
         """A :class:`~simdist.algorithms.Transport` for one collective call of a group.
 
         Args:
             group_ranks: the global rank of each group rank.
             group_rank: this process's rank in the group.
             ctx: the context that keeps this call's messages apart from every other's.
+            timeout: the group's timeout in seconds for each wait; ``None``: the network's.
         """
-        return PeerTransport(self, group_ranks, group_rank, ctx)
+        return PeerTransport(self, group_ranks, group_rank, ctx, timeout)
 
     def _start(self, target: Any, name: str) -> threading.Thread:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -618,12 +621,15 @@ class PeerNetwork:
 class PeerTransport:
     """The :class:`~simdist.algorithms.Transport` of one collective call: group ranks, one ctx."""
 
-    __slots__ = ("_ctx", "_net", "_ranks", "rank", "size")
+    __slots__ = ("_ctx", "_net", "_ranks", "_timeout", "rank", "size")
 
-    def __init__(self, network: PeerNetwork, group_ranks: Sequence[int], group_rank: int, ctx: int):
+    def __init__(
+        self, network: PeerNetwork, group_ranks: Sequence[int], group_rank: int, ctx: int, timeout: float | None = None
+    ):
         self._net = network
         self._ranks = tuple(group_ranks)
         self._ctx = ctx
+        self._timeout = timeout
         self.rank = group_rank
         self.size = len(self._ranks)
         if not 0 <= group_rank < self.size or self._ranks[group_rank] != network.rank:
@@ -639,4 +645,4 @@ class PeerTransport:
         return self._net.irecv(buf, self._global(peer), self._ctx, tag)
 
     def wait(self, handles: Iterable[Handle]) -> None:
-        self._net.wait(handles, group=self._ranks)
+        self._net.wait(handles, self._timeout, group=self._ranks)

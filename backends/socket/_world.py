@@ -161,8 +161,8 @@ class SocketWorld(ProcessWorld):
         self.rank, self.size, self.backend = rank, world_size, backend or "socket"
         self._hook, sys.excepthook = sys.excepthook, self._excepthook
         atexit.register(self._at_exit)
-        self.default_group = self._group(list(range(world_size)), 0)
-        self.groups = [self.default_group]
+        self.default_group = group = self._group(list(range(world_size)), 0)
+        self.groups = [group]
         set_process_world(self)
 
     def connect_store(self, init_method: str | None, rank: int, world_size: int) -> tuple[str, int, int, int, bytes]:
@@ -256,14 +256,21 @@ class SocketWorld(ProcessWorld):
         self.group_count += 1
         if self.rank not in ranks:
             return GroupMember.NON_GROUP_MEMBER
-        group = self._group(list(ranks), self.group_count)
+        group = self._group(list(ranks), self.group_count, None if timeout is None else self.timeout_of(timeout))
         self.groups.append(group)
         return group
 
-    def _group(self, ranks: list[int], group_id: int) -> Any:
-        """This rank's group of ``ranks`` (global ranks in group-rank order)."""
+    def _group(self, ranks: list[int], group_id: int, timeout: float | None = None) -> Any:
+        """This rank's group of ``ranks`` (global ranks in group-rank order); its waits end after ``timeout``
+        seconds (``None``: the world's)."""
         return SocketGroup(
-            self.network, ranks.index(self.rank), ranks, group_id, self.timeout, self.recorder, self.checked
+            self.network,
+            ranks.index(self.rank),
+            ranks,
+            group_id,
+            self.timeout if timeout is None else timeout,
+            self.recorder,
+            self.checked,
         )
 
     def _close_network(self, failed: bool = False) -> None:

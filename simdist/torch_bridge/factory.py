@@ -17,7 +17,7 @@ import os
 import threading
 from typing import Any, Callable
 
-__all__ = ["register", "helper", "creator", "ddp_logging_data"]
+__all__ = ["register", "helper", "creator", "ddp_logging_data", "group_timeout"]
 
 _local = threading.local()  # .pending: ("default", None) or ("new", the simdist group), while torch creates a group
 _registered = False
@@ -38,6 +38,18 @@ def register() -> None:
         _registered = True
 
 
+def group_timeout(timeout: Any) -> Any:
+    """The timeout of the simdist group for a torch group made with ``timeout`` (the program's, or torch's
+    default where it gives none), at most ``$SIMDIST_TIMEOUT`` where the launcher set one (``simdist run
+    --timeout``, ``simdist.spawn(timeout=)``). The simulator ignores it (its timeout is ``simulate``'s)."""
+    if timeout is None or not os.environ.get("SIMDIST_TIMEOUT"):
+        return timeout
+    from .._checks import timeout_seconds
+    from .._world import ProcessWorld
+
+    return min(timeout_seconds(timeout, "timeout", positive=True), ProcessWorld.timeout_of(None))
+
+
 def helper(
     original: Callable,
     join: Callable[[int, int, Any], None],
@@ -53,7 +65,8 @@ def helper(
 
     ``join(rank, world_size, timeout)`` initializes the calling rank's simdist world for the
     default group (torch passes no ranks for it); every other group is ``simdist.new_group`` of
-    the same ranks, in torch's order, called on every rank as torch calls this.
+    the same ranks, in torch's order, with torch's timeout (:func:`group_timeout`), called on every
+    rank as torch calls this.
     """
     from torch.distributed import distributed_c10d as c10d
 
@@ -63,7 +76,8 @@ def helper(
         join(group_rank, group_size, kwargs.get("timeout"))
         _local.pending = ("default", None)
     else:
-        _local.pending = ("new", api.new_group(list(global_ranks), sort_ranks=False))
+        timeout = group_timeout(kwargs.get("timeout"))
+        _local.pending = ("new", api.new_group(list(global_ranks), timeout=timeout, sort_ranks=False))
     try:
         pg, pg_store = original(group_size, group_rank, global_ranks, "simdist", store, *args, **kwargs)
     finally:

@@ -13,8 +13,8 @@ gave.
 
 torch's own rendezvous is left alone: rank 0's ``init_process_group`` serves torch's ``TCPStore``
 at ``MASTER_ADDR:MASTER_PORT`` as under torchrun, while simdist's groups meet in simdist's store
-(``$SIMDIST_STORE``, served by the launcher). Timeouts: ``$SIMDIST_TIMEOUT`` (``simdist run
---timeout``) where set, else the timeout torch gives the group (the program's, or torch's default).
+(``$SIMDIST_STORE``, served by the launcher). Timeouts: the timeout torch gives each group (the
+program's, or torch's default), at most ``$SIMDIST_TIMEOUT`` (``simdist run --timeout``) where set.
 
 A rank that starts processes of its own (``torch.multiprocessing.spawn``, ``start_processes``, or
 ``multiprocessing.Process``) passes the bridge on: the children join a job of their own, whose
@@ -95,12 +95,25 @@ def _bridged() -> bool:
 
 
 def _join(rank: int, world_size: int, timeout: Any) -> None:
-    """Join this process's simdist world as ``rank`` of ``world_size`` (once)."""
+    """Join this process's simdist world as ``rank`` of ``world_size`` (once), at the store ``$SIMDIST_STORE`` names.
+
+    ``env://`` finds the store there but asks for ``MASTER_ADDR`` too, which a program whose torch
+    rendezvous is a ``file://`` store (torch's own tests) does not set: the store is then named as ``tcp://``.
+    """
+    from simdist.backends.socket import STORE_ENV
+
     from .. import _api as api
 
     if not api.is_initialized():
-        given = None if os.environ.get("SIMDIST_TIMEOUT") else timeout
-        api.init_process_group(_state["backend"], rank=rank, world_size=world_size, timeout=given)
+        store = os.environ.get(STORE_ENV)
+        init_method = f"tcp://{store}" if store and "MASTER_ADDR" not in os.environ else None
+        api.init_process_group(
+            _state["backend"],
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=factory.group_timeout(timeout),
+        )
 
 
 # -- ranks that start ranks: processes started by a bridged process ---------------------------------------

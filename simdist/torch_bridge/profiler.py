@@ -10,10 +10,11 @@ keeps what it recorded, and starts it again for the others; the last one stops i
 rank's profiler then holds the events of its own thread from the moment it was opened, as
 if the rank had the process to itself.
 
-Each op the bridge forwards is recorded as torch's own backends record theirs: an event
-named ``"<backend>:<op>"`` (``gloo:all_reduce``) with the op's input shapes, asynchronous
-as gloo's are. It marks the op's start: the op's real duration on the simulator says
-nothing about a real run (virtual time in the trace does).
+Each op the bridge forwards, on simulated ranks or in a process (:mod:`.processes`), is
+recorded as torch's own backends record theirs: an event named ``"<backend>:<op>"``
+(``gloo:all_reduce``) with the op's input shapes, asynchronous as gloo's are. It marks the
+op's start: the op's real duration on the simulator says nothing about a real run (virtual
+time in the trace does).
 """
 
 from __future__ import annotations
@@ -42,13 +43,14 @@ def _on_kineto_thread(fn: Any, *args: Any) -> Any:
 
 
 def record_op(name: str, inputs: list) -> None:
-    """Record an op's start in the profiler, as torch's own backends do (nothing while no rank profiles).
+    """Record an op's start in the profiler, as torch's own backends do (nothing while nothing profiles).
 
-    The record is ended at once, on another thread (so it is asynchronous, as gloo's are):
+    On simulated ranks while a rank profiles (the shared session), in a process while its profiler
+    is on. The record is ended at once, on another thread (so it is asynchronous, as gloo's are):
     an op's record left open while a rank waits for the baton would still be open when
     another rank stops the shared session, which Kineto does not survive.
     """
-    if not _members:
+    if not _members and not torch.autograd._profiler_enabled():
         return
     handle = torch.autograd._record_function_with_args_enter(name, *inputs)
     ender = threading.Thread(target=torch.autograd._record_function_with_args_exit, args=(handle,))

@@ -1,0 +1,84 @@
+"""torch.distributed programs on real processes, their groups simdist socket groups through the process bridge.
+
+Each test runs its ranks with ``simdist.spawn(..., backend="socket")``, which installs the bridge
+(``simdist.torch_bridge.processes``) in every rank process: the groups torch creates there are
+simdist socket groups, whatever backend the program names, and torch's own rendezvous is left to
+the program. These are the cases torch's own distributed tests met on this path
+(``benchmarks/torch_suite.py``, the socket side; docs/torch-suite.md).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import simdist
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.torch_release]
+
+TIMEOUT = 60.0
+"""simdist's timeout for the ranks of each test (a hang is an error within it, never a stuck test)."""
+
+
+def _socket(fn, *args, nprocs: int = 2) -> list:
+    return simdist.spawn(fn, args=args, nprocs=nprocs, backend="socket", timeout=TIMEOUT)
+
+
+def file_rendezvous(rank: int, path: str) -> tuple:
+    """torch's own tests join through a ``file://`` store and set no MASTER_ADDR."""
+    os.environ.pop("MASTER_ADDR", None)
+    os.environ.pop("MASTER_PORT", None)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    on_simdist = simdist.is_initialized() and simdist.get_backend() == "socket"
+    dist.destroy_process_group()
+    return t.item(), on_simdist
+
+
+def test_a_program_joining_through_a_file_store_meets_in_simdists_store(tmp_path):
+    assert _socket(file_rendezvous, str(tmp_path / "init")) == [(3.0, True)] * 2
+
+
+def profiled_ops(rank: int) -> list:
+    """torch's profiler around two collectives, as torch's tests check it (``get_profiling_event``)."""
+    dist.init_process_group("gloo")
+    t = torch.ones(2, 3)
+    with torch.autograd.profiler.profile(record_shapes=True) as prof:
+        dist.all_reduce(t)
+        dist.broadcast(t, 0)
+    events = [(e.name, e.is_async, e.input_shapes, e.count) for e in prof.function_events if e.name.startswith("gloo:")]
+    dist.destroy_process_group()
+    return events
+
+
+def test_the_profiler_sees_each_op_as_gloo_records_it():
+    expected = [("gloo:all_reduce", True, [[2, 3]], 1), ("gloo:broadcast", True, [[2, 3]], 1)]
+    assert _socket(profiled_ops) == [expected] * 2
+
+
+def barrier_alone(rank: int) -> tuple:
+    """Rank 0 alone enters a barrier of a group made with a 1 s timeout (torch's test_barrier_timeout_full_group)."""
+    dist.init_process_group("gloo")
+    group = dist.new_group([0, 1], timeout=timedelta(seconds=1))
+    outcome = (None, 0.0)
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            dist.barrier(group)
+        except Exception as exc:  # noqa: BLE001 - the outcome is what the test checks
+            outcome = (str(exc), time.monotonic() - start)
+    dist.barrier()  # the default group (60 s) is still fine
+    return outcome
+
+
+def test_a_groups_own_timeout_ends_a_wait_on_it_with_a_timeout_error():
+    (message, waited), _ = _socket(barrier_alone)
+    assert message is not None and 1.0 <= waited < 10.0, (message, waited)
+    assert re.search(" (Timed out|closed|timeout) ", message), message  # what torch's tests match on gloo's errors
