@@ -82,3 +82,40 @@ def test_a_groups_own_timeout_ends_a_wait_on_it_with_a_timeout_error():
     (message, waited), _ = _socket(barrier_alone)
     assert message is not None and 1.0 <= waited < 10.0, (message, waited)
     assert re.search(" (Timed out|closed|timeout) ", message), message  # what torch's tests match on gloo's errors
+
+
+def future_then_send(rank: int) -> list:
+    """Rank 0 takes an all_reduce's future, then sends what rank 1 receives before it joins the all_reduce."""
+    dist.init_process_group("gloo")
+    t, x = torch.tensor([rank + 1.0]), torch.zeros(1)
+    if rank == 0:
+        fut = dist.all_reduce(t, async_op=True).get_future()  # returns at once, as on gloo
+        dist.send(torch.tensor([7.0]), 1)
+        result = [v.tolist() for v in fut.wait()]
+    else:
+        dist.recv(x, 0)
+        dist.all_reduce(t)
+        result = [t.tolist(), x.tolist()]
+    dist.destroy_process_group()
+    return result
+
+
+def test_a_works_future_does_not_wait_for_the_work():
+    assert _socket(future_then_send) == [[[3.0]], [[3.0], [7.0]]]
+
+
+def failing_future(rank: int) -> str:
+    """A collective that fails (a dtype mismatch) fails its future, which carries the error to who waits on it."""
+    dist.init_process_group("gloo")
+    t = torch.ones(2, dtype=torch.float32 if rank == 0 else torch.int32)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    try:
+        fut.wait()
+    except Exception as exc:  # noqa: BLE001 - the message is what the test checks
+        return type(exc).__name__ + ": " + str(exc).splitlines()[0]
+    return "no error"
+
+
+def test_a_failed_work_fails_its_future():
+    for message in _socket(failing_future):
+        assert "collective mismatch" in message and "dtype" in message, message

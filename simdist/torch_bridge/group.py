@@ -7,14 +7,15 @@
   rank's simdist group with ``async_op=True`` and returns at once;
 - ``BridgeWork``, a Python ``torch.distributed.Work`` around the simdist works of one op:
   it completes at ``wait()`` (a scheduling point of the simulator), as on gloo, so sends
-  posted before receives never wait on each other. ``get_future()`` waits first and
-  returns a completed future holding the op's output tensors: torch's DDP reads that
-  value and never calls ``wait()``.
+  posted before receives never wait on each other. ``get_future()`` gives a future holding
+  the op's output tensors (torch's DDP reads that value and never calls ``wait()``): on a
+  simulated rank it waits first; in a real process a thread completes it.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections import deque
 from typing import Any
 
@@ -56,6 +57,14 @@ def _scaled(t: Any, factor: Any, copy: bool = False) -> Any:
     if factor is None:
         return t
     return t * factor if copy else t.mul_(factor)
+
+
+def _in_process_world() -> bool:
+    """Whether the calling rank is a real process (its works complete in the background), not a simulated rank."""
+    from .._world import current_world
+
+    world = current_world()
+    return world is not None and world.process_world
 
 
 class _Keeper:
@@ -100,17 +109,19 @@ def bridge_classes() -> tuple[type, type]:
             self._source = source  # a receive from any source: the simdist work that knows the sender
             self._error: BaseException | None = None
             self._keeper = keeper
+            self._lock = threading.Lock()
             keeper.started(self)
 
         def wait(self, timeout: Any = None) -> bool:
-            try:
-                for w in self._works:
-                    w.wait(timeout_seconds(timeout, "timeout", default=None) or None)  # 0: no timeout, as torch's
-            except BaseException as exc:
-                self._error = exc
-                raise
-            finally:
-                self._keeper.waited(self)
+            with self._lock:  # the thread of get_future() and the program may both wait
+                try:
+                    for w in self._works:
+                        w.wait(timeout_seconds(timeout, "timeout", default=None) or None)  # 0: no timeout, as torch's
+                except BaseException as exc:
+                    self._error = exc
+                    raise
+                finally:
+                    self._keeper.waited(self)
             return True
 
         def is_completed(self) -> bool:
@@ -126,9 +137,28 @@ def bridge_classes() -> tuple[type, type]:
             return list(self._outputs)
 
         def get_future(self) -> Any:
-            self.wait()
+            """A future holding the op's output tensors once it completes.
+
+            In a real process (the socket backend) it returns at once, as gloo's does, and a thread
+            completes it (or fails it with the op's error) when the op completes. On a simulated
+            rank it waits first: the op completes at ``wait()``, a scheduling point of this rank,
+            and torch's DDP waits on the future in C++, where the simulator cannot step in.
+            """
             fut: torch.futures.Future = torch.futures.Future()
-            fut.set_result(self._outputs)
+            if not _in_process_world():
+                self.wait()
+                fut.set_result(self._outputs)
+                return fut
+
+            def complete() -> None:
+                try:
+                    self.wait()
+                except BaseException as exc:  # noqa: BLE001 - the future carries it to whoever waits
+                    fut.set_exception(exc)
+                else:
+                    fut.set_result(self._outputs)
+
+            threading.Thread(target=complete, name="simdist-work-future", daemon=True).start()
             return fut
 
         def synchronize(self) -> None:
