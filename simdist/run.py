@@ -578,7 +578,9 @@ def _spawn_line(path: str) -> int | None:
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
         return None
     modules: dict[str, tuple[str, ...]] = {}  # a name bound to a module of processes -> the starters it has
-    functions, torches, contexts = set(), set(), set()
+    functions: set[str] = set()
+    torches: set[str] = set()
+    contexts: set[str] = set()  # names bound to mp.get_context(...)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:

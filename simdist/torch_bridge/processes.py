@@ -87,7 +87,7 @@ def install(backend: str = "socket") -> None:
 
     c10d._new_process_group_helper = new_process_group_helper
     DDP._get_ddp_logging_data = lambda ddp: factory.ddp_logging_data(logging_data, _bridged, ddp)
-    BaseProcess.start = _start  # type: ignore[method-assign]
+    setattr(BaseProcess, "start", _start)
 
 
 def _bridged() -> bool:

@@ -96,8 +96,8 @@ def starting_ranks(
         make = _process_maker(holder.__dict__["Process"], method)
         setattr(holder, "Process", make if holder in (multiprocessing, tmp) else staticmethod(make))
     for module in (multiprocessing, tmp):
-        module.set_start_method = _method_setter(module.set_start_method)
-        module.get_start_method = _method_getter(module.get_start_method)
+        setattr(module, "set_start_method", _method_setter(module.__dict__["set_start_method"]))
+        setattr(module, "get_start_method", _method_getter(module.__dict__["get_start_method"]))
     try:
         yield
     finally:
