@@ -139,12 +139,12 @@ def _start(process: BaseProcess) -> None:
     """
     from simdist.backends.socket import free_port
 
-    if process._target is not None and process._target is not _child:  # type: ignore[attr-defined]
+    if process._target is not None and process._target is not _child:
         children = _state["children"]
         if not children or not any(c.is_alive() for c in children):
             children.clear()
             _state["store"] = f"127.0.0.1:{free_port()}"
         children.append(process)
-        process._args = (_state["backend"], _state["store"], process._target, process._args, process._kwargs)  # type: ignore[attr-defined]
-        process._target, process._kwargs = _child, {}  # type: ignore[attr-defined]
+        process._args = (_state["backend"], _state["store"], process._target, process._args, process._kwargs)
+        process._target, process._kwargs = _child, {}
     _state["start"](process)
