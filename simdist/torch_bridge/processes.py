@@ -31,7 +31,7 @@ from multiprocessing.process import BaseProcess
 import torch
 
 from .._callsite import skip_directory
-from . import factory, versions
+from . import factory, profiler, versions
 
 __all__ = ["TORCH_BACKEND_ENV", "BRIDGED_BACKENDS", "install", "install_from_env", "installed"]
 
@@ -79,6 +79,7 @@ def install(backend: str = "socket") -> None:
 
     skip_directory(os.path.dirname(torch.__file__))  # call sites name the program's lines, not torch's
     factory.register()
+    profiler.install_in_process()
     original, logging_data = c10d._new_process_group_helper, DDP._get_ddp_logging_data
     _state.update(backend=backend, start=BaseProcess.start, children=[])
 

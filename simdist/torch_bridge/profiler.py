@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["install", "uninstall", "record_op"]
+__all__ = ["install", "uninstall", "install_in_process", "record_op"]
 
 _MARK = "simdist.profiler_opened"
 _members: dict[int, Any] = {}  # id(profile) -> the profiles open on rank threads, sharing the session
@@ -50,7 +50,8 @@ def record_op(name: str, inputs: list) -> None:
     an op's record left open while a rank waits for the baton would still be open when
     another rank stops the shared session, which Kineto does not survive.
     """
-    if not _members and not torch.autograd._profiler_enabled():
+    on = _members or torch.autograd._profiler_enabled() or torch.autograd.profiler._is_profiler_enabled
+    if not on:  # (the last: a session recording every thread, which the thread's own flag misses on 2.11)
         return
     handle = torch.autograd._record_function_with_args_enter(name, *inputs)
     ender = threading.Thread(target=torch.autograd._record_function_with_args_exit, args=(handle,))
@@ -146,6 +147,30 @@ def install() -> None:
     for key, (name, ours) in _PATCHES.items():
         _saved[key] = getattr(profile, name)
         setattr(profile, name, ours)
+
+
+def install_in_process() -> None:
+    """Let a rank process's profiler keep the bridged ops, on every supported torch release.
+
+    :func:`record_op` ends each record on another thread. torch 2.13 and newer keep such a
+    record, marked asynchronous; torch 2.11 keeps it only in a session that records every
+    thread, so there every profiler the process opens records every thread, as gloo's worker
+    threads are recorded in a gloo process.
+    """
+    from torch.autograd.profiler import profile
+
+    from . import versions
+
+    if versions.release() >= (2, 13) or getattr(profile._prepare_trace, "_simdist_all_threads", False):
+        return
+    prepare = profile._prepare_trace
+
+    def prepare_all_threads(prof: Any) -> Any:
+        prof.experimental_config = _all_threads(prof.experimental_config)
+        return prepare(prof)
+
+    prepare_all_threads._simdist_all_threads = True  # type: ignore[attr-defined]
+    profile._prepare_trace = prepare_all_threads
 
 
 def uninstall() -> None:

@@ -81,6 +81,11 @@ DIFFERENCES = {
         (2, 14): "absent",
         (2, 15): "new: a group of any other backend gets torch's flight recorder, keyed by the C++ group name",
     },  # "simdist" joins the set: a Python group has no C++ name, and simdist records its own ops
+    "torch's profiler, a record_function ended on another thread than it began on": {
+        (2, 11): "kept only where the session records every thread (profile_all_threads)",
+        (2, 13): "kept, marked asynchronous",
+        (2, 14): "kept, marked asynchronous",
+    },  # in a rank process on 2.11 the bridge turns profile_all_threads on, as gloo's workers are recorded too
     "ReduceOp.PREMUL_SUM": {
         (2, 11): "a plain RedOpType: the factor comes from dist._make_nccl_premul_sum(factor)",
         (2, 13): "callable: ReduceOp.PREMUL_SUM(factor), or dist._make_nccl_premul_sum(factor)",
