@@ -20,7 +20,8 @@ class on the socket backend and the simulator.
 
 Every launch is a fresh subprocess with a clean environment and a timeout (tests/launch_paths.py);
 the launches of the selected tests start when the first test runs, two at a time. The paths through
-simdist's engines (the torch bridge) are ``torch_release`` tests.
+simdist's engines (the torch bridge) are ``torch_release`` tests; the resumed runs, which chain paths
+the matrix runs, are not.
 """
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ def _programs_checksum() -> Any:
 checksum = _programs_checksum()
 
 
-def _case(*values: str, sep: str = "-") -> Any:
+def _case(*values: str, sep: str = "-", per_release: bool = True) -> Any:
     """Test parameters (scripts, launch paths) with a short id; a path through simdist's engines depends on torch
-    internals (the bridge), which makes the test ``torch_release``."""
+    internals (the bridge), which makes the test ``torch_release`` where ``per_release`` (the resumed runs are
+    not: they chain paths the matrix already runs on every release, and check the checkpoints between them)."""
     ids = [v.removesuffix(".py").replace(" --backend ", "-").replace(" ", "-") for v in values]
-    bridged = any(PATHS.get(v, ((), "torch"))[1] == "simdist" for v in values)
+    bridged = per_release and any(PATHS.get(v, ((), "torch"))[1] == "simdist" for v in values)
     return pytest.param(*values, id=sep.join(ids), marks=[pytest.mark.torch_release] if bridged else [])
 
 
@@ -194,7 +196,7 @@ CHAINS = [
 ]
 
 
-@pytest.mark.parametrize(("first", "second"), [_case(a, b, sep="-then-") for a, b in CHAINS])
+@pytest.mark.parametrize(("first", "second"), [_case(a, b, sep="-then-", per_release=False) for a, b in CHAINS])
 def test_a_run_resumed_on_another_path_ends_as_the_uninterrupted_one(
     first: str, second: str, launches: Launches, request: pytest.FixtureRequest
 ) -> None:

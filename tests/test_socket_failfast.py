@@ -33,7 +33,8 @@ def run_job(
 ) -> tuple[dict[int, list[dict]], dict[int, int], dict[int, str]]:
     """Run ``scenario`` on ``world`` processes; ``(events by rank, exit codes, stderr by rank)``.
 
-    ``stop_after``: SIGKILL ranks still running that many seconds after the start (a sleeping rank).
+    ``stop_after``: SIGKILL ranks still running that many seconds after the start, or as soon as one
+    rank alone is still running (a sleeping rank, whose peers have reported it and ended).
     """
     env = {
         **os.environ,
@@ -57,12 +58,13 @@ def run_job(
     ]
     start = time.monotonic()
     try:
+        if stop_after is not None:
+            while time.monotonic() - start < stop_after and sum(p.poll() is None for p in procs) > 1:
+                time.sleep(0.1)
         for p in procs:
             left = wait - (time.monotonic() - start)
-            if stop_after is not None:
-                left = min(left, stop_after - (time.monotonic() - start))
             try:
-                p.wait(max(left, 0.1))
+                p.wait(max(left, 0.1) if stop_after is None else 0.1)
             except subprocess.TimeoutExpired:
                 if stop_after is None:
                     raise

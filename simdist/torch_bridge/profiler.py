@@ -169,8 +169,8 @@ def install_in_process() -> None:
         prof.experimental_config = _all_threads(prof.experimental_config)
         return prepare(prof)
 
-    prepare_all_threads._simdist_all_threads = True  # type: ignore[attr-defined]
-    profile._prepare_trace = prepare_all_threads
+    setattr(prepare_all_threads, "_simdist_all_threads", True)
+    setattr(profile, "_prepare_trace", prepare_all_threads)
 
 
 def uninstall() -> None:
