@@ -268,6 +268,8 @@ def simulate(
         raise TypeError(f"record_steps={record_steps!r} must be True, False or None (on up to {STEPS_UP_TO} ranks)")
     if pool is not None and not isinstance(pool, RankPool):
         raise TypeError(f"pool={pool!r} must be a simdist.backends.sim.RankPool or None")
+    if pool is not None and pool.closed:
+        raise RuntimeError("pool: this RankPool is closed (make a new RankPool, or pass pool=None)")
     if algorithms is not None:
         from simdist import algorithms as registry
 
