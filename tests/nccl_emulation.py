@@ -31,6 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import simdist as dist  # noqa: E402
 
+CUPY_MAJOR = int(os.environ.get("SIMDIST_EMULATED_CUPY", "14"))
+"""The cupy release whose signatures the stand-in mirrors: 14 and newer take NCCL's unique id as
+``bytes``, 13 and older as a tuple of 128 signed chars (each raises ``TypeError`` on the other)."""
+
 _TYPES = {
     100 + i: (name, dt)
     for i, (name, dt) in enumerate(
@@ -73,7 +77,12 @@ class Communicator:
     """One rank's stand-in communicator: a collective posts this rank's bytes under a key and
     reads every rank's; a send posts under (pair, sequence number) and the receive reads it."""
 
-    def __init__(self, nranks: int, unique_id: tuple, rank: int):
+    def __init__(self, nranks: int, unique_id: bytes | tuple, rank: int):
+        expected = bytes if CUPY_MAJOR >= 14 else tuple  # as the real one's Cython signature checks it
+        if not isinstance(unique_id, expected):
+            raise TypeError(
+                f"Argument 'commId' has incorrect type (expected {expected.__name__}, got {type(unique_id).__name__})"
+            )
         self.n, self.rank = nranks, rank
         self.id = bytes(b & 0xFF for b in unique_id).hex()[:16]
         self.store, self.seq, self.sent, self.received = _state["store"], 0, {}, {}
@@ -165,12 +174,15 @@ def install() -> None:
     nccl = types.ModuleType("cupy.cuda.nccl")
     for code, (name, _) in {**_TYPES, **_OPS}.items():
         setattr(nccl, name, code)
-    nccl.get_unique_id = lambda: tuple(b - 128 for b in os.urandom(128))
+    if CUPY_MAJOR >= 14:
+        nccl.get_unique_id = lambda: os.urandom(128)
+    else:
+        nccl.get_unique_id = lambda: tuple(b - 128 for b in os.urandom(128))
     nccl.groupStart, nccl.groupEnd, nccl.NcclCommunicator = _group_start, _group_end, Communicator
     cuda = types.ModuleType("cupy.cuda")
     cuda.nccl = nccl
     cupy = types.ModuleType("cupy")
-    cupy.cuda = cuda
+    cupy.cuda, cupy.__version__ = cuda, f"{CUPY_MAJOR}.0.0"
     sys.modules.update({"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.nccl": nccl})
     torch.cuda.Event = _Event
     torch.cuda.current_stream = lambda device=None: _Stream()

@@ -25,12 +25,21 @@ def nccl_unavailable() -> str | None:
     return None
 
 
-def encode_unique_id(uid: Sequence[int]) -> bytes:
-    """NCCL's unique id (cupy gives 128 signed chars) as bytes for the store."""
+def encode_unique_id(uid: Sequence[int] | bytes) -> bytes:
+    """NCCL's unique id as bytes for the store, from either form cupy gives: ``bytes`` (cupy 14 and
+    newer) or a tuple of 128 signed chars (cupy 13 and older)."""
     return bytes(b & 0xFF for b in uid)
 
 
-def decode_unique_id(data: bytes) -> tuple[int, ...]:
+def decode_unique_id(data: bytes, cupy_major: int | None = None) -> bytes | tuple[int, ...]:
+    """The unique id in the form ``NcclCommunicator`` of the installed cupy takes (``cupy_major``, default the
+    installed one's): ``bytes`` from cupy 14 on, a tuple of signed chars before (``TypeError`` otherwise)."""
+    if cupy_major is None:
+        import cupy
+
+        cupy_major = int(str(cupy.__version__).split(".")[0])
+    if cupy_major >= 14:
+        return bytes(data)
     return tuple(b - 256 if b > 127 else b for b in data)
 
 
