@@ -6,12 +6,17 @@ check runs on a machine without a GPU. Where the real cupy is installed (CI inst
 beside one torch release and cupy 13 beside the other), the form simdist passes
 (``decode_unique_id``) must pass the real ``NcclCommunicator``'s argument check, the other
 form must fail it, and the stand-in mirroring that cupy release must accept and refuse the
-same. Without cupy, the stand-in is checked against the forms above for both releases.
+same; and every name the stand-in defines (constants, functions, the communicator's methods) exists in
+the real module, each method with the real one's number of arguments. Without cupy, the stand-in is
+checked against the forms above for both releases.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +81,36 @@ def test_the_real_cupy_takes_the_form_simdist_passes_and_the_stand_in_agrees() -
     assert not refuses(uid), f"cupy {cupy.__version__} refuses the unique id simdist passes ({type(uid).__name__})"
     assert refuses(_other_form(uid)), f"cupy {cupy.__version__} also takes {type(_other_form(uid)).__name__}"
     assert not _stand_in_refuses(major, uid) and _stand_in_refuses(major, _other_form(uid))
+
+
+STAND_IN_NAMES = """
+import inspect, json, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_emulation as e
+names = [name for name, _ in [*e._TYPES.values(), *e._OPS.values()]]
+methods = {n: len(inspect.signature(f).parameters) for n, f in vars(e.Communicator).items()
+           if inspect.isfunction(f) and not n.startswith("_")}
+print(json.dumps({"names": names + ["get_unique_id", "groupStart", "groupEnd", "NcclCommunicator"], "methods": methods}))
+"""
+
+
+def _real_arity(method: object) -> int:
+    """Arguments of a cupy Cython method, self included, from the signature its docstring's first line embeds."""
+    first = (getattr(method, "__doc__", None) or "").strip().splitlines()[0]
+    found = re.fullmatch(r"[\w.]+\((.*)\)", first)
+    assert found, f"no embedded signature in {first!r}"
+    return len([a for a in found.group(1).split(",") if a.strip()])
+
+
+def test_the_stand_in_has_only_names_and_arities_the_real_cupy_has() -> None:
+    nccl = pytest.importorskip("cupy.cuda.nccl", reason="the real cupy is not installed (CI installs it)")
+    out = subprocess.run(
+        [sys.executable, "-c", STAND_IN_NAMES, str(EMULATION.parent)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    stand_in = json.loads(out.stdout)
+    assert [n for n in stand_in["names"] if not hasattr(nccl, n)] == []
+    for name, arity in stand_in["methods"].items():
+        real = getattr(nccl.NcclCommunicator, name, None)
+        assert real is not None, f"cupy's NcclCommunicator has no {name}"
+        assert _real_arity(real) == arity, (name, inspect.getdoc(real))
