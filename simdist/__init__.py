@@ -7,6 +7,8 @@
 
 __version__ = "0.1.0"
 
+from . import _source_layout  # noqa: F401  (first: in a checkout, maps backends/ and visualize/ as installed)
+
 from ._api import (
     compute,
     destroy_process_group,

@@ -57,7 +57,7 @@ _OPS = {
     3: ("NCCL_MIN", torch.minimum),
     4: ("NCCL_AVG", None),
 }
-_state: dict = {"store": None, "pending": None}
+_state: dict = {"store": None, "pending": None, "one_gpu": False}
 
 
 def _read(ptr: int, count: int, dtype: int) -> bytes:
@@ -200,6 +200,10 @@ def install() -> None:
         return make_group(self, ranks, group_id, timeout)
 
     _world.NcclWorld._group = group_on_the_host
+    # Each process its own GPU (as one rank per GPU), or, with _state["one_gpu"], every rank on the same one.
+    _world.NcclWorld._gpu_identity = lambda self: (
+        ("emulated/0", "cuda:0") if _state["one_gpu"] else (f"emulated/{os.getpid()}", f"cuda:{os.getpid()}")
+    )
 
 
 def _point_to_point(rank: int) -> list:
@@ -266,6 +270,15 @@ def main(worlds: list[int]) -> None:
     assert got[1][:5] == [[0.0] * 4, 0, [1.0, 1.0], 0, [{"rank": 0}, {"rank": 1}]], got[1]
     assert "no receive from any source" in got[0][5], got[0][5]
     print("point-to-point: ok", flush=True)
+    _state["one_gpu"] = True
+    try:
+        dist.spawn(_point_to_point, nprocs=2, start_method="fork", backend="nccl", timeout=60)
+    except dist.RankError as exc:
+        assert "ranks 0 and 1 are on one GPU" in str(exc.__cause__) and "Duplicate GPU" in str(exc.__cause__), exc
+    else:
+        raise AssertionError("two ranks on one GPU were not refused")
+    _state["one_gpu"] = False
+    print("one GPU for two ranks: refused", flush=True)
     # The processes are forked before this process multiplies matrices on several threads
     # (the simulated ranks): a child forked after that could hang in MKL's allocator.
     got = dist.spawn(ddp_steps, nprocs=3, start_method="fork", backend="nccl", timeout=60)

@@ -28,3 +28,4 @@ def test_every_op_dtype_and_reduce_op_on_the_nccl_layer() -> None:
     for world in (1, 2, 3, 4):
         assert re.search(rf"^world {world}: \d+ cases: ok$", proc.stdout, re.MULTILINE), proc.stdout
     assert "point-to-point: ok" in proc.stdout and "DDP: ok" in proc.stdout, proc.stdout
+    assert "one GPU for two ranks: refused" in proc.stdout, proc.stdout

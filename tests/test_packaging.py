@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -66,8 +68,9 @@ print(json.dumps(out))
 """
 
 
-def _run(cmd: list, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+def _run(cmd: list, cwd: Path, timeout: float = 240, extra_env: dict | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_REQUIRE_VIRTUALENV")}
+    env.update(extra_env or {})
     proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc
@@ -104,11 +107,32 @@ def _see_our_dependencies(py: Path) -> None:
     Path(theirs, "simdist-test-dependencies.pth").write_text("".join(f"{d}\n" for d in ours))
 
 
-@pytest.mark.timeout(300)
-def test_wheel_installs_the_package_layout(tmp_path: Path):
-    src = tmp_path / "src"
+@dataclass
+class Installed:
+    src: Path  # the copy of the checkout the wheel was built from
+    wheel: Path
+    venv: Path
+    python: Path
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The wheel built from a copy of the checkout and installed (plain, not editable) in a fresh venv."""
+    tmp = tmp_path_factory.mktemp("packaging")
+    src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=SKIP)
-    wheel = _build_wheel(src, tmp_path / "wheels")
+    wheel = _build_wheel(src, tmp / "wheels")
+    venv = tmp / "venv"
+    _run([sys.executable, "-m", "venv", venv], cwd=tmp)
+    py = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    _see_our_dependencies(py)
+    _run([py, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check", wheel], cwd=tmp)
+    return Installed(src, wheel, venv, py)
+
+
+@pytest.mark.timeout(300)
+def test_wheel_installs_the_package_layout(installed: Installed, tmp_path: Path):
+    wheel, venv, py = installed.wheel, installed.venv, installed.python
 
     # The wheel holds one top-level package, the plugin module and its metadata, nothing else.
     with zipfile.ZipFile(wheel) as zf:
@@ -126,12 +150,6 @@ def test_wheel_installs_the_package_layout(tmp_path: Path):
     ):
         assert required in names, f"{required} missing from {wheel.name}"
 
-    venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", venv], cwd=tmp_path)
-    py = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    _see_our_dependencies(py)
-    _run([py, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check", wheel], cwd=tmp_path)
-
     work = tmp_path / "elsewhere"
     work.mkdir()
     proc = _run([py, "-c", CHECK], cwd=work)
@@ -147,3 +165,51 @@ def test_wheel_installs_the_package_layout(tmp_path: Path):
     assert found["plugin"][0] == "pytest_simdist" and site in Path(found["plugin"][1]).resolve().parents, found[
         "plugin"
     ]
+
+
+PROBE = r"""
+import json, os
+from pathlib import Path
+
+import simdist
+import simdist.backends.nccl
+import simdist.visualize
+
+
+def test_probe():
+    paths = {m.__name__: m.__file__ for m in (simdist, simdist.backends, simdist.backends.nccl, simdist.visualize)}
+    Path(os.environ["SIMDIST_LAYOUT_PROBE"]).write_text(json.dumps(paths))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_checkout_imports_as_installed_wherever_pytest_starts(installed: Installed, tmp_path: Path):
+    """With the wheel installed (not editable), pytest started in the checkout imports the whole package from one
+    tree: the checkout's ``simdist/`` with its ``backends/`` and ``visualize/`` folders at the root, or the wheel.
+
+    This is how ``tests/gpu/run.sh`` runs on a GPU machine; ``./simdist`` has no ``backends/`` of its own.
+    """
+    src, py = installed.src, installed.python
+    probe = src / "tests" / "test_layout_probe.py"
+    probe.write_text(PROBE)
+    site = installed.venv.resolve()
+    for start in (src, src / "tests", src / "tests" / "gpu"):
+        out = tmp_path / f"probe-{start.name}.json"
+        env_probe = {"SIMDIST_LAYOUT_PROBE": str(out)}
+        _run(
+            [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.relpath(probe, start)],
+            cwd=start,
+            extra_env=env_probe,
+        )
+        found = {name: Path(path).resolve() for name, path in json.loads(out.read_text()).items()}
+        if site in found["simdist"].parents:  # the wheel: every module from it
+            for name, path in found.items():
+                assert site in path.parents, f"from {start}: simdist from the wheel, {name} from {path}"
+        else:
+            assert found["simdist"] == (src / "simdist" / "__init__.py").resolve(), (start, found)
+            assert found["simdist.backends"] == (src / "backends" / "__init__.py").resolve(), (start, found)
+            assert found["simdist.backends.nccl"] == (src / "backends" / "nccl" / "__init__.py").resolve(), found
+            assert found["simdist.visualize"] == (src / "visualize" / "__init__.py").resolve(), (start, found)
+    # From the root, as run.sh starts it, the GPU suite collects (it skips without a GPU, it does not fail).
+    proc = _run([py, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/gpu"], cwd=src)
+    assert re.search(r"^\d+ tests collected", proc.stdout, re.M) and "rror" not in proc.stdout, proc.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any, Sequence
 
 from simdist._world import set_process_world
@@ -60,6 +61,7 @@ class NcclWorld(SocketWorld):
         _, _, rank, world_size, _ = self.connect_store(init_method, rank, world_size)
         self.rank, self.size, self.backend = rank, world_size, backend or "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device())
+        self._refuse_a_shared_gpu()
         self.default_group = self._group(list(range(world_size)), 0)
         self.groups = [self.default_group]
         set_process_world(self)
@@ -77,6 +79,38 @@ class NcclWorld(SocketWorld):
             comm = nccl.NcclCommunicator(len(ranks), uid, ranks.index(self.rank))
         limit = self.timeout if timeout is None else timeout
         return NcclGroup(comm, self.device, ranks.index(self.rank), ranks, group_id, limit)
+
+    def _refuse_a_shared_gpu(self) -> None:
+        """Raise ``RuntimeError`` naming the ranks and the GPU when two ranks of the job are on one GPU.
+
+        NCCL refuses that at its communicator's start with ``ncclInvalidUsage`` and says why only in
+        its log ("Duplicate GPU detected"); the ranks publish their GPUs through the store first, so
+        every rank gets the reason and the way forward.
+        """
+        self.store.set(f"simdist/nccl/gpu/{self.rank}", "\n".join(self._gpu_identity()).encode())
+        keys = [f"simdist/nccl/gpu/{r}" for r in range(self.size)]
+        self.store.wait(keys, timeout=self.timeout)
+        gpus = self.store.multi_get(keys)
+        first: dict[str, tuple[int, str]] = {}
+        for r in range(self.size):
+            gpu, name = gpus[keys[r]].decode().split("\n")
+            if gpu in first:
+                other, other_name = first[gpu]
+                raise RuntimeError(
+                    f"backend='nccl': ranks {other} and {r} are on one GPU ({other_name} of rank {other}, {name} of "
+                    f"rank {r}); NCCL refuses two ranks of one communicator on one GPU (ncclInvalidUsage, "
+                    "'Duplicate GPU detected'). Give each rank a GPU of its own (torch.cuda.set_device(local_rank) "
+                    "before init_process_group), or run more ranks than GPUs on backend='sim'"
+                )
+            first[gpu] = (r, name)
+
+    def _gpu_identity(self) -> tuple[str, str]:
+        """This rank's GPU as NCCL tells GPUs apart (the host and the device's UUID), and its name for people."""
+        import torch
+
+        host = socket.gethostname()
+        uuid = getattr(torch.cuda.get_device_properties(self.device), "uuid", None) or self.device.index
+        return f"{host}/{uuid}", f"cuda:{self.device.index} of host {host}"
 
     def _cuda_device(self) -> Any:
         import torch

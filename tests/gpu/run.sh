@@ -24,17 +24,17 @@ fi
     || echo "cupy's NCCL bindings are not importable"
 } 2>&1 | tee "$out/machine.txt"
 if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index . >"$out/install.log" 2>&1; then
-  # No build tools: put the sources on the path as the package layout maps them.
-  echo "pip could not install simdist (see $out/install.log); using the sources through PYTHONPATH"
-  site="$out/site"
-  rm -rf "$site" && mkdir -p "$site/simdist"
-  ln -s "$PWD"/simdist/* "$site/simdist/"
-  ln -s "$PWD/backends" "$site/simdist/backends"
-  ln -s "$PWD/visualize" "$site/simdist/visualize"
-  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+  # No build tools: the checkout on the path imports as installed (simdist/_source_layout.py maps
+  # backends/ and visualize/ into the package), in this process and in the ranks it starts.
+  echo "pip could not install simdist (see $out/install.log); using the checkout through PYTHONPATH"
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
+start=$SECONDS
 python3 -m pytest tests/gpu -v -rs -p no:cacheprovider 2>&1 | tee "$out/gpu-tests.log"
 status=${PIPESTATUS[0]}
 python3 benchmarks/bench_library.py --backend nccl --json "$out/bench-nccl.json" 2>&1 | tee "$out/bench-nccl.md"
 python3 benchmarks/bench_library.py --backend nccl --world 2 --json "$out/bench-nccl-world2.json" 2>&1 | tee "$out/bench-nccl-world2.md"
+echo "== $(grep -E '^=+ .*(passed|failed|skipped|error).* =+$' "$out/gpu-tests.log" | tail -1 | tr -d '=' | xargs)" \
+  "in $((SECONDS - start)) s; the log and the NCCL tables are in $out:"
+ls -1 "$out" | sed 's/^/   /'
 exit "$status"
