@@ -717,6 +717,22 @@ def _reimports(fn: Any, start_method: str) -> bool:
     return True
 
 
+def _too_few_gpus(per_node: int) -> bool:
+    """True, after saying so once on stderr, when this machine has CUDA but fewer GPUs than ``per_node``: the
+    ranks then get simulated GPUs, as where CUDA is missing, so a script for N GPUs runs on a smaller machine."""
+    import torch
+
+    real = torch.cuda.device_count()
+    if real >= per_node:
+        return False
+    sys.stderr.write(
+        f"simdist run: --nproc-per-node {per_node} asks for {per_node} GPUs per node and this machine has {real}: "
+        "the ranks get simulated GPUs backed by the CPU, as with --cuda-as-cpu (docs/gpu-scripts.md). For the real "
+        f"GPUs, give --nproc-per-node {real} or fewer\n"
+    )
+    return True
+
+
 def _run_sim(opts: argparse.Namespace) -> int:
     import torch
 
@@ -733,7 +749,7 @@ def _run_sim(opts: argparse.Namespace) -> int:
             "GPUs are --nproc-per-node), or --launch torchrun to run the script on every rank\n"
         )
         return 2
-    cuda_as_cpu = opts.cuda_as_cpu or not torch.cuda.is_available()
+    cuda_as_cpu = opts.cuda_as_cpu or not torch.cuda.is_available() or _too_few_gpus(n)
     options: dict[str, Any] = {"prefix_output": not opts.no_prefix, "cuda_as_cpu": cuda_as_cpu, "gpus_per_node": n}
     if opts.timeout is not None:
         options["timeout"] = opts.timeout

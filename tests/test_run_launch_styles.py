@@ -343,3 +343,58 @@ SPAWN_CALLS = [
 @pytest.mark.parametrize(("source", "line"), SPAWN_CALLS)
 def test_the_spawn_call_is_found_by_reading_the_script(tmp_path: Path, source: str, line: int | None) -> None:
     assert run._spawn_line(_script(tmp_path, source)) == line
+
+
+FOUR_GPU_SCRIPT = """
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+torch.cuda.set_device(rank)
+t = torch.ones(2, device=f"cuda:{rank}") * (rank + 1)
+dist.all_reduce(t)
+print(f"rank={rank} gpu={torch.cuda.current_device()}/{torch.cuda.device_count()} t={t.tolist()}")
+dist.destroy_process_group()
+"""
+
+WITH_GPUS = (
+    "import sys, torch\n"
+    "torch.cuda.is_available = lambda: True\n"
+    "gpus = int(sys.argv[1])\n"
+    "torch.cuda.device_count = lambda: gpus\n"
+    "from simdist.run import main\n"
+    "sys.exit(main(sys.argv[2:]))\n"
+)
+"""``simdist run`` on a machine whose torch reports CUDA with ``argv[1]`` GPUs."""
+
+
+@pytest.mark.timeout(120)
+def test_more_ranks_than_real_gpus_get_simulated_gpus_and_say_so_once(tmp_path: Path) -> None:
+    script = _script(tmp_path, FOUR_GPU_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "-c", WITH_GPUS, "1", "--backend", "sim", "--nproc-per-node", "4", script],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in range(4):
+        assert f"rank={rank} gpu={rank}/4 t=[10.0, 10.0]" in proc.stdout, proc.stdout
+    notice = "--nproc-per-node 4 asks for 4 GPUs per node and this machine has 1: the ranks get simulated GPUs"
+    assert proc.stderr.count(notice) == 1, proc.stderr
+    assert "give --nproc-per-node 1 or fewer" in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_enough_real_gpus_are_the_ranks_own(tmp_path: Path) -> None:
+    script = _script(tmp_path, "import torch\nprint('gpus', torch.cuda.device_count())\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", WITH_GPUS, "8", "--backend", "sim", "--nproc-per-node", "4", script],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("gpus 8") == 4, proc.stdout  # the machine's (stubbed) 8, not a simulated node of 4
+    assert "simulated GPUs" not in proc.stderr, proc.stderr
