@@ -33,6 +33,10 @@ Touch points, the same in torch 2.13 and 2.14 (``simdist.torch_bridge.versions.T
   thread): ``device=`` keyword arguments, the device of ``Tensor.to`` and of ``Module.to``'s
   argument parser (``torch._C._nn._parse_to``), ``Tensor.cuda``,
   ``Tensor.pin_memory`` (DataLoader's ``pin_memory=True``), ``Tensor.type('torch.cuda.FloatTensor')``.
+- ``torch.distributed.device_mesh.DeviceMesh.__init__`` (a ``cuda`` mesh is a ``cpu`` mesh: DTensor
+  moves local tensors to the mesh's device type, FSDP2 checks parameters against it) and
+  ``torch.amp.autocast_mode.autocast.__init__`` (``cuda`` autocast is the CPU's, with CUDA's dtype),
+  wrapped as below; ``F.scaled_dot_product_attention`` of DTensors, in the mode (:func:`_attention_of_dtensors`).
 - ``torch.nn.parallel.DistributedDataParallel.__init__``, the ``cuda`` methods of storages
   (``_StorageBase``, ``TypedStorage``), DataLoader's ``_utils.pin_memory._pin_memory_loop``
   (the thread ``pin_memory=True, num_workers>0`` starts) and ``torch.utils._device.DeviceContext``'s
@@ -225,6 +229,10 @@ class Stream:
 
     def synchronize(self) -> None:
         return None
+
+    def is_capturing(self) -> bool:
+        """False: simulated GPUs have no CUDA graphs (optimizers ask before their step)."""
+        return False
 
     def __enter__(self) -> "Stream":
         self._context = _StreamContext(self)
@@ -550,12 +558,55 @@ class _OnCpu(TorchFunctionMode):
         special = _SPECIAL.get(func)
         if special is not None:
             return special(self.gpus, args, kwargs)
+        if func is torch._C._nn.scaled_dot_product_attention and _any_dtensor(args[:3]):
+            return _attention_of_dtensors(func, args, kwargs)
         if "device" in kwargs:
             kwargs = {**kwargs, "device": self.gpus.cpu(kwargs["device"], f"{_name(func)}(device=...)")}
         at = _DEVICE_AT.get(func)
         if at is not None and len(args) > at:
             args = (*args[:at], self.gpus.cpu(args[at], f"{_name(func)}(device)"), *args[at + 1 :])
         return func(*args, **kwargs)
+
+
+def _any_dtensor(values: Any) -> bool:
+    tensor_api = sys.modules.get("torch.distributed.tensor")  # imported wherever a DTensor exists
+    return tensor_api is not None and any(isinstance(v, tensor_api.DTensor) for v in values)
+
+
+def _attention_of_dtensors(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``F.scaled_dot_product_attention`` of DTensors on simulated GPUs: each rank's heads (or batch rows) alone.
+
+    On a GPU it runs as flash (or efficient, cuDNN) attention, which DTensor shards by batch and by
+    head; the CPU's kernel has no sharding rule in DTensor. Query, key and value on one mesh with
+    the same placements, each ``Replicate`` or ``Shard`` of the batch or head dimension, need no
+    communication: each rank attends over its local tensors and the result has their placements,
+    as the GPU's rule gives. Anything else goes to torch (and its error).
+    """
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    query, key, value = (list(args) + [kwargs.get(k) for k in ("query", "key", "value")[len(args) :]])[:3]
+    tensors = (query, key, value)
+    mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+    local_rule = (
+        all(isinstance(t, DTensor) and t.ndim == 4 for t in tensors)
+        and query.device_mesh == key.device_mesh == value.device_mesh
+        and query.placements == key.placements == value.placements
+        and all(isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim % 4 in (0, 1)) for p in query.placements)
+        and not isinstance(mask, DTensor)
+    )
+    if not local_rule:
+        return func(*args, **kwargs)
+    rest = {k: v for k, v in kwargs.items() if k not in ("query", "key", "value")}
+    out = func(query.to_local(), key.to_local(), value.to_local(), *args[3:], **rest)
+    shape = (*query.shape[:-1], value.shape[-1])
+    return DTensor.from_local(
+        out,
+        query.device_mesh,
+        query.placements,
+        run_check=False,
+        shape=torch.Size(shape),
+        stride=torch.empty(shape, device="meta").stride(),
+    )
 
 
 def _name(func: Any) -> str:
@@ -609,6 +660,30 @@ def _device_context_init(original: Callable) -> Callable:
     return __init__
 
 
+def _autocast_init(original: Callable) -> Callable:
+    def __init__(self: Any, device_type: str, dtype: Any = None, *args: Any, **kwargs: Any) -> None:
+        """torch's autocast; with simulated GPUs, ``cuda`` autocast is the CPU's with CUDA's dtype (float16 unless
+        given), so ``torch.autocast("cuda", dtype=torch.bfloat16)`` computes in bfloat16 as on a GPU."""
+        gpus = getattr(_local, "gpus", None)
+        if gpus is not None and device_type == "cuda":
+            device_type, dtype = "cpu", torch.get_autocast_dtype("cuda") if dtype is None else dtype
+        original(self, device_type, dtype, *args, **kwargs)
+
+    return __init__
+
+
+def _device_mesh_init(original: Callable) -> Callable:
+    def __init__(self: Any, device_type: str, *args: Any, **kwargs: Any) -> None:
+        """torch's ``DeviceMesh``; with simulated GPUs, a ``cuda`` mesh is a ``cpu`` mesh, as the tensors on it are
+        (DTensor moves local tensors to the mesh's device type, FSDP2 checks parameters against it)."""
+        gpus = getattr(_local, "gpus", None)
+        if gpus is not None and isinstance(device_type, str) and gpus.names_gpu(device_type):
+            device_type = "cpu"
+        original(self, device_type, *args, **kwargs)
+
+    return __init__
+
+
 def _pin_memory_loop(original: Callable) -> Callable:
     def _pin_memory_loop(in_queue: Any, out_queue: Any, device_id: int, done_event: Any, device: Any) -> None:
         """DataLoader's pin-memory thread (``pin_memory=True, num_workers>0``), started by a thread with simulated
@@ -634,11 +709,14 @@ def _record_stream(original: Callable) -> Callable:
 
 def _wrapped() -> list[tuple[Any, str, Callable]]:
     """What is replaced while installed: (class or module, attribute, wrapper of the original)."""
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils._device import DeviceContext
     from torch.utils.data._utils import pin_memory
 
     return [
+        (torch.amp.autocast_mode.autocast, "__init__", _autocast_init),
+        (DeviceMesh, "__init__", _device_mesh_init),
         (DistributedDataParallel, "__init__", _ddp_init),
         (torch.storage._StorageBase, "cuda", _storage_cuda),
         (torch.storage.TypedStorage, "cuda", _storage_cuda),
