@@ -5,7 +5,9 @@ by ``$SIMDIST_PUBLIC_PROGRAMS`` and laid out as ``OWNER/REPO/PATH`` (the file at
 ``github.com/OWNER/REPO`` at the pinned commit; ``benchmarks/public_programs.py extract`` fills it
 from a git clone). Each file is checked against its pinned sha256 before it runs.
 
-- **pytorch/examples** files run as they are.
+- **pytorch/examples** and **karpathy/nanoGPT** files run as they are. nanoGPT's ``train.py`` reads a config
+  file and a dataset from its working folder: ``prepare`` writes there a small config (the only file added,
+  :data:`NANOGPT_CONFIG`), seeded random tokens for a dataset, and its own ``configurator.py``.
 - **pytorch/tutorials** keeps its programs in ``.rst`` pages. A program is assembled at run time
   from a pinned recipe: line ranges of the page's code blocks, in order, each line losing the
   block's 4-space indent, written to a scratch folder outside the repository. Where the page gives
@@ -28,7 +30,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from launch_paths import PATHS, SIM_PATHS, Launched, applies, start
 
@@ -80,6 +82,9 @@ class Program:
     same_as: str = ""  # another program whose first-launch model this one's must equal
     unrunnable: str = ""  # why the published code cannot run at all (it is then listed, not run)
     known: tuple[tuple[str, str], ...] = ()  # (path, why it fails there): failures that are not simdist's
+    prepare: Callable[[Path, Path], None] | None = None  # (work, root): what the program reads from its working folder
+    logs_to_stderr: bool = False  # its lines compared are log records (stderr), not prints
+    timeout: float = 0.0  # seconds a launch may take, where more than the harness's default
 
 
 EXAMPLES = "77f55b912142e11fcfdf5b530231fb9c52f181e8"  # pytorch/examples main, 2025-08-25
@@ -120,6 +125,73 @@ def _tuto(name: str, *blocks: tuple[int, int] | str, compare: tuple[str, ...] = 
         f"tutorials/dist_tuto {name}", _TUTO, "process", 2, compare, recipe=recipe, glue=glue, known=(_AGENT_STORE,)
     )
 
+
+NANOGPT = "3adf61e154c3fe3fca428ad6bc3818b27a3b8291"  # karpathy/nanoGPT master, 2025-11-12
+_NANOGPT_TRAIN = Source(
+    "karpathy/nanoGPT", NANOGPT, "train.py", "413bd97b40bb400a2a0d01230e2946f056c263ebac1b7281c2367d964a123085"
+)
+_NANOGPT_MODEL = Source(
+    "karpathy/nanoGPT", NANOGPT, "model.py", "7c01703240dbec5d554527dc666e35b3df8391d0b117fddc07afcf325a21d11c"
+)
+_NANOGPT_CONFIGURATOR = Source(
+    "karpathy/nanoGPT", NANOGPT, "configurator.py", "5cc23aca26b4ab3c0d9e5f82740f4781f9444f42718c15abcee70d93c5aabe8f"
+)
+NANOGPT_CONFIG = """\
+# written for simdist's harness: a small model, a few iterations, no torch.compile (nanoGPT's GPU defaults
+# otherwise: backend nccl, device cuda, dtype bfloat16, fused AdamW)
+out_dir = 'out-simdist'
+dataset = 'simdist'
+eval_interval = 5
+eval_iters = 2
+log_interval = 1
+always_save_checkpoint = True
+gradient_accumulation_steps = 2
+batch_size = 4
+block_size = 32
+n_layer = 2
+n_head = 2
+n_embd = 32
+dropout = 0.0
+learning_rate = 1e-3
+max_iters = 10
+lr_decay_iters = 14
+warmup_iters = 2
+compile = False
+"""
+"""The config file nanoGPT's train.py reads (``config/simdist_small.py``): the only file added to the program."""
+
+
+def _nanogpt_folder(work: Path, root: Path) -> None:
+    """nanoGPT reads ``configurator.py``, its config and ``data/<dataset>/{train,val}.bin`` (uint16 tokens, and
+    ``meta.pkl`` with the vocabulary's size) from the working folder: its own configurator, the config above, and
+    seeded random tokens of a 256-word vocabulary stand for a dataset."""
+    import pickle
+
+    import numpy as np
+
+    (work / "configurator.py").write_bytes(_NANOGPT_CONFIGURATOR.local(root).read_bytes())
+    (work / "config").mkdir(exist_ok=True)
+    (work / "config" / "simdist_small.py").write_text(NANOGPT_CONFIG)
+    data = work / "data" / "simdist"
+    data.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    rng.integers(0, 256, 20000, dtype=np.uint16).tofile(data / "train.bin")
+    rng.integers(0, 256, 4000, dtype=np.uint16).tofile(data / "val.bin")
+    (data / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": 256}))
+
+
+def _examples(path: str, sha256: str) -> Source:
+    return Source("pytorch/examples", EXAMPLES, path, sha256)
+
+
+_FSDP2_BESIDE = (
+    _examples("distributed/FSDP2/model.py", "0217ad585158062fc6f61ada9dbe1493bf70d4fd9be94b48aad82d255634186d"),
+    _examples("distributed/FSDP2/checkpoint.py", "1853b455639d6b761a695ca2140f104602b1a61d1a96afce2ae3959b20058ad6"),
+    _examples("distributed/FSDP2/utils.py", "d6b548bdf0285d2a20d8a149ebbe57fa09f178b469b70880db69e4ffab14c93d"),
+)
+_TP = "distributed/tensor_parallelism/"
+_TP_LOG = _examples(_TP + "log_utils.py", "57ab033bd4c0d67fd55e8ffc23164ccafe87034aea82f4ca8f1a994ef01adb04")
+_TP_CUDA = "a GPU per rank: it exits when torch.accelerator has too few, and its device mesh is the accelerator's"
 
 PROGRAMS = (
     Program(
@@ -217,6 +289,67 @@ PROGRAMS = (
         "    print('Rank ', rank, ' has data ', recv)\n",
     ),
     Program(
+        "nanoGPT/train",
+        _NANOGPT_TRAIN,
+        "torchrun",
+        2,
+        (r"^step \d+: train loss [\d.]+, val loss [\d.]+$", r"^saving checkpoint to \S+$"),
+        launches=(("config/simdist_small.py",), ("config/simdist_small.py", "--init_from=resume", "--max_iters=14")),
+        needs_cuda="a DDP run puts rank r on cuda:LOCAL_RANK with init_process_group('nccl'), bfloat16 autocast",
+        files=("out-simdist/ckpt.pt",),
+        model="model",
+        beside=(_NANOGPT_MODEL, _NANOGPT_CONFIGURATOR),
+        prepare=_nanogpt_folder,
+    ),
+    Program(
+        "FSDP2/example",
+        _examples("distributed/FSDP2/example.py", "f84fb0503517ee5c6a6100c69bd0ccc55431e141643a32de88fadfb3407ecc6c"),
+        "torchrun",
+        2,
+        (r"^Running on rank \d+ on device \S+$",),
+        launches=((), ("--mixed-precision",), ("--explicit-prefetching", "--dcp-api")),  # the 2nd resumes the 1st
+        needs_cuda="at least 2 accelerators (torch.accelerator), else it prints that it cannot find them and exits 0",
+        beside=_FSDP2_BESIDE,
+    ),
+    Program(
+        "tensor_parallelism/tensor_parallel_example",
+        _examples(
+            _TP + "tensor_parallel_example.py", "bec82850ab873b31a79814fb71ce74852d28e1d5a3a9d21bffcdd7e6d4d4bce0"
+        ),
+        "torchrun",
+        4,
+        (r"Tensor Parallel iter \d+ completed$", r"Tensor Parallel training completed!$"),
+        needs_cuda=_TP_CUDA,
+        beside=(_TP_LOG,),
+        logs_to_stderr=True,
+    ),
+    Program(
+        "tensor_parallelism/sequence_parallel_example",
+        _examples(
+            _TP + "sequence_parallel_example.py", "dc8a1d6aecac3b7cae9c734013f5ff36252fabc2bb7a9cb6925b35013e07d3c2"
+        ),
+        "torchrun",
+        4,
+        (r"Sequence Parallel iter \d+ completed$", r"Sequence Parallel training completed!$"),
+        needs_cuda=_TP_CUDA,
+        beside=(_TP_LOG,),
+        logs_to_stderr=True,
+    ),
+    Program(
+        "tensor_parallelism/fsdp_tp_example",
+        _examples(_TP + "fsdp_tp_example.py", "4194b28d33a35bb9d6c6026f58ab4a4e87ab2e259caa1c500c30c6b806dede66"),
+        "torchrun",
+        4,
+        (r"2D iter \d+ complete$", r"2D training successfully completed!$"),
+        needs_cuda=_TP_CUDA,
+        logs_to_stderr=True,
+        timeout=600.0,  # ten steps of a 16M-parameter model on four CPU ranks: about 90 s on 2 cores
+        beside=(
+            _TP_LOG,
+            _examples(_TP + "llama2_model.py", "f95b5fcc592e181153872a9175676fbcb5f37697f64264ffe91ed802e9494eac"),
+        ),
+    ),
+    Program(
         "tutorials/dist_tuto synchronous SGD",
         _TUTO,
         "process",
@@ -307,8 +440,9 @@ def lines(program: Program, stdout: str) -> list[str]:
     found = []
     for raw in stdout.splitlines():
         line = _PIDS.sub("[pid]", _PREFIX.sub("", raw)).rstrip()
-        if any(k.search(line) for k in keep):
-            found.append(line)
+        match = next((m for m in (k.search(line) for k in keep) if m), None)
+        if match:
+            found.append(match.group(0))  # what the regex selects: not a log line's time stamp
     return sorted(found)
 
 
@@ -368,6 +502,7 @@ def run(
     if reason is not None:
         return Outcome(program.name, path, "skipped", reason)
     assert root is not None
+    timeout = max(timeout, program.timeout)
     if known_failure(program, path):
         timeout = min(timeout, KNOWN_TIMEOUT)
     work.mkdir(parents=True, exist_ok=True)
@@ -377,6 +512,8 @@ def run(
         script.write_text(assemble(program, root), encoding="utf-8")
     else:
         script = program.source.local(root)
+    if program.prepare is not None:
+        program.prepare(work, root)
     outcome = Outcome(program.name, path, "ran")
     for args in program.launches:
         launched = start(
@@ -392,7 +529,8 @@ def run(
         for name in program.files:
             saved = work / name
             files[name] = digest(torch.load(saved, map_location="cpu")) if saved.is_file() else "absent"
-        outcome.results.append({"lines": lines(program, launched.stdout), "files": files})
+        printed = launched.stdout + ("\n" + launched.stderr if program.logs_to_stderr else "")
+        outcome.results.append({"lines": lines(program, printed), "files": files})
         if not outcome.model and program.files and (work / program.files[0]).is_file():
             saved = torch.load(work / program.files[0], map_location="cpu")
             outcome.model = digest(saved[program.model] if program.model else saved)
