@@ -12,6 +12,7 @@ between two ranks is in order, and ``recv`` needs ``src``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from typing import Any, Callable, Iterator, Sequence
 
@@ -26,6 +27,7 @@ from simdist._reduce_op import ReduceOp
 __all__ = ["NcclGroup", "NcclHandle"]
 
 
+@functools.cache
 def _nccl() -> Any:
     from cupy.cuda import nccl
 
@@ -79,6 +81,9 @@ class NcclGroup(LibraryGroup):
         self.comm = comm
         self.device = device
         self.timeout = timeout
+        nccl = _nccl()  # NCCL's constants, looked up once: an op's host time is what small messages cost
+        self.nccl_dtypes = {dtype: getattr(nccl, name) for dtype, name in _DTYPES.items()}
+        self.nccl_ops = {op: getattr(nccl, name) for op, name in _OPS.items()}
 
     # --- translation ---------------------------------------------------------------------
 
@@ -122,7 +127,7 @@ class NcclGroup(LibraryGroup):
 
     def _args(self, buf: Any) -> tuple[int, int, int]:
         """(pointer, count, NCCL datatype) of a flat device buffer."""
-        return buf.data_ptr(), buf.numel(), getattr(_nccl(), _DTYPES[buf.dtype])
+        return buf.data_ptr(), buf.numel(), self.nccl_dtypes[buf.dtype]
 
     def _stream(self) -> Any:
         """The caller's current stream on this group's device (a ``torch.cuda.Stream``)."""
@@ -150,7 +155,7 @@ class NcclGroup(LibraryGroup):
 
     def _lib_all_reduce(self, buf: Any, op: ReduceOp) -> Handle:
         ptr, n, dt = self._args(buf)
-        return self._launch(self.comm.allReduce, ptr, ptr, n, dt, getattr(_nccl(), _OPS[op]))
+        return self._launch(self.comm.allReduce, ptr, ptr, n, dt, self.nccl_ops[op])
 
     def _lib_broadcast(self, buf: Any, root: int) -> Handle:
         ptr, n, dt = self._args(buf)
@@ -159,7 +164,7 @@ class NcclGroup(LibraryGroup):
     def _lib_reduce(self, buf: Any, op: ReduceOp, root: int) -> Handle:
         ptr, n, dt = self._args(buf)
         # NCCL writes the receive buffer on the root only: the others keep their values.
-        return self._launch(self.comm.reduce, ptr, ptr, n, dt, getattr(_nccl(), _OPS[op]), root)
+        return self._launch(self.comm.reduce, ptr, ptr, n, dt, self.nccl_ops[op], root)
 
     def _lib_all_gather(self, out: Any, inp: Any) -> Handle:
         ptr, n, dt = self._args(inp)
@@ -167,7 +172,7 @@ class NcclGroup(LibraryGroup):
 
     def _lib_reduce_scatter(self, out: Any, inp: Any, op: ReduceOp) -> Handle:
         ptr, n, dt = self._args(out)
-        return self._launch(self.comm.reduceScatter, inp.data_ptr(), ptr, n, dt, getattr(_nccl(), _OPS[op]))
+        return self._launch(self.comm.reduceScatter, inp.data_ptr(), ptr, n, dt, self.nccl_ops[op])
 
     def _exchange(self, sends: list[tuple[int, Any]], recvs: list[tuple[int, Any]]) -> Handle:
         """Grouped point-to-point: ``(peer, buffer)`` pairs; a rank's own block is copied locally."""
