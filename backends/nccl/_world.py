@@ -18,7 +18,7 @@ def nccl_unavailable() -> str | None:
     try:
         from cupy.cuda import nccl  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - ImportError, or cupy failing to load NCCL's library
-        return f"cupy's NCCL bindings are not importable ({type(exc).__name__}: {exc}); pip install 'simdist[nccl]'"
+        return f"cupy's NCCL bindings are not importable ({type(exc).__name__}: {exc}); pip install 'simdist[nccl]' (CUDA 12) or 'simdist[nccl-cu13]' (CUDA 13)"
     import torch
 
     if not torch.cuda.is_available():
