@@ -376,6 +376,7 @@ def test_gpu_script_on_simulated_ranks_equals_cpu_training_on_gloo_processes():
 
 
 def test_simulated_gpus_belong_to_rank_threads_and_are_gone_after_the_run():
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data._utils import pin_memory
 
@@ -386,6 +387,8 @@ def test_simulated_gpus_belong_to_rank_threads_and_are_gone_after_the_run():
         torch.UntypedStorage.cuda,
         pin_memory._pin_memory_loop,
         torch.multiprocessing.spawn,
+        DeviceMesh.__init__,
+        torch.amp.autocast_mode.autocast.__init__,
     )
     real_count = torch.cuda.device_count()
     seen = {}
@@ -417,6 +420,8 @@ def test_simulated_gpus_belong_to_rank_threads_and_are_gone_after_the_run():
         torch.UntypedStorage.cuda,
         pin_memory._pin_memory_loop,
         torch.multiprocessing.spawn,
+        DeviceMesh.__init__,
+        torch.amp.autocast_mode.autocast.__init__,
     ) == real
     assert sys.modules["torch.cuda"] is torch.cuda and type(torch.cuda).__name__ == "module"
     assert taken() == real_count  # the rank's reference is torch's own function here
