@@ -25,8 +25,8 @@ for a message not yet received), so the ring always drains and a send never wait
 receive to be posted.
 
 ``SHM_OPEN`` carries a payload of ``_OFFER``: ``pid, fd, slot_size, slots, nonce (16
-bytes), host (16 bytes)``, where ``host`` digests the boot id, host name and pid
-namespace: a peer that differs refuses without looking in ``/proc``.
+bytes), host (16 bytes)``, where ``host`` digests the boot id, host name, pid and network
+namespaces: a peer that differs refuses without looking in ``/proc``.
 """
 
 from __future__ import annotations
@@ -75,12 +75,18 @@ def enabled() -> bool:
 
 
 def host_digest() -> bytes:
-    """16 bytes equal on two processes that can share memory through ``/proc``: same boot, host, pid namespace."""
+    """16 bytes equal on two processes of one host: same boot, host name, pid and network namespaces.
+
+    Shared memory needs the first three (a peer's ring is opened through ``/proc``). Processes in two
+    network namespaces are two hosts to the network (containers, or the network-namespace hosts of the
+    tests), so they talk TCP, as hosts do, though they could share memory.
+    """
     parts = [socket.gethostname().encode()]
     try:
         with open("/proc/sys/kernel/random/boot_id", "rb") as f:
             parts.append(f.read())
         parts.append(os.readlink("/proc/self/ns/pid").encode())
+        parts.append(os.readlink("/proc/self/ns/net").encode())
     except OSError:
         parts.append(os.urandom(16))  # unknown: equal to no other process's, so never shared
     return hashlib.sha256(b"\0".join(parts)).digest()[:16]
