@@ -24,6 +24,7 @@ depends on every ``POLL_S`` seconds, in one ``MULTI_GET``, and raises
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -82,15 +83,24 @@ def caused_by(exc: BaseException | None) -> int | None:
     return exc.rank if isinstance(exc, PeerLostError) else None
 
 
-def _record(rank: int, error: str, how: str, when: float | None, cause: int | None = None) -> bytes:
-    return json.dumps({"rank": rank, "error": error, "time": when, "how": how, "cause": cause}).encode()
+def _record(
+    rank: int, error: str, how: str, when: float | None, cause: int | None = None, host: str | None = None
+) -> bytes:
+    record = {"rank": rank, "error": error, "time": when, "how": how, "cause": cause, "host": host}
+    return json.dumps(record).encode()
 
 
-def will_value(rank: int) -> bytes:
-    """The record the store writes for ``rank`` when its connection ends without a goodbye."""
+def will_value(rank: int, host: str | None = None) -> bytes:
+    """The record the store writes for ``rank`` (on ``host``) when its connection ends without a goodbye."""
     return _record(
-        rank, "its process ended without destroy_process_group (os._exit, a signal or a crash)", "will", None
-    )
+        rank, "its process ended without destroy_process_group (os._exit, a signal or a crash)", "will", None,
+        host=host,
+    )  # fmt: skip
+
+
+def host_of(store: StoreClient) -> str:
+    """This machine as the job knows it: its host name and the address its connection to ``store`` leaves from."""
+    return f"{socket.gethostname()} ({store.local_address})"
 
 
 def _parse(rank: int, raw: bytes) -> dict:
@@ -102,8 +112,9 @@ def _parse(rank: int, raw: bytes) -> dict:
 
 
 def describe(rank: int, record: dict) -> str:
-    """``"rank 1 failed: ValueError: boom"`` (or how it ended) from its record."""
-    return f"rank {rank} failed: {record.get('error')}"
+    """``"rank 1 failed: ValueError: boom (on host lab2 (10.0.0.2))"`` (or how it ended) from its record."""
+    host = record.get("host")
+    return f"rank {rank} failed: {record.get('error')}" + (f" (on host {host})" if host else "")
 
 
 def _named(rank: int, record: dict) -> tuple[int, str]:
@@ -128,7 +139,8 @@ class JobStore(StoreClient):
     def record_failure(self, error: str, cause: int | None = None) -> None:
         """Record this rank's failure (unless one is recorded), caused by rank ``cause``'s if given; a
         store that cannot take it is ignored, so the original error is the one that propagates."""
-        record = _record(self.rank, error, "exception", time.time(), None if cause == self.rank else cause)
+        cause = None if cause == self.rank else cause
+        record = _record(self.rank, error, "exception", time.time(), cause, host=host_of(self))
         try:
             self.compare_set(_FAILED.format(rank=self.rank), b"", record, timeout=_READ_S)
             self.compare_set(_FIRST, b"", record, timeout=_READ_S)
@@ -137,7 +149,7 @@ class JobStore(StoreClient):
 
     def leave_will(self) -> None:
         """Have the store record this rank as failed if its connection ends without a goodbye."""
-        self.will(_FAILED.format(rank=self.rank), will_value(self.rank))
+        self.will(_FAILED.format(rank=self.rank), will_value(self.rank, host_of(self)))
 
     def failures(self, ranks: Iterable[int] | None = None) -> dict[int, dict]:
         """The failure records of ``ranks`` (default: every other rank), read in one request.
@@ -282,9 +294,12 @@ def launcher_saw(host: str, port: int, secret: Any, world_size: int, rank: int, 
     key, text = _FAILED.format(rank=rank), f"its process {how}"
     try:
         with StoreClient(host, port, secret, timeout=_READ_S, connect_timeout=1.0) as store:
-            record = _record(rank, text, "launcher", time.time())
-            if store.compare_set(key, will_value(rank), record) != record:
-                store.compare_set(key, b"", record)
+            current = store.multi_get([key]).get(key)
+            if current is None:  # nothing recorded: the launcher's record, with the launcher's host
+                store.compare_set(key, b"", _record(rank, text, "launcher", time.time(), host=host_of(store)))
+            elif _parse(rank, current).get("how") == "will":  # what the launcher saw says more than the will
+                will = _parse(rank, current)
+                store.compare_set(key, current, _record(rank, text, "launcher", time.time(), host=will.get("host")))
             found = store.multi_get([_FAILED.format(rank=r) for r in range(world_size)])
     except (DistError, OSError, ValueError):
         return None

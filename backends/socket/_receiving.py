@@ -37,6 +37,14 @@ if TYPE_CHECKING:
 __all__ = ["Receiver"]
 
 
+def _from(conn: socket.socket) -> str:
+    """`` from 10.0.0.2`` (the peer's host address), or nothing where it cannot be read any more."""
+    try:
+        return f" from {conn.getpeername()[0]}"
+    except (OSError, IndexError):
+        return ""
+
+
 class Receiver:
     """The receiving end of the connection ``conn`` from peer ``p`` to ``network``'s rank.
 
@@ -93,7 +101,7 @@ class Receiver:
                     if current is None
                     else (f", in the middle of a {h.nbytes}-byte message (ctx {h.ctx}, tag {h.tag})")
                 )
-                reason = f"rank {p.rank}'s connection ended without a goodbye{where}"
+                reason = f"rank {p.rank}'s connection{_from(conn)} ended without a goodbye{where}"
                 failure = (PeerLostError, f"{reason} (the process exited or died): {exc}")
             elif isinstance(exc, DistError):
                 failure = (type(exc), str(exc))

@@ -410,6 +410,14 @@ class StoreClient:
     def __repr__(self) -> str:
         return f"StoreClient({self.host!r}, {self.port}, closed={self._closed})"
 
+    @property
+    def local_address(self) -> str:
+        """The address this connection leaves from: how the store's host reaches this machine ("?" once closed)."""
+        try:
+            return str(self._sock.getsockname()[0])
+        except OSError:
+            return "?"
+
     def close(self) -> None:
         """Close the connection; a request blocked in another thread raises DistError."""
         self._closed = True
