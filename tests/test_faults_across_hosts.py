@@ -6,8 +6,9 @@ rank raises ``PeerLostError`` naming the dead rank and its host's address within
 non-zero naming the failure, and nothing of the job is left on the surviving host. Two busy processes load
 the machine's cores meanwhile, as training does (a load that once let a survivor hang).
 
-Not covered here: a host frozen (SIGSTOP) or a link set down, which keep the TCP connections open; the
-socket backend notices those only when an operation times out (``--timeout``, ``SIMDIST_TIMEOUT``).
+A host frozen (SIGSTOP) or whose link goes down keeps its TCP connections open: the survivors notice that its
+heartbeat stands still, after the liveness interval (``SIMDIST_LIVENESS``, default 10 s; 3 s here), whatever
+the operations' timeout (300 s here).
 """
 
 from __future__ import annotations
@@ -48,6 +49,30 @@ for i in range(10**9):
 """
 
 
+def _start(bed, script: Path, env_extra: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """The loop on every host of ``bed``, one rank each; returns once rank 0 runs."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    env.update({"SIMDIST_SECRET": new_secret(), **(env_extra or {})})
+    nodes = []
+    for host in bed.hosts:
+        argv = [sys.executable, "-m", "simdist.run", "--backend", "socket", "--nnodes", str(len(bed))]
+        argv += ["--node-rank", str(host.index), "--master-addr", bed[0].address, "--master-port", "29710"]
+        argv += ["--nproc-per-node", "1", "--timeout", "300", str(script)]
+        nodes.append(host.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    stdout = nodes[0].stdout
+    assert stdout is not None
+    for line in stdout:
+        if "running" in line:
+            return nodes
+    pytest.fail(f"the job did not start: {nodes[0].stderr.read() if nodes[0].stderr else ''}")
+
+
+def _raised(out: str) -> tuple[int, float, str, str]:
+    found = re.search(r"rank=(\d) raised at ([\d.]+): (\w+): (.*)", out)
+    assert found, out
+    return int(found[1]), float(found[2]), found[3], found[4]
+
+
 def _shm_files() -> set[str]:
     return {f for f in os.listdir("/dev/shm") if "simdist" in f} if os.path.isdir("/dev/shm") else set()
 
@@ -63,21 +88,7 @@ def test_a_killed_host_is_named_by_the_survivor_within_2_s_on_a_busy_machine(
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         bed = testbed(2)
-        env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
-        env["SIMDIST_SECRET"] = new_secret()
-        nodes = []
-        for host in bed.hosts:
-            argv = [sys.executable, "-m", "simdist.run", "--backend", "socket", "--nnodes", "2"]
-            argv += ["--node-rank", str(host.index), "--master-addr", bed[0].address, "--master-port", "29710"]
-            argv += ["--nproc-per-node", "1", str(script)]
-            nodes.append(host.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-        stdout = nodes[survivor].stdout
-        assert stdout is not None
-        for line in stdout:
-            if "running" in line:
-                break
-        else:
-            pytest.fail(f"the job did not start: {nodes[survivor].stderr.read() if nodes[survivor].stderr else ''}")
+        nodes = _start(bed, script)
         killed_at = time.time()
         for pid in subprocess.run(
             ["ip", "netns", "pids", bed[victim].ns], capture_output=True, text=True
@@ -87,10 +98,8 @@ def test_a_killed_host_is_named_by_the_survivor_within_2_s_on_a_busy_machine(
     finally:
         for proc in busy:
             proc.kill()
-    raised = re.search(r"rank=(\d) raised at ([\d.]+): (\w+): (.*)", rest)
-    assert raised, rest + err
-    rank, when, kind, message = int(raised[1]), float(raised[2]), raised[3], raised[4]
-    assert rank == survivor and kind == "PeerLostError", raised[0]
+    rank, when, kind, message = _raised(rest + err)
+    assert rank == survivor and kind == "PeerLostError", message
     assert when - killed_at <= 2.0, f"rank {survivor} raised {when - killed_at:.2f} s after the kill"
     assert f"rank {victim}" in message and bed[victim].address in message, message  # the rank and its host
     assert nodes[survivor].returncode != 0 and "simdist run:" in err and "failed" in err, err
@@ -98,3 +107,40 @@ def test_a_killed_host_is_named_by_the_survivor_within_2_s_on_a_busy_machine(
     assert not left, f"processes left on the surviving host: {left}"
     assert _shm_files() == shm_before
     print(f"host {victim} killed: rank {survivor} raised after {when - killed_at:.2f} s")
+
+
+LIVENESS = 3.0
+
+
+@pytest.mark.parametrize("fault", ["frozen", "link-down"])
+def test_a_frozen_host_or_a_downed_link_is_found_by_its_silence(testbed, tmp_path: Path, fault: str) -> None:
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        bed = testbed(2)
+        nodes = _start(bed, script, {"SIMDIST_LIVENESS": str(LIVENESS)})
+        struck_at = time.time()
+        if fault == "frozen":
+            for pid in subprocess.run(
+                ["ip", "netns", "pids", bed[1].ns], capture_output=True, text=True
+            ).stdout.split():
+                os.kill(int(pid), signal.SIGSTOP)
+        else:
+            bed[1].link(up=False)
+        rest, err = nodes[0].communicate(timeout=120)
+    finally:
+        for proc in busy:
+            proc.kill()
+    rank, when, kind, message = _raised(rest + err)
+    assert rank == 0 and kind == "PeerLostError", message
+    assert "rank 1" in message and "no sign of life" in message and bed[1].address in message, message
+    took = when - struck_at
+    assert took <= LIVENESS + 2.5, f"rank 0 raised {took:.2f} s after the host was {fault}"
+    assert nodes[0].returncode != 0 and "simdist run:" in err, err
+    if fault == "link-down":  # the cut-off host's rank cannot reach the store: it raises as well
+        rest1, err1 = nodes[1].communicate(timeout=60)
+        assert nodes[1].returncode != 0, rest1 + err1
+        _, _, kind1, message1 = _raised(rest1 + err1)
+        assert kind1 in ("PeerLostError", "DistError", "DistTimeoutError"), message1
+    print(f"host 1 {fault}: rank 0 raised after {took:.2f} s (liveness {LIVENESS:g} s)")

@@ -24,6 +24,7 @@ depends on every ``POLL_S`` seconds, in one ``MULTI_GET``, and raises
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -35,7 +36,10 @@ from simdist._errors import DistError, DistTimeoutError, PeerLostError
 from ._store import StoreClient
 
 __all__ = [
+    "BEAT_S",
     "FAILING",
+    "Heartbeat",
+    "LIVENESS_ENV",
     "POLL_S",
     "FailureMonitor",
     "FirstFailure",
@@ -43,15 +47,22 @@ __all__ = [
     "caused_by",
     "failure_text",
     "launcher_saw",
+    "liveness_s",
     "will_value",
 ]
 
 POLL_S = 0.5
 """Seconds between two reads of the failure records while a wait blocks."""
+BEAT_S = 1.0
+"""Seconds between two heartbeats of a rank (:class:`Heartbeat`)."""
+LIVENESS_ENV = "SIMDIST_LIVENESS"
+"""Seconds without a heartbeat after which a waiting rank declares a peer lost (default 10)."""
 FAILING = 1
 """The tag of the CLOSE frame of a rank that leaves because it failed (0: an orderly goodbye)."""
 _FAILED = "simdist/failed/{rank}"
 _BYE = "simdist/bye/{rank}"
+_ALIVE = "simdist/alive/{rank}"  # a counter each rank's heartbeat adds to
+_HOST = "simdist/host/{rank}"
 _FIRST = "simdist/first-failure"  # the first record of a failure with an error, for a launcher to wait on
 _READ_S = 2.0  # the deadline of one read of the records: past it, the store is unreachable
 _MAX_TEXT = 2000
@@ -121,6 +132,49 @@ def _named(rank: int, record: dict) -> tuple[int, str]:
     return rank, describe(rank, record)
 
 
+def liveness_s() -> float:
+    """Seconds without a heartbeat that make a peer lost: ``$SIMDIST_LIVENESS``, default 10."""
+    raw = os.environ.get(LIVENESS_ENV, "10")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 2 * BEAT_S:
+        raise ValueError(f"{LIVENESS_ENV}={raw!r}: expected seconds, at least {2 * BEAT_S:g} (two heartbeats)")
+    return value
+
+
+class Heartbeat:
+    """This rank's sign of life: a daemon thread adds 1 to ``simdist/alive/{rank}`` every ``BEAT_S`` seconds,
+    on a store connection of its own, until :meth:`stop`.
+
+    A process that is frozen (SIGSTOP, a debugger) or whose host lost its link keeps its TCP
+    connections open, so nothing else tells the others; a waiting rank that sees a peer's counter
+    stand still for :func:`liveness_s` seconds declares it lost (:meth:`JobStore.failures`),
+    whatever the operation's own timeout.
+    """
+
+    def __init__(self, host: str, port: int, secret: Any, rank: int):
+        self._client = StoreClient(host, port, secret, timeout=_READ_S)
+        self._client.set(_HOST.format(rank=rank), host_of(self._client).encode())
+        self._key = _ALIVE.format(rank=rank)
+        self._client.add(self._key, 1)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"simdist-heartbeat-{rank}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(BEAT_S):
+            try:
+                self._client.add(self._key, 1)
+            except (DistError, OSError):
+                return  # the store is gone: the waits say so
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._client.close()
+
+
 class JobStore(StoreClient):
     """The job's store client as a rank holds it: its ``get`` and ``wait`` also watch for failed ranks.
 
@@ -132,6 +186,8 @@ class JobStore(StoreClient):
     def __init__(self, host: str, port: int, secret: Any, *, rank: int, world_size: int, **options: Any):
         super().__init__(host, port, secret, **options)
         self.rank, self.world_size = rank, world_size
+        self.liveness = liveness_s()
+        self._beats: dict[int, tuple[bytes | None, float]] = {}  # rank: (its counter, when this rank first saw it)
 
     def others(self) -> list[int]:
         return [r for r in range(self.world_size) if r != self.rank]
@@ -160,11 +216,31 @@ class JobStore(StoreClient):
         ranks = self.others() if ranks is None else [r for r in ranks if r != self.rank]
         if not ranks:
             return {}
+        keys = [k.format(rank=r) for r in ranks for k in (_FAILED, _ALIVE, _BYE, _HOST)]
         try:
-            found = self.multi_get([_FAILED.format(rank=r) for r in ranks], timeout=_READ_S)
+            found = self.multi_get(keys, timeout=_READ_S)
         except DistError as exc:
             raise DistError(f"rank {self.rank}: the store at {self.host}:{self.port} is unreachable ({exc})") from exc
-        return {r: _parse(r, found[_FAILED.format(rank=r)]) for r in ranks if _FAILED.format(rank=r) in found}
+        failed = {r: _parse(r, found[_FAILED.format(rank=r)]) for r in ranks if _FAILED.format(rank=r) in found}
+        now = time.monotonic()
+        for r in ranks:
+            beats = found.get(_ALIVE.format(rank=r))
+            if r in failed or beats is None or _BYE.format(rank=r) in found:
+                continue  # failed already, not started yet, or gone in order
+            seen, since = self._beats.get(r, (None, now))
+            if beats != seen:
+                self._beats[r] = (beats, now)
+            elif now - since > self.liveness:
+                host = found.get(_HOST.format(rank=r), b"").decode(errors="replace") or None
+                failed[r] = {
+                    "rank": r,
+                    "error": f"no sign of life for {now - since:.1f} s (more than {LIVENESS_ENV}={self.liveness:g}): "
+                    "its process is stopped or frozen, or its host unreachable",
+                    "how": "liveness",
+                    "time": None,
+                    "host": host,
+                }
+        return failed
 
     def check_failures(self, ranks: Iterable[int] | None, what: str) -> None:
         """Raise ``PeerLostError`` for the first failed rank among ``ranks`` (default: every other rank)."""
@@ -264,6 +340,7 @@ class FailureMonitor:
     def __init__(self, store: JobStore, recorder: Any = None):
         self.store = store
         self.recorder = recorder
+        self.liveness = store.liveness  # seconds of silence that make a peer, or the store, lost
 
     def failures(self, ranks: Iterable[int | None]) -> dict[int, tuple[int, str]]:
         """``{rank: (root, "rank 1 failed: ValueError: boom")}`` for the failed ones of ``ranks`` (``None``:

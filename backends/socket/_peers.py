@@ -68,7 +68,7 @@ from simdist._errors import DistError, DistTimeoutError, PeerLostError, Protocol
 
 from . import _links, _shm
 from ._accept import Acceptor
-from ._failures import FAILING, POLL_S
+from ._failures import FAILING, LIVENESS_ENV, POLL_S
 from ._frames import CLOSE, encode_header
 from ._links import hung_up, read_hello
 from ._matching import Mailbox, Message, mismatch
@@ -385,6 +385,7 @@ class PeerNetwork:
         deadline, poll_at = now + limit, now + POLL_S
         ranks = {*(group or ()), *(op.peer for op in handles)} - {self.rank}
         blocked = False
+        unreachable_since: float | None = None  # when the store stopped answering this wait's reads
         while True:
             with self._cond:
                 error, pending = self._wait_locked(
@@ -402,8 +403,16 @@ class PeerNetwork:
                 continue
             try:
                 failed = self._monitor.failures(ranks)
-            except DistError:  # the store is unreachable: the peers may still finish; a timeout reports it
+                unreachable_since = None
+            except DistError as exc:  # the store is unreachable: the peers may still finish, for a while
                 failed = {}
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since > self._monitor.liveness:
+                    raise DistError(
+                        f"{exc}, for more than {self._monitor.liveness:g} s ({LIVENESS_ENV}): this host's link is "
+                        "down, or the store's host is frozen or gone; pending:\n"
+                        + "\n".join(f"  {op.describe()}" for op in pending[:8])
+                    ) from exc
             if failed:
                 with self._cond:
                     for rank, (_, why) in failed.items():

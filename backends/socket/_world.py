@@ -15,7 +15,7 @@ from simdist._group import GroupMember
 from simdist._world import ProcessWorld, set_process_world
 
 from ._checked import agreed_checks
-from ._failures import FailureMonitor, JobStore, caused_by, failure_text
+from ._failures import FailureMonitor, Heartbeat, JobStore, caused_by, failure_text
 from ._flight import FlightRecorder
 from ._group import SocketGroup
 
@@ -135,6 +135,7 @@ class SocketWorld(ProcessWorld):
         self.server: Any = None
         self.store: Any = None
         self.network: Any = None
+        self.heartbeat: Any = None
         self.groups: list[SocketGroup] = []
         self.group_count = 0
         self.checked = True
@@ -148,6 +149,7 @@ class SocketWorld(ProcessWorld):
         self.checked = agreed_checks(self.store, rank)
         listen = "127.0.0.1" if is_loopback(host) else _address_towards(host, port)
         self.store.leave_will()
+        self.heartbeat = Heartbeat(host, port, secret, rank)
         self.recorder = FlightRecorder(self.store, rank)
         self.network = PeerNetwork(
             rank,
@@ -276,6 +278,8 @@ class SocketWorld(ProcessWorld):
     def _close_network(self, failed: bool = False) -> None:
         self.recorder.close()
         self.network.close(failed=failed)
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
 
     def destroy(self, group) -> None:
         if self.destroy_subgroup(group):
