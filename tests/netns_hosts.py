@@ -233,20 +233,3 @@ def testbed() -> Iterator[Any]:
     finally:
         for bed in made:
             bed.close()
-
-
-def wait_for_port(host: Host, address: str, port: int, timeout: float = 20.0) -> None:
-    """Wait until something on ``host``'s network accepts TCP connections at ``address:port``."""
-    code = (
-        "import socket, sys, time\n"
-        "deadline = time.monotonic() + float(sys.argv[3])\n"
-        "while True:\n"
-        "    try:\n"
-        "        socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1).close(); break\n"
-        "    except OSError:\n"
-        "        if time.monotonic() > deadline: sys.exit(1)\n"
-        "        time.sleep(0.05)\n"
-    )
-    proc = host.python(code, address, str(port), str(timeout), timeout=timeout + 10)
-    if proc.returncode != 0:
-        raise TimeoutError(f"nothing accepted connections at {address}:{port} from {host.ns} within {timeout} s")

@@ -193,6 +193,21 @@ _TP = "distributed/tensor_parallelism/"
 _TP_LOG = _examples(_TP + "log_utils.py", "57ab033bd4c0d67fd55e8ffc23164ccafe87034aea82f4ca8f1a994ef01adb04")
 _TP_CUDA = "a GPU per rank: it exits when torch.accelerator has too few, and its device mesh is the accelerator's"
 
+
+def _tensor_parallelism(name: str, sha256: str, label: str) -> Program:
+    """One of the 1-D examples of distributed/tensor_parallelism, on 4 ranks: its "<label> iter n completed" logs."""
+    return Program(
+        f"tensor_parallelism/{name}",
+        _examples(f"{_TP}{name}.py", sha256),
+        "torchrun",
+        4,
+        (rf"{label} iter \d+ completed$", rf"{label} training completed!$"),
+        needs_cuda=_TP_CUDA,
+        beside=(_TP_LOG,),
+        logs_to_stderr=True,
+    )
+
+
 PROGRAMS = (
     Program(
         "ddp-series/multigpu_torchrun",
@@ -311,29 +326,13 @@ PROGRAMS = (
         needs_cuda="at least 2 accelerators (torch.accelerator), else it prints that it cannot find them and exits 0",
         beside=_FSDP2_BESIDE,
     ),
-    Program(
-        "tensor_parallelism/tensor_parallel_example",
-        _examples(
-            _TP + "tensor_parallel_example.py", "bec82850ab873b31a79814fb71ce74852d28e1d5a3a9d21bffcdd7e6d4d4bce0"
-        ),
-        "torchrun",
-        4,
-        (r"Tensor Parallel iter \d+ completed$", r"Tensor Parallel training completed!$"),
-        needs_cuda=_TP_CUDA,
-        beside=(_TP_LOG,),
-        logs_to_stderr=True,
+    _tensor_parallelism(
+        "tensor_parallel_example", "bec82850ab873b31a79814fb71ce74852d28e1d5a3a9d21bffcdd7e6d4d4bce0", "Tensor Parallel"
     ),
-    Program(
-        "tensor_parallelism/sequence_parallel_example",
-        _examples(
-            _TP + "sequence_parallel_example.py", "dc8a1d6aecac3b7cae9c734013f5ff36252fabc2bb7a9cb6925b35013e07d3c2"
-        ),
-        "torchrun",
-        4,
-        (r"Sequence Parallel iter \d+ completed$", r"Sequence Parallel training completed!$"),
-        needs_cuda=_TP_CUDA,
-        beside=(_TP_LOG,),
-        logs_to_stderr=True,
+    _tensor_parallelism(
+        "sequence_parallel_example",
+        "dc8a1d6aecac3b7cae9c734013f5ff36252fabc2bb7a9cb6925b35013e07d3c2",
+        "Sequence Parallel",
     ),
     Program(
         "tensor_parallelism/fsdp_tp_example",

@@ -369,16 +369,18 @@ WITH_GPUS = (
 """``simdist run`` on a machine whose torch reports CUDA with ``argv[1]`` GPUs."""
 
 
+def _run_with_gpus(gpus: int, script: str) -> subprocess.CompletedProcess:
+    """``simdist run --backend sim --nproc-per-node 4 script`` where torch reports ``gpus`` CUDA devices."""
+    argv = [sys.executable, "-c", WITH_GPUS, str(gpus), "--backend", "sim", "--nproc-per-node", "4", script]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
 @pytest.mark.timeout(120)
 def test_more_ranks_than_real_gpus_get_simulated_gpus_and_say_so_once(tmp_path: Path) -> None:
     script = _script(tmp_path, FOUR_GPU_SCRIPT)
-    proc = subprocess.run(
-        [sys.executable, "-c", WITH_GPUS, "1", "--backend", "sim", "--nproc-per-node", "4", script],
-        capture_output=True,
-        text=True,
-        timeout=110,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = _run_with_gpus(1, script)
     for rank in range(4):
         assert f"rank={rank} gpu={rank}/4 t=[10.0, 10.0]" in proc.stdout, proc.stdout
     notice = "--nproc-per-node 4 asks for 4 GPUs per node and this machine has 1: the ranks get simulated GPUs"
@@ -389,12 +391,6 @@ def test_more_ranks_than_real_gpus_get_simulated_gpus_and_say_so_once(tmp_path: 
 @pytest.mark.timeout(120)
 def test_enough_real_gpus_are_the_ranks_own(tmp_path: Path) -> None:
     script = _script(tmp_path, "import torch\nprint('gpus', torch.cuda.device_count())\n")
-    proc = subprocess.run(
-        [sys.executable, "-c", WITH_GPUS, "8", "--backend", "sim", "--nproc-per-node", "4", script],
-        capture_output=True,
-        text=True,
-        timeout=110,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = _run_with_gpus(8, script)
     assert proc.stdout.count("gpus 8") == 4, proc.stdout  # the machine's (stubbed) 8, not a simulated node of 4
     assert "simulated GPUs" not in proc.stderr, proc.stderr
