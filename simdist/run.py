@@ -175,7 +175,8 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
         "--log_dir",
         default=None,
         metavar="DIR",
-        help="write each rank's stdout and stderr to DIR/rank_R.log instead of this terminal (socket backend only)",
+        help="write each rank's stdout and stderr to DIR/rank_R.log instead of this terminal, and on node 0 of a "
+        "socket or nccl job the load of the job's store each second to DIR/store_load.jsonl (process backends only)",
     )
     p.add_argument(
         "--no-prefix", "--no_prefix", action="store_true", help="do not start each output line with '[rank R] '"
@@ -431,6 +432,8 @@ def _run_socket(opts: argparse.Namespace) -> int:
     if opts.log_dir is not None:
         os.makedirs(opts.log_dir, exist_ok=True)
     server = _serve_store(opts, ports[1], secret)
+    if server is not None and opts.log_dir is not None:
+        server.log_load(os.path.join(opts.log_dir, "store_load.jsonl"))
     try:
         for local in range(n):
             rank = base + local

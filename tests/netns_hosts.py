@@ -23,7 +23,7 @@ import subprocess
 import sys
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import pytest
 
@@ -206,6 +206,28 @@ class NetnsTestbed:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def launch(
+        self, script: str, *, per_host: int = 1, port: int, env: dict[str, str], options: Sequence[str] = ()
+    ) -> list[subprocess.Popen]:
+        """``simdist run --nnodes N --node-rank i --master-addr HOST0 ... script`` started on every host ``i``,
+        ``per_host`` ranks each, with ``env`` (which must hold ``SIMDIST_SECRET``) and further launcher
+        ``options``; output piped, as text. ``options`` may name ``{host}``, this host's index."""
+        nodes = []
+        for host in self.hosts:
+            argv = [
+                sys.executable,
+                "-m",
+                "simdist.run",
+                "--nnodes",
+                str(len(self.hosts)),
+                "--node-rank",
+                str(host.index),
+            ]
+            argv += ["--master-addr", self.hosts[0].address, "--master-port", str(port)]
+            argv += ["--nproc-per-node", str(per_host), *(o.format(host=host.index) for o in options), script]
+            nodes.append(host.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        return nodes
 
     def __getitem__(self, i: int) -> Host:
         return self.hosts[i]

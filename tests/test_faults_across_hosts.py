@@ -8,7 +8,7 @@ the machine's cores meanwhile, as training does (a load that once let a survivor
 
 A host frozen (SIGSTOP) or whose link goes down keeps its TCP connections open: the survivors notice that its
 heartbeat stands still, after the liveness interval (``SIMDIST_LIVENESS``, default 10 s; 3 s here), whatever
-the operations' timeout (300 s here).
+the operations' timeout (300 s here). A frozen host of the store: the survivors find the store silent for as long.
 """
 
 from __future__ import annotations
@@ -112,35 +112,43 @@ def test_a_killed_host_is_named_by_the_survivor_within_2_s_on_a_busy_machine(
 LIVENESS = 3.0
 
 
-@pytest.mark.parametrize("fault", ["frozen", "link-down"])
+@pytest.mark.parametrize("fault", ["frozen", "link-down", "stores-host-frozen"])
 def test_a_frozen_host_or_a_downed_link_is_found_by_its_silence(testbed, tmp_path: Path, fault: str) -> None:
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
+    struck, survivor = (0, 1) if fault == "stores-host-frozen" else (1, 0)
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         bed = testbed(2)
         nodes = _start(bed, script, {"SIMDIST_LIVENESS": str(LIVENESS)})
         struck_at = time.time()
-        if fault == "frozen":
+        if fault == "link-down":
+            bed[1].link(up=False)
+        else:
             for pid in subprocess.run(
-                ["ip", "netns", "pids", bed[1].ns], capture_output=True, text=True
+                ["ip", "netns", "pids", bed[struck].ns], capture_output=True, text=True
             ).stdout.split():
                 os.kill(int(pid), signal.SIGSTOP)
-        else:
-            bed[1].link(up=False)
-        rest, err = nodes[0].communicate(timeout=120)
+        rest, err = nodes[survivor].communicate(timeout=120)
     finally:
         for proc in busy:
             proc.kill()
     rank, when, kind, message = _raised(rest + err)
-    assert rank == 0 and kind == "PeerLostError", message
-    assert "rank 1" in message and "no sign of life" in message and bed[1].address in message, message
     took = when - struck_at
-    assert took <= LIVENESS + 2.5, f"rank 0 raised {took:.2f} s after the host was {fault}"
-    assert nodes[0].returncode != 0 and "simdist run:" in err, err
+    assert rank == survivor, message
+    if fault == "stores-host-frozen":  # the store does not answer: the survivor says so, and for how long
+        assert kind == "DistError" and "unreachable" in message and bed[0].address in message, message
+        assert f"more than {LIVENESS:g} s" in message, message
+    else:
+        assert kind == "PeerLostError", message
+        assert "rank 1" in message and "no sign of life" in message and bed[1].address in message, message
+    assert took <= LIVENESS + 2.5, f"rank {survivor} raised {took:.2f} s after the host was {fault}: {message}"
+    assert nodes[survivor].returncode != 0 and "simdist run:" in err, err
     if fault == "link-down":  # the cut-off host's rank cannot reach the store: it raises as well
         rest1, err1 = nodes[1].communicate(timeout=60)
         assert nodes[1].returncode != 0, rest1 + err1
         _, _, kind1, message1 = _raised(rest1 + err1)
         assert kind1 in ("PeerLostError", "DistError", "DistTimeoutError"), message1
-    print(f"host 1 {fault}: rank 0 raised after {took:.2f} s (liveness {LIVENESS:g} s)")
+    left = subprocess.run(["ip", "netns", "pids", bed[survivor].ns], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes left on the surviving host: {left}"
+    print(f"host {struck} {fault}: rank {survivor} raised after {took:.2f} s (liveness {LIVENESS:g} s)")

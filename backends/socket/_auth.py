@@ -33,7 +33,7 @@ from simdist._errors import AuthenticationError, DistTimeoutError, ProtocolError
 from ._frames import MAX_SOCKET_TIMEOUT
 
 __all__ = [
-    "MAGIC", "SECRET_ENV", "ServerBusy", "authenticated", "client_handshake", "new_secret", "resolve_secret",
+    "MAGIC", "SECRET_ENV", "ServerBusy", "ServerDropped", "authenticated", "client_handshake", "new_secret", "resolve_secret",
     "secret_from_env", "server_handshake",
 ]  # fmt: skip
 
@@ -97,6 +97,12 @@ class ServerBusy(ProtocolError):
     handshake (or stopping). Connecting again later may succeed."""
 
 
+class ServerDropped(ProtocolError):
+    """The server reset or closed the connection in the middle of the handshake: on a busy machine, a
+    handshake slower than the server's deadline (``HANDSHAKE_DEADLINE_S``) is dropped. Connecting again
+    may succeed; a wrong secret is answered with a verdict, never dropped."""
+
+
 class _Channel:
     """Fixed-size handshake messages over ``sock`` under one overall deadline."""
 
@@ -118,6 +124,8 @@ class _Channel:
             raise DistTimeoutError(
                 f"authentication with {self.who} timed out after {self.timeout:g} s ({step})"
             ) from None
+        except ConnectionResetError as exc:
+            raise ServerDropped(f"{self.who} reset the connection during authentication ({step}): {exc}") from exc
         except OSError as exc:
             raise ProtocolError(f"connection to {self.who} failed during authentication ({step}): {exc}") from exc
         if not chunk:
@@ -126,7 +134,7 @@ class _Channel:
                     f"{self.who} closed the connection before its hello (it may be at its cap of "
                     "connections in the handshake, or stopping)"
                 )
-            raise ProtocolError(f"{self.who} closed the connection during authentication ({step})")
+            raise ServerDropped(f"{self.who} closed the connection during authentication ({step})")
         self.heard = True
         return chunk
 
@@ -235,10 +243,11 @@ def authenticated(
     connect: Callable[[], socket.socket], secret: bytes | str | None, timeout: float, patience: float
 ) -> socket.socket:
     """A socket from ``connect()`` that passed :func:`client_handshake`; a server that closes before its
-    hello (:class:`ServerBusy`, at its cap of handshakes) is tried again, with backoff, for ``patience`` s.
+    hello (:class:`ServerBusy`, at its cap of handshakes) or drops a handshake too slow for its deadline
+    (:class:`ServerDropped`, a busy machine) is tried again, with backoff, for ``patience`` s.
 
     Raises:
-        ServerBusy: the server was still busy after ``patience`` seconds.
+        ServerBusy, ServerDropped: the server was still busy, or still dropping, after ``patience`` seconds.
         Whatever ``connect`` or :func:`client_handshake` raise otherwise.
     """
     deadline = time.monotonic() + patience
@@ -248,7 +257,7 @@ def authenticated(
         try:
             client_handshake(sock, secret, timeout)
             return sock
-        except ServerBusy:
+        except (ServerBusy, ServerDropped):
             sock.close()
             if time.monotonic() + delay > deadline:
                 raise

@@ -9,15 +9,21 @@ A failed rank's record is ``simdist/failed/{rank}``, JSON ``{"rank", "error", "t
 * the store, carrying out the last will of the rank's store connection (``Op.WILL``) when
   the process ends without a goodbye: ``os._exit``, a signal, a crash (``how`` "will");
 * a launcher that saw the process end (``how`` "launcher"; it may replace a will's text
-  with what it saw, such as the signal).
+  with what it saw, such as the signal);
+* the rank that watches it (:class:`Heartbeat`), when its heartbeat stood still for the
+  liveness interval: a frozen process, a host cut off (``how`` "liveness").
+
+The first record of the job is also ``simdist/first-failure``.
 
 A rank that fails because another failed (its error is a ``PeerLostError`` naming that
 rank) records it as its ``cause``: reports follow causes back to the rank that failed first.
 
 Every wait (a collective's or a receive's in ``PeerNetwork.wait``, :meth:`JobStore.get` and
-:meth:`JobStore.wait`, ``destroy_process_group``'s goodbye) reads the records of the ranks it
-depends on every ``POLL_S`` seconds, in one ``MULTI_GET``, and raises
-:class:`~simdist.PeerLostError` naming the rank and its error. A goodbye of the peer network
+:meth:`JobStore.wait`, ``destroy_process_group``'s goodbye) reads that one key every ``POLL_S``
+seconds; once it exists, the records of the ranks it depends on, and raises
+:class:`~simdist.PeerLostError` naming the rank and its error. The store's load is thus
+linear in the number of ranks: a blocked rank reads one key per poll, a heartbeat one
+counter per beat and three keys of one other rank per poll. A goodbye of the peer network
 (a CLOSE frame with tag ``FAILING``) tells connected peers at once.
 """
 
@@ -63,7 +69,7 @@ _FAILED = "simdist/failed/{rank}"
 _BYE = "simdist/bye/{rank}"
 _ALIVE = "simdist/alive/{rank}"  # a counter each rank's heartbeat adds to
 _HOST = "simdist/host/{rank}"
-_FIRST = "simdist/first-failure"  # the first record of a failure with an error, for a launcher to wait on
+_FIRST = "simdist/first-failure"  # the job's first failure record: what a wait reads, and a launcher waits on
 _READ_S = 2.0  # the deadline of one read of the records: past it, the store is unreachable
 _MAX_TEXT = 2000
 _MAX_WAIT_S = 10.0 * 24 * 3600  # a launcher waits for a failure as long as the job runs
@@ -145,30 +151,99 @@ def liveness_s() -> float:
 
 
 class Heartbeat:
-    """This rank's sign of life: a daemon thread adds 1 to ``simdist/alive/{rank}`` every ``BEAT_S`` seconds,
-    on a store connection of its own, until :meth:`stop`.
+    """This rank's sign of life and its watch on the job: a daemon thread, on a store connection of its own,
+    adds 1 to ``simdist/alive/{rank}`` every ``BEAT_S`` seconds and, every ``POLL_S`` seconds, reads in one
+    request whether any rank failed (``simdist/first-failure``) and the next rank's counter, until
+    :meth:`stop`.
 
     A process that is frozen (SIGSTOP, a debugger) or whose host lost its link keeps its TCP
-    connections open, so nothing else tells the others; a waiting rank that sees a peer's counter
-    stand still for :func:`liveness_s` seconds declares it lost (:meth:`JobStore.failures`),
-    whatever the operation's own timeout.
+    connections open, so nothing else tells the others. Each rank watches the next one still in the
+    job (rank + 1, skipping those that failed or said goodbye, around the ring): a counter that stands
+    still for :func:`liveness_s` seconds makes the watcher record that rank as failed (``how``
+    "liveness"), whatever the operations' timeout. Every rank is watched by one other, and a blocked
+    wait asks the heartbeat rather than the store (:meth:`JobStore.failures`), so the store's load
+    grows with the number of ranks, not its square: three requests per rank per second, of at most
+    four keys.
+
+    Args:
+        host, port, secret: the job's store.
+        rank, world_size: this rank and the number of ranks.
     """
 
-    def __init__(self, host: str, port: int, secret: Any, rank: int):
+    def __init__(self, host: str, port: int, secret: Any, rank: int, world_size: int = 1):
         self._client = StoreClient(host, port, secret, timeout=_READ_S)
         self._client.set(_HOST.format(rank=rank), host_of(self._client).encode())
+        self._rank, self._world_size, self.liveness = rank, world_size, liveness_s()
         self._key = _ALIVE.format(rank=rank)
         self._client.add(self._key, 1)
+        self.failure_seen = False  # a failure record exists (``simdist/first-failure``)
+        self.answered_at = time.monotonic()  # the store's latest answer
+        self.store_error: DistError | None = None  # why the store stopped answering
+        self._watched = (rank + 1) % world_size
+        self._seen: tuple[bytes | None, float] = (None, time.monotonic())  # its counter, when first seen
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"simdist-heartbeat-{rank}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stopped.wait(BEAT_S):
+        beat_at = time.monotonic() + BEAT_S
+        while not self._stopped.wait(POLL_S):
             try:
-                self._client.add(self._key, 1)
-            except (DistError, OSError):
-                return  # the store is gone: the waits say so
+                if time.monotonic() >= beat_at:
+                    self._client.add(self._key, 1)
+                    beat_at += BEAT_S
+                self._watch()
+            except (DistError, OSError) as exc:  # the store is gone, frozen or cut off: the waits say so
+                if not self._stopped.is_set():
+                    self.store_error = exc if isinstance(exc, DistError) else DistError(str(exc))
+                return
+
+    def _watch(self) -> None:
+        """Read whether a rank failed, and the watched rank's counter; record the watched rank as failed
+        once its counter stood still for ``liveness`` seconds."""
+        watched = self._watched
+        keys = [_FIRST, *(k.format(rank=watched) for k in (_ALIVE, _BYE, _FAILED))]
+        found = self._client.multi_get(keys if watched != self._rank else keys[:1])
+        now = self.answered_at = time.monotonic()
+        self.failure_seen = self.failure_seen or _FIRST in found
+        if watched == self._rank:
+            return  # every other rank failed or left
+        if keys[2] in found or keys[3] in found:  # gone in order, or failed: watch the next one
+            self._watched, self._seen = (watched + 1) % self._world_size, (None, now)
+            return
+        beats = found.get(keys[1])
+        if beats is None or beats != self._seen[0]:  # not started yet, or alive
+            self._seen = (beats, now)
+            return
+        silent = now - self._seen[1]
+        if silent > self.liveness:
+            host = self._client.multi_get([_HOST.format(rank=watched)]).get(_HOST.format(rank=watched), b"")
+            error = (
+                f"no sign of life for {silent:.1f} s (more than {LIVENESS_ENV}={self.liveness:g}): "
+                "its process is stopped or frozen, or its host unreachable"
+            )
+            record = _record(watched, error, "liveness", time.time(), host=host.decode(errors="replace") or None)
+            self._client.compare_set(keys[3], b"", record)
+            self._client.compare_set(_FIRST, b"", record)
+            self.failure_seen = True
+
+    def check(self) -> bool:
+        """Whether a rank failed (as of the latest read, at most ``POLL_S`` s ago).
+
+        Raises:
+            DistError: the store did not answer the heartbeat's latest read (within 2 s), or no read
+                was answered for longer than that and a poll.
+        """
+        silent = time.monotonic() - self.answered_at
+        if self.store_error is not None or silent > POLL_S + _READ_S:
+            why = self.store_error or f"no answer to this rank's heartbeat for {silent:.1f} s"
+            raise DistError(f"the store at {self._client.host}:{self._client.port} is unreachable ({why})")
+        return self.failure_seen
+
+    @property
+    def running(self) -> bool:
+        """Until :meth:`stop` (a heartbeat that lost the store runs on: :meth:`check` says so)."""
+        return not self._stopped.is_set()
 
     def stop(self) -> None:
         self._stopped.set()
@@ -187,7 +262,7 @@ class JobStore(StoreClient):
         super().__init__(host, port, secret, **options)
         self.rank, self.world_size = rank, world_size
         self.liveness = liveness_s()
-        self._beats: dict[int, tuple[bytes | None, float]] = {}  # rank: (its counter, when this rank first saw it)
+        self.heartbeat: Heartbeat | None = None  # set once the rank's heartbeat runs
 
     def others(self) -> list[int]:
         return [r for r in range(self.world_size) if r != self.rank]
@@ -204,11 +279,19 @@ class JobStore(StoreClient):
             pass
 
     def leave_will(self) -> None:
-        """Have the store record this rank as failed if its connection ends without a goodbye."""
-        self.will(_FAILED.format(rank=self.rank), will_value(self.rank, host_of(self)))
+        """Have the store record this rank as failed (and as the job's first failure, if none is yet) if
+        its connection ends without a goodbye."""
+        value = will_value(self.rank, host_of(self))
+        self.will(_FAILED.format(rank=self.rank), value)
+        self.will(_FIRST, value)
 
-    def failures(self, ranks: Iterable[int] | None = None) -> dict[int, dict]:
-        """The failure records of ``ranks`` (default: every other rank), read in one request.
+    def failures(self, ranks: Iterable[int] | None = None, *, fresh: bool = False) -> dict[int, dict]:
+        """The failure records of ``ranks`` (default: every other rank); ``fresh``: read from the store
+        now, not as of the heartbeat's latest read.
+
+        While no rank failed, this asks the rank's :class:`Heartbeat` (once it runs), which reads the
+        job's first failure (``simdist/first-failure``) every ``POLL_S`` s; before, that one key. The
+        records of ``ranks`` are read once it exists.
 
         Raises:
             DistError: the store is unreachable (it did not answer within 2 s, or the connection broke).
@@ -216,31 +299,16 @@ class JobStore(StoreClient):
         ranks = self.others() if ranks is None else [r for r in ranks if r != self.rank]
         if not ranks:
             return {}
-        keys = [k.format(rank=r) for r in ranks for k in (_FAILED, _ALIVE, _BYE, _HOST)]
         try:
-            found = self.multi_get(keys, timeout=_READ_S)
+            if self.heartbeat is not None and self.heartbeat.running and not fresh:
+                if not self.heartbeat.check():
+                    return {}
+            elif not self.multi_get([_FIRST], timeout=_READ_S):
+                return {}
+            found = self.multi_get([_FAILED.format(rank=r) for r in ranks], timeout=_READ_S)
         except DistError as exc:
             raise DistError(f"rank {self.rank}: the store at {self.host}:{self.port} is unreachable ({exc})") from exc
-        failed = {r: _parse(r, found[_FAILED.format(rank=r)]) for r in ranks if _FAILED.format(rank=r) in found}
-        now = time.monotonic()
-        for r in ranks:
-            beats = found.get(_ALIVE.format(rank=r))
-            if r in failed or beats is None or _BYE.format(rank=r) in found:
-                continue  # failed already, not started yet, or gone in order
-            seen, since = self._beats.get(r, (None, now))
-            if beats != seen:
-                self._beats[r] = (beats, now)
-            elif now - since > self.liveness:
-                host = found.get(_HOST.format(rank=r), b"").decode(errors="replace") or None
-                failed[r] = {
-                    "rank": r,
-                    "error": f"no sign of life for {now - since:.1f} s (more than {LIVENESS_ENV}={self.liveness:g}): "
-                    "its process is stopped or frozen, or its host unreachable",
-                    "how": "liveness",
-                    "time": None,
-                    "host": host,
-                }
-        return failed
+        return {r: _parse(r, found[_FAILED.format(rank=r)]) for r in ranks if _FAILED.format(rank=r) in found}
 
     def check_failures(self, ranks: Iterable[int] | None, what: str) -> None:
         """Raise ``PeerLostError`` for the first failed rank among ``ranks`` (default: every other rank)."""
@@ -342,19 +410,25 @@ class FailureMonitor:
         self.recorder = recorder
         self.liveness = store.liveness  # seconds of silence that make a peer, or the store, lost
 
-    def failures(self, ranks: Iterable[int | None]) -> dict[int, tuple[int, str]]:
+    def failures(self, ranks: Iterable[int | None], *, fresh: bool = False) -> dict[int, tuple[int, str]]:
         """``{rank: (root, "rank 1 failed: ValueError: boom")}`` for the failed ones of ``ranks`` (``None``:
         any rank), ``root`` the rank whose failure caused ``rank``'s; the first item is the one to report.
+        ``fresh``: as :meth:`JobStore.failures`.
 
         Raises:
             DistError: the store is unreachable.
         """
         ranks = set(ranks)
-        failed = self.store.failures(None if None in ranks else sorted(ranks))
+        failed = self.store.failures(None if None in ranks else sorted(ranks), fresh=fresh)
         if not failed:
             return {}
         first = first_failure(failed)[0]
         return {r: _named(*first_failure(failed, r)) for r in [first, *failed]}
+
+    def answered_at(self, default: float) -> float:
+        """When the store last answered this rank's heartbeat (``default`` without a heartbeat)."""
+        heartbeat = self.store.heartbeat
+        return min(heartbeat.answered_at, default) if heartbeat is not None and heartbeat.running else default
 
     def blocked(self) -> None:
         """A wait is about to block: publish this rank's latest state (what a report on a hang reads)."""
@@ -373,10 +447,13 @@ def launcher_saw(host: str, port: int, secret: Any, world_size: int, rank: int, 
         with StoreClient(host, port, secret, timeout=_READ_S, connect_timeout=1.0) as store:
             current = store.multi_get([key]).get(key)
             if current is None:  # nothing recorded: the launcher's record, with the launcher's host
-                store.compare_set(key, b"", _record(rank, text, "launcher", time.time(), host=host_of(store)))
+                record = _record(rank, text, "launcher", time.time(), host=host_of(store))
+                store.compare_set(key, b"", record)
+                store.compare_set(_FIRST, b"", record)
             elif _parse(rank, current).get("how") == "will":  # what the launcher saw says more than the will
-                will = _parse(rank, current)
-                store.compare_set(key, current, _record(rank, text, "launcher", time.time(), host=will.get("host")))
+                record = _record(rank, text, "launcher", time.time(), host=_parse(rank, current).get("host"))
+                store.compare_set(key, current, record)
+                store.compare_set(_FIRST, current, record)
             found = store.multi_get([_FAILED.format(rank=r) for r in range(world_size)])
     except (DistError, OSError, ValueError):
         return None

@@ -31,7 +31,7 @@ __all__ = ["FlightRecorder"]
 _KEY = "simdist/flight/{rank}"
 _FAILED = "simdist/failed/{rank}"  # a failed rank's record (see ._failures)
 _REPORT_S = 2.0  # the deadline of the one request that reads every member's state
-_PUBLISH_S = 1.0  # how long one publication may wait for the store (plus the client's margin)
+_PUBLISH_S = 1.0  # how long one publication may wait for the store: a wait that blocks publishes first
 _EPOCH = "simdist/trace/epoch"
 TRACE_ENV = "SIMDIST_TRACE"
 
@@ -148,7 +148,7 @@ class FlightRecorder:
         with self.lock:
             data = json.dumps(self.latest, sort_keys=True, default=str).encode()
         try:
-            self.store.set(_KEY.format(rank=self.rank), data, timeout=_PUBLISH_S)
+            self.store.set(_KEY.format(rank=self.rank), data, timeout=_PUBLISH_S, strict=True)
         except Exception:  # noqa: BLE001 - the recorder must never break the job it watches
             pass
 

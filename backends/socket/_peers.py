@@ -401,12 +401,13 @@ class PeerNetwork:
                 blocked = True
                 self._monitor.blocked()
                 continue
+            asked_at = time.monotonic()
             try:
                 failed = self._monitor.failures(ranks)
                 unreachable_since = None
             except DistError as exc:  # the store is unreachable: the peers may still finish, for a while
                 failed = {}
-                unreachable_since = unreachable_since or time.monotonic()
+                unreachable_since = unreachable_since or self._monitor.answered_at(asked_at)
                 if time.monotonic() - unreachable_since > self._monitor.liveness:
                     raise DistError(
                         f"{exc}, for more than {self._monitor.liveness:g} s ({LIVENESS_ENV}): this host's link is "
@@ -422,7 +423,7 @@ class PeerNetwork:
                     f"rank {self.rank}: {why}; pending:\n" + "\n".join(f"  {op.describe()}" for op in pending[:8]),
                     rank=root,
                 )
-            poll_at = time.monotonic() + POLL_S
+            poll_at = time.monotonic() + (0.0 if unreachable_since else POLL_S)  # a read that failed waited 2 s
         for op in handles:
             if op.device is not None:  # received through host memory: copy into the device buffer
                 (dst, host), op.device = op.device, None
@@ -464,7 +465,7 @@ class PeerNetwork:
         caused it: a failed rank is named with its own error, never hidden behind a timeout."""
         for _ in range(_EXPLAIN_TRIES):  # a peer that just died: the store records it a moment later
             try:
-                failed = self._monitor.failures(ranks)
+                failed = self._monitor.failures(ranks, fresh=True)
             except DistError:
                 return error
             if failed:

@@ -7,9 +7,11 @@ answered "timed out" by the server; the client's socket deadline (the timeout pl
 ``REPLY_MARGIN_S``) covers a server that never answers. Nothing is ever unpickled.
 
 The messages, their wire format and their limits are in :mod:`._store_wire`. WILL
-``(key, value)`` is a connection's last will: if the connection ends before it is
-withdrawn (a WILL with an empty key), the server sets ``key`` to ``value`` unless ``key``
-exists. A rank's will records that it died (``._failures``). The server closes a
+``(key, value)`` adds to a connection's last will: if the connection ends before the will is
+withdrawn (a WILL with an empty key), the server sets each such ``key`` to its ``value``, in
+the order given, unless ``key`` exists. A rank's will records that it died (``._failures``).
+:meth:`StoreServer.load` counts the requests served and the keys they named; ``simdist run --log-dir``
+logs them each second (``store_load.jsonl``). The server closes a
 connection that sends a malformed frame and keeps serving the others.
 
 Bounds of the server (see :mod:`._accept`): at most ``MAX_HANDSHAKES`` connections in the
@@ -25,6 +27,7 @@ Run a standalone server with ``python -m simdist.backends.socket._store --host H
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import re
@@ -146,7 +149,8 @@ class StoreServer:
         self._frame_timeout = timeout_seconds(frame_timeout, "frame_timeout")
         self._data: dict[str, bytes] = {}
         self._cond = threading.Condition()
-        self._wills: dict[socket.socket, tuple[str, bytes]] = {}  # each connection's last will (Op.WILL)
+        self._wills: dict[socket.socket, dict[str, bytes]] = {}  # each connection's last will (Op.WILL)
+        self._requests = self._keys = 0  # served so far (load)
         self._closed = False
         try:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -222,13 +226,38 @@ class StoreServer:
         finally:
             self._read_will(conn)
 
+    def load(self) -> tuple[int, int]:
+        """``(requests, keys)``: the requests served so far and the keys they named (a MULTI_GET of
+        8 keys counts 8), the store's load."""
+        with self._cond:
+            return self._requests, self._keys
+
+    def log_load(self, path: str, every: float = 1.0) -> None:
+        """Append the store's load to ``path`` every ``every`` seconds until :meth:`close`, a JSON line each:
+        ``{"time": wall-clock s, "requests": n, "keys": k, "cpu": s}``, the counts of :meth:`load` and the
+        CPU time of this process so far (the store's cost where the process does little else)."""
+
+        def run() -> None:
+            with open(path, "a", encoding="utf-8") as out:
+                while True:
+                    requests, keys = self.load()
+                    cpu = time.process_time()
+                    out.write(json.dumps({"time": time.time(), "requests": requests, "keys": keys, "cpu": cpu}) + "\n")
+                    out.flush()
+                    with self._cond:
+                        if self._closed or self._cond.wait_for(lambda: self._closed, every):
+                            return
+
+        threading.Thread(target=run, name=f"simdist-store-load:{self.port}", daemon=True).start()
+
     def _read_will(self, conn: socket.socket) -> None:
         """``conn`` has ended: carry out its last will, unless the server is closing."""
         with self._cond:
-            will = self._wills.pop(conn, None)
-            if will is not None and not self._closed and will[0] not in self._data:
-                self._data[will[0]] = will[1]
-                self._cond.notify_all()
+            will = self._wills.pop(conn, {})
+            for key, value in will.items():
+                if not self._closed and key not in self._data:
+                    self._data[key] = value
+                    self._cond.notify_all()
 
     def _items(self, keys: Sequence[str]) -> Response:
         """The ITEMS answer to MULTI_GET (the lock is held): the keys that exist and their values."""
@@ -264,11 +293,13 @@ class StoreServer:
     def _execute(self, req: Request, conn: socket.socket | None = None) -> Response | None:
         data = self._data
         with self._cond:
+            self._requests += 1
+            self._keys += len(req.keys)
             if req.op is Op.MULTI_GET:
                 return self._items(req.keys)
             if req.op is Op.WILL:
                 if req.keys[0]:
-                    self._wills[conn] = (req.keys[0], req.values[0])
+                    self._wills.setdefault(conn, {})[req.keys[0]] = req.values[0]
                 else:
                     self._wills.pop(conn, None)
                 return Response(Kind.NONE)
@@ -505,10 +536,14 @@ class StoreClient:
     def _ms(timeout: float) -> int:
         return min(math.ceil(timeout * 1000), _I64_MAX)
 
-    def set(self, key: str, value: bytes, timeout: float | None = None) -> None:
-        """Store ``value`` under ``key`` (replacing any value) and wake the waiters on it."""
+    def set(self, key: str, value: bytes, timeout: float | None = None, *, strict: bool = False) -> None:
+        """Store ``value`` under ``key`` (replacing any value) and wake the waiters on it.
+
+        ``strict``: the answer must come within ``timeout`` itself, without the margin
+        (``REPLY_MARGIN_S``) left for a busy server."""
         key, value, t = _key(key), self._value(value, "value"), self._timeout(timeout)
-        self._request(Request(Op.SET, keys=(key,), values=(value,)), t, f"set({key!r})")
+        margin = 0.0 if strict else REPLY_MARGIN_S
+        self._request(Request(Op.SET, keys=(key,), values=(value,)), t, f"set({key!r})", margin=margin)
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         """The value of ``key``, waiting until it exists.
@@ -585,9 +620,10 @@ class StoreClient:
         return dict(zip(resp.keys, resp.values))
 
     def will(self, key: str, value: bytes, timeout: float | None = None) -> None:
-        """Make ``key = value`` this connection's last will: if the connection ends before
-        ``will("", b"")`` withdraws it (this process exited or died), the server sets ``key``
-        to ``value`` unless ``key`` exists. A later will replaces an earlier one."""
+        """Add ``key = value`` to this connection's last will: if the connection ends before
+        ``will("", b"")`` withdraws the will (this process exited or died), the server sets ``key``
+        to ``value`` unless ``key`` exists, for each key willed, in order. Willing a key again
+        replaces its value."""
         key, value, t = _key(key), self._value(value, "value"), self._timeout(timeout)
         self._request(Request(Op.WILL, keys=(key,), values=(value,)), t, f"will({key!r})")
 

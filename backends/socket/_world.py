@@ -149,7 +149,7 @@ class SocketWorld(ProcessWorld):
         self.checked = agreed_checks(self.store, rank)
         listen = "127.0.0.1" if is_loopback(host) else _address_towards(host, port)
         self.store.leave_will()
-        self.heartbeat = Heartbeat(host, port, secret, rank)
+        self.heartbeat = self.store.heartbeat = Heartbeat(host, port, secret, rank, world_size)
         self.recorder = FlightRecorder(self.store, rank)
         self.network = PeerNetwork(
             rank,
