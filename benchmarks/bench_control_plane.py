@@ -38,17 +38,17 @@ from netns_hosts import NetnsTestbed, unavailable  # noqa: E402
 from simdist.backends.socket import new_secret  # noqa: E402
 
 HOSTS = 4
+# this tree's launcher (and store) whatever PYTHONPATH says; its ranks import simdist from PYTHONPATH
+LAUNCHER = ("-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); from simdist.run import main; sys.exit(main())")
 WAIT_S = 8.0
 
 JOB = """\
-import os, sys, time
-tree = os.environ.get("BENCH_TREE")
-if tree:
-    sys.path.insert(0, tree)
+import os, time
 import torch
 import simdist as dist
 
-if tree and not dist.__file__.startswith(tree):
+tree = os.environ["PYTHONPATH"]
+if not dist.__file__.startswith(tree):
     raise SystemExit(f"simdist from {dist.__file__}, not from {tree}")
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -67,15 +67,20 @@ def run(world: int, tree: str | None, work: Path) -> dict:
     """One job of ``world`` ranks on 4 hosts; the store's rates while the ranks wait."""
     script = work / "job.py"
     script.write_text(JOB.replace("WAIT_S", repr(WAIT_S)))
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "BENCH_TREE")}
-    env.update({"SIMDIST_SECRET": new_secret(), "OMP_NUM_THREADS": "1", **({"BENCH_TREE": tree} if tree else {})})
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "PYTHONPATH")}
+    env.update({"SIMDIST_SECRET": new_secret(), "OMP_NUM_THREADS": "1", "PYTHONPATH": tree or str(ROOT)})
     logs = work / f"logs-{world}-{'old' if tree else 'new'}"
     with NetnsTestbed(HOSTS) as bed:
         options = ["--backend", "socket", "--timeout", "300", "--log-dir", f"{logs}/host{{host}}"]
-        nodes = bed.launch(str(script), per_host=world // HOSTS, port=29730, env=env, options=options)
+        nodes = bed.launch(
+            str(script), per_host=world // HOSTS, port=29730, env=env, options=options, launcher=LAUNCHER
+        )
         ends = [node.communicate(timeout=600) for node in nodes]
     if any(node.returncode for node in nodes):
-        raise RuntimeError(f"world {world} ({'old' if tree else 'new'}) failed: {ends}")
+        failed = next(iter(sorted(logs.glob("host*/rank_*.log"))), None)
+        raise RuntimeError(
+            f"world {world} ({'old' if tree else 'new'}) failed: {ends}\n{failed and failed.read_text()[-3000:]}"
+        )
     start, end = map(
         float, re.search(r"waited ([\d.]+) ([\d.]+)", (logs / "host0" / "rank_0.log").read_text()).groups()
     )

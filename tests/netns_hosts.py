@@ -208,17 +208,24 @@ class NetnsTestbed:
         self.close()
 
     def launch(
-        self, script: str, *, per_host: int = 1, port: int, env: dict[str, str], options: Sequence[str] = ()
+        self,
+        script: str,
+        *,
+        per_host: int = 1,
+        port: int,
+        env: dict[str, str],
+        options: Sequence[str] = (),
+        launcher: Sequence[str] = ("-m", "simdist.run"),
     ) -> list[subprocess.Popen]:
         """``simdist run --nnodes N --node-rank i --master-addr HOST0 ... script`` started on every host ``i``,
         ``per_host`` ranks each, with ``env`` (which must hold ``SIMDIST_SECRET``) and further launcher
-        ``options``; output piped, as text. ``options`` may name ``{host}``, this host's index."""
+        ``options``; output piped, as text. ``options`` may name ``{host}``, this host's index; ``launcher``:
+        the interpreter's arguments that start simdist run."""
         nodes = []
         for host in self.hosts:
             argv = [
                 sys.executable,
-                "-m",
-                "simdist.run",
+                *launcher,
                 "--nnodes",
                 str(len(self.hosts)),
                 "--node-rank",

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from netns_hosts import Host, testbed
 from simdist.backends.socket import new_secret
 from test_run_torch_scripts import TORCH_SCRIPT, _check_torch_script
@@ -47,16 +48,18 @@ dist.destroy_process_group()
 """
 
 
-def _job(bed, tmp_path: Path, script: str, args: list[str], env: dict[str, str], per_node: int = 2) -> list:
-    """Run ``script`` with ``simdist run`` on every host of ``bed`` (node rank = host index); each node's
-    (exit status, stdout, stderr)."""
+def _job(
+    bed, tmp_path: Path, script: str, args: list[str], env: dict[str, str], per_node: int = 2, script_args: tuple = ()
+) -> list:
+    """Run ``script`` (its text) with ``simdist run`` on every host of ``bed`` (node rank = host index), from
+    ``tmp_path``; each node's (exit status, stdout, stderr)."""
     path = tmp_path / "script.py"
     path.write_text(script)
     nodes = []
     for host in bed.hosts:
         argv = [sys.executable, "-m", "simdist.run", *args, "--nnodes", str(len(bed)), "--node-rank", str(host.index)]
         argv += ["--master-addr", bed[0].address, "--master-port", str(MASTER_PORT)]
-        argv += ["--nproc-per-node", str(per_node), str(path)]
+        argv += ["--nproc-per-node", str(per_node), str(path), *script_args]
         full = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "SIMDIST_SECRET")}
         full.update(env)
         nodes.append(
@@ -117,14 +120,34 @@ def test_an_unmodified_torch_script_across_hosts_on_the_socket_backend(testbed, 
     _check_torch_script(out, 4, "BridgeGroup")
 
 
-def test_a_torch_script_across_hosts_on_torchs_gloo(testbed, tmp_path: Path) -> None:
-    """Without --backend, torch code runs on torch's gloo (as under torchrun). gloo picks its interface by the
-    host name, which every namespace shares: as under torchrun, GLOO_SOCKET_IFNAME names the hosts' interface."""
+def test_the_launch_corpus_training_across_hosts_equals_the_one_host_run(testbed, tmp_path: Path) -> None:
+    """tests/programs/train_torchrun.py (DDP, all_reduce, all_gather, broadcast, isend/recv; unmodified), one rank on
+    each of 2 hosts, on torch's gloo and on the socket backend: the per-step results, final parameters and
+    checkpoint of torchrun on one host, exactly (tests/test_launch_paths.py). gloo picks its interface by the host
+    name, which every namespace shares: as under torchrun, GLOO_SOCKET_IFNAME names the hosts' interface."""
+    from launch_paths import checkpoint_difference, result_lines, start
+
+    programs = Path(__file__).with_name("programs")
+    reference = start("torchrun", programs / "train_torchrun.py", "torchrun", 2, ("--steps", "4", "--out", "."),
+                      cwd=tmp_path, timeout=90)  # fmt: skip
+    assert reference.ok, reference.describe()
+    expected = sorted(sorted((k, v) for k, v in r.items() if k != "engine") for r in result_lines(reference.stdout))
     bed = testbed(2)
-    env = {"SIMDIST_SECRET": new_secret(), "GLOO_SOCKET_IFNAME": "eth0"}
-    out = _ok(_job(bed, tmp_path, TORCH_SCRIPT, [], env))
-    _check_torch_script(out, 4, "ProcessGroup")
-    assert f"master_port={MASTER_PORT}" in out
+    for backend, engine in ((None, "ProcessGroupGloo"), ("socket", "BridgeGroup")):
+        run = tmp_path / (backend or "gloo")
+        run.mkdir()
+        (run / "toy_training.py").write_text((programs / "toy_training.py").read_text())
+        env = {"SIMDIST_SECRET": new_secret(), "GLOO_SOCKET_IFNAME": "eth0"}
+        args = ["--backend", backend] if backend else []
+        out = _ok(
+            _job(bed, run, (programs / "train_torchrun.py").read_text(), args, env, 1, ("--steps", "4", "--out", "."))
+        )
+        results = [dict(r) for r in result_lines(out)]
+        engines = {r.pop("engine") for r in results if "engine" in r}
+        assert engines == {engine}, engines
+        assert sorted(map(sorted, (r.items() for r in results))) == expected, out
+        difference = checkpoint_difference(torch.load(run / "ckpt.pt"), torch.load(tmp_path / "ckpt.pt"))
+        assert difference is None, difference
 
 
 def test_a_node_without_the_jobs_secret_is_refused(testbed, tmp_path: Path) -> None:
