@@ -13,8 +13,9 @@ Both sides run with this tree's launcher and store; the ranks of "old" import si
 export of ``COMMIT`` (``git archive``), whose waits read the failure records, heartbeats and
 goodbyes of every rank they depend on every 0.5 s; the ranks of "new" are this tree's, whose
 heartbeat reads one failure key and one other rank's heartbeat every 0.5 s and whose waits ask it.
-Expected per rank and second, from the designs: old 3 requests and 1 + 2 x 4 x (n - 1) keys,
-new 3 requests and 9 keys.
+Expected per second, from the designs, with n - 1 ranks waiting and rank 0 asleep: old
+3n - 2 requests and n + 8 (n - 1)^2 keys (a heartbeat per rank, and 2 reads of 4 keys of each of
+the n - 1 others per waiting rank); new 3n requests and 9n keys.
 """
 
 from __future__ import annotations
@@ -91,6 +92,25 @@ def run(world: int, tree: str | None, work: Path) -> dict:
     return {"world": world, "seconds": seconds, **rate}
 
 
+def render(results: dict[str, list[dict]]) -> str:
+    """The markdown table of ``results`` (``{"old": [...], "new": [...]}``, one entry per world)."""
+    rows = []
+    for old, new in zip(results["old"], results["new"]):
+        n = old["world"]
+        rows.append([
+            n,
+            f"{old['requests']:.0f}", f"{new['requests']:.0f}",
+            f"{old['keys']:.0f}", f"{new['keys']:.0f}", f"{old['keys'] / new['keys']:.1f}x",
+            f"{1000 * old['cpu']:.0f}", f"{1000 * new['cpu']:.0f}",
+            f"{n + 8 * (n - 1) ** 2} / {9 * n}",
+        ])  # fmt: skip
+    headers = [
+        "ranks", "requests/s old", "requests/s new", "keys/s old", "keys/s new", "old/new keys",
+        "store CPU ms/s old", "store CPU ms/s new", "keys/s expected old / new",
+    ]  # fmt: skip
+    return markdown_table(headers, rows)
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--old", required=True, metavar="COMMIT", help="the commit whose ranks poll the old way")
@@ -113,21 +133,7 @@ def main(argv=None) -> dict:
                 figures = run(world, tree, work)
                 results[side].append(figures)
                 print(f"world {world} {side}: {figures}", flush=True)
-    rows = []
-    for old, new in zip(results["old"], results["new"]):
-        n = old["world"]
-        rows.append([
-            n,
-            f"{old['requests']:.0f}", f"{new['requests']:.0f}",
-            f"{old['keys']:.0f}", f"{new['keys']:.0f}", f"{old['keys'] / new['keys']:.1f}x",
-            f"{1000 * old['cpu']:.0f}", f"{1000 * new['cpu']:.0f}",
-            f"{n * (1 + 8 * (n - 1)):.0f} / {9 * n}",
-        ])  # fmt: skip
-    headers = [
-        "ranks", "requests/s old", "requests/s new", "keys/s old", "keys/s new", "old/new keys",
-        "store CPU ms/s old", "store CPU ms/s new", "keys/s expected old / new",
-    ]  # fmt: skip
-    table = markdown_table(headers, rows)
+    table = render(results)
     print(machine_markdown(info))
     print(table)
     if args.json:
