@@ -171,6 +171,7 @@ class Heartbeat:
     """
 
     def __init__(self, host: str, port: int, secret: Any, rank: int, world_size: int = 1):
+        self._address = (host, port, secret)
         self._client = StoreClient(host, port, secret, timeout=_READ_S)
         self._client.set(_HOST.format(rank=rank), host_of(self._client).encode())
         self._rank, self._world_size, self.liveness = rank, world_size, liveness_s()
@@ -189,14 +190,19 @@ class Heartbeat:
         beat_at = time.monotonic() + BEAT_S
         while not self._stopped.wait(POLL_S):
             try:
+                if self.store_error is not None:  # connect again: a store that was only slow answers again
+                    self._client.close()
+                    self._client = StoreClient(*self._address, timeout=_READ_S, connect_timeout=_READ_S)
+                    self.store_error = None
+                    if self._stopped.is_set():  # stopped meanwhile: the new connection goes too
+                        self._client.close()
+                        return
                 if time.monotonic() >= beat_at:
                     self._client.add(self._key, 1)
-                    beat_at += BEAT_S
+                    beat_at = time.monotonic() + BEAT_S
                 self._watch()
             except (DistError, OSError) as exc:  # the store is gone, frozen or cut off: the waits say so
-                if not self._stopped.is_set():
-                    self.store_error = exc if isinstance(exc, DistError) else DistError(str(exc))
-                return
+                self.store_error = exc if isinstance(exc, DistError) else DistError(str(exc))
 
     def _watch(self) -> None:
         """Read whether a rank failed, and the watched rank's counter; record the watched rank as failed
@@ -232,10 +238,12 @@ class Heartbeat:
 
         Raises:
             DistError: the store did not answer the heartbeat's latest read (within 2 s), or no read
-                was answered for longer than that and a poll.
+                was answered for longer than that and a poll. The heartbeat connects again meanwhile:
+                a store that answers again ends the silence; the waits give up after the liveness
+                interval.
         """
         silent = time.monotonic() - self.answered_at
-        if self.store_error is not None or silent > POLL_S + _READ_S:
+        if (self.store_error is not None and silent > POLL_S) or silent > POLL_S + _READ_S:
             why = self.store_error or f"no answer to this rank's heartbeat for {silent:.1f} s"
             raise DistError(f"the store at {self._client.host}:{self._client.port} is unreachable ({why})")
         return self.failure_seen
