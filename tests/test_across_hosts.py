@@ -43,7 +43,9 @@ dist.all_reduce(big)
 ok = bool((big == world * (world + 1) / 2).all())
 world_ = current_world()
 shm = sorted(p.rank for p in getattr(world_.network, "_peers", []) if isinstance(p.ring, Ring))
-print(f"rank={rank} world={world} sum={t.item()} big_ok={ok} shm={shm} engine={type(world_).__name__}")
+from simdist._group import Options
+picked = world_.default_group._pick("all_reduce", Options(), big.nbytes)  # the automatic choice for 1 MiB
+print(f"rank={rank} world={world} sum={t.item()} big_ok={ok} shm={shm} engine={type(world_).__name__} picked={picked}")
 dist.destroy_process_group()
 """
 
@@ -106,6 +108,7 @@ def test_a_simdist_job_across_hosts_on_the_socket_backend(testbed, tmp_path: Pat
     for r, line in lines.items():
         r = int(r)
         assert f"world={world} sum={world * (world + 1) / 2} big_ok=True" in line and "engine=SocketWorld" in line, line
+        assert "picked=ring_pipelined" in line, line  # across machines: the ring crosses each link once each way
         peers = eval(re.search(r"shm=(\[[\d, ]*\])", line).group(1))
         neighbour = r + 1 if r % 2 == 0 else r - 1  # the other rank of its host: shared memory, TCP to the rest
         assert set(peers) <= {neighbour}, f"rank {r} shared memory with ranks of another host: {line}"

@@ -241,3 +241,23 @@ def test_simdist_trace_makes_every_rank_write_a_trace_that_merges(tmp_path, monk
     from simdist import visualize as V
 
     assert V.timeline(trace).world == 3
+
+
+def picks_for_1_mib(rank, world_size):
+    from simdist._group import Options
+    from simdist._world import current_world
+
+    dist.init_process_group("gloo")
+    picked = current_world().default_group._pick("all_reduce", Options(), 1 << 20)
+    dist.destroy_process_group()
+    return picked
+
+
+def test_one_machine_keeps_the_models_all_reduce_choice():
+    """On one machine the automatic choice is the model's (across machines it is ring_pipelined from
+    ACROSS_HOSTS_RING_BYTES: tests/test_across_hosts.py)."""
+    from simdist.backends.socket._group import SocketGroup
+
+    picked = simdist.spawn(picks_for_1_mib, args=(4,), nprocs=4, backend="socket", timeout=60)
+    expected = simdist.algorithms.choose("all_reduce", 1 << 20, 4, **SocketGroup.network)
+    assert picked == [expected] * 4 and expected != "ring_pipelined", picked

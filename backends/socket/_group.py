@@ -16,9 +16,15 @@ from simdist._work import DeferredWork, Work
 
 from ._checked import check_collective
 
-__all__ = ["SocketGroup"]
+__all__ = ["ACROSS_HOSTS_RING_BYTES", "SocketGroup"]
 
 _P2P = 0
+ACROSS_HOSTS_RING_BYTES = 256 * 1024
+"""From this size, an all_reduce of a group that spans several machines uses ``ring_pipelined``
+(BENCHMARKS.md (n)): where a machine's link, shared by its ranks, sets the time, a ring in rank
+order crosses each machine's link once each way, while ``recursive_doubling`` and ``rabenseifner``
+put every rank of a machine on its link at once (2-4.25 times the bytes of an all_reduce on a
+link with 2 ranks per machine, against 1.5-1.75 for the ring)."""
 
 
 def _ctx(group_id: int, seq: int) -> int:
@@ -59,6 +65,20 @@ class SocketGroup(AlgorithmicGroup):
         self.seq = 0
         self.lock = threading.Lock()
         self.worker: ThreadPoolExecutor | None = None
+        self._machines: int | None = None  # how many machines its ranks run on, once asked
+
+    def _pick(self, op: str, opts: Options, nbytes: int, equal_counts: bool = True) -> str:
+        name = super()._pick(op, opts, nbytes, equal_counts)
+        automatic = not (opts.algorithm or self.default_algorithms.get(op))
+        if automatic and op == "all_reduce" and nbytes >= ACROSS_HOSTS_RING_BYTES and self._spans_hosts():
+            return "ring_pipelined"
+        return name
+
+    def _spans_hosts(self) -> bool:
+        """Whether the group's ranks run on more than one machine (read once; every rank reads the same)."""
+        if self._machines is None:
+            self._machines = len(set(self.peers.hosts(self.ranks)))
+        return self._machines > 1
 
     def _next_seq(self) -> int:
         with self.lock:

@@ -561,6 +561,11 @@ class PeerNetwork:
 
     # -- transports and closing -----------------------------------------------------
 
+    def hosts(self, ranks: Sequence[int]) -> list[str]:
+        """The address each of ``ranks`` listens on, without its port, waiting until each published it
+        (ranks of one machine share it: it is the machine's address on the route to node 0)."""
+        return [bytes(self._store.get(f"peer/{r}")).decode("ascii", "replace").rpartition(":")[0] for r in ranks]
+
     def transport(
         self, group_ranks: Sequence[int], group_rank: int, ctx: int, timeout: float | None = None
     ) -> PeerTransport:
