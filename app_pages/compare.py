@@ -135,3 +135,15 @@ if cmp.crossovers:
     )
 else:
     st.write("One algorithm is fastest at every size.")
+
+st.subheader("How far to trust simulated times")
+st.markdown(
+    "Checked against real processes of the socket backend (BENCHMARKS.md, sections (m) and (o)). **Where the "
+    "network decides** (hosts joined by links of 100 Mbit/s to 1 Gbit/s, messages of 256 KiB and more), a topology "
+    "file that `simdist calibrate --nnodes N` wrote on those hosts predicts every op and algorithm with a median "
+    "error of about 3% while the CPUs keep up; single cases miss by up to 75% where TCP shares a link among several"
+    " messages at once, which the model serves one after the other. **Where the CPU decides** (ranks of one machine"
+    " over loopback or shared memory: copies, page faults, Python, the scheduler), a calibrated file is off by "
+    "about 15% in the median and up to 2x in single cases, and the named topologies here are not measured at all: "
+    "read these curves for which algorithm wins and why, not for milliseconds."
+)

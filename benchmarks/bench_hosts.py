@@ -121,9 +121,8 @@ def chosen(op, nbytes):
     \"\"\"The all_reduce algorithm the socket group runs for ``nbytes``: its default, else its automatic choice.\"\"\"
     if side != "socket" or op != "all_reduce":
         return None
-    from simdist import algorithms
-    group = current_world().default_group
-    return group.default_algorithms.get(op) or algorithms.choose(op, nbytes, group.size, **group.network)
+    from simdist._group import Options
+    return current_world().default_group._pick(op, Options(), nbytes)
 
 def timed_ops(d, rank, world, cases):
     \"\"\"bench_socket's loop body: the check, then per case warm-up calls and barrier(); t0; op; t1; around the

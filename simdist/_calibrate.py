@@ -39,7 +39,9 @@ machine (loopback) and measures, in the ranks themselves, the terms of the topol
 
 Each figure is the median of several repetitions. It writes a topology file
 (:mod:`simdist._topology_file`, layout ``fully_connected``, every rank on one host) that
-``simulate(topology=path)`` and the app load.
+``simulate(topology=path)`` and the app load. ``simdist calibrate --nnodes N`` run on each of N
+hosts measures the links between them as well and writes a ``two_level`` file
+(:mod:`simdist._calibrate_hosts`).
 """
 
 from __future__ import annotations
@@ -290,6 +292,33 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--name", default="calibrated", help="the topology's name in reports (default 'calibrated')")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (about 15 s)")
+    hosts = p.add_argument_group(
+        "across hosts",
+        "Run 'simdist calibrate' with these options on each of M hosts, as 'simdist run' runs a job (the same "
+        "SIMDIST_SECRET on every host): the ranks measure the links between the hosts, and node 0 measures the "
+        "terms inside a host and writes a two_level topology file (a node per host, whose link its ranks share).",
+    )
+    hosts.add_argument("--nnodes", type=int, default=1, metavar="M", help="number of hosts (default 1: this machine)")
+    hosts.add_argument("--node-rank", type=int, default=0, metavar="K", help="this host's index in 0..M-1 (default 0)")
+    hosts.add_argument(
+        "--master-addr", default="127.0.0.1", metavar="HOST", help="the address of node 0 (default 127.0.0.1)"
+    )
+    hosts.add_argument(
+        "--master-port",
+        type=int,
+        default=None,
+        metavar="P",
+        help="the jobs use ports P to P+3 on node 0 (default 29500)",
+    )
+    hosts.add_argument(
+        "--nproc-per-node", type=int, default=1, metavar="N", help="ranks per host, sharing its link (default 1)"
+    )
+    hosts.add_argument(
+        "--host-file",
+        metavar="PATH",
+        help="take the terms inside a host from this file of 'simdist calibrate' on one of the hosts "
+        "instead of measuring them on node 0",
+    )
     return p
 
 
@@ -299,7 +328,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if not opts.out.endswith(".json"):
         parser.error(f"--out={opts.out!r} must end in .json (simulate(topology=...) loads .json paths as files)")
-    spec = calibrate(opts.out, quick=opts.quick, name=opts.name)
+    if opts.nnodes < 1 or opts.nproc_per_node < 1:
+        parser.error(f"--nnodes={opts.nnodes} and --nproc-per-node={opts.nproc_per_node} must be at least 1")
+    if not 0 <= opts.node_rank < opts.nnodes:
+        parser.error(f"--node-rank={opts.node_rank} must be in 0..{opts.nnodes - 1} for --nnodes={opts.nnodes}")
+    if opts.nnodes == 1:
+        if opts.host_file or opts.nproc_per_node != 1:
+            parser.error("--host-file and --nproc-per-node calibrate across hosts: give --nnodes 2 or more")
+        spec = calibrate(opts.out, quick=opts.quick, name=opts.name)
+    else:
+        from ._calibrate_hosts import calibrate_hosts
+
+        across = calibrate_hosts(opts)
+        if across is None:
+            sys.stdout.write(f"node {opts.node_rank}: done; node 0 writes the topology file\n")
+            return 0
+        write_topology_file(opts.out, across)
+        spec = across
     sys.stdout.write(f"{describe(spec)}\nwrote {opts.out}\n")
     return 0
 
@@ -319,6 +364,13 @@ def describe(spec: dict[str, Any]) -> str:
         f"check {(spec.get('check_overhead') or 0) * 1e6:.1f} us/round, "
         f"call {(spec.get('call_overhead') or 0) * 1e6:.1f} us, "
         f"host cores {spec.get('host_cores') or 'unlimited'}"
+        + (
+            f"; between hosts ({spec['per_node']} rank{'s' if spec['per_node'] > 1 else ''} a host): "
+            f"alpha {spec['inter_alpha'] * 1e6:.1f} us, bandwidth {spec['inter_bandwidth'] / 1e6:.2f} MB/s, "
+            f"burst {(spec.get('inter_burst') or 0) / KIB:.0f} KiB"
+            if spec.get("layout") == "two_level"
+            else ""
+        )
     )
 
 

@@ -10,6 +10,13 @@ starts when it is ready and every link of the path is free, occupies those links
 ``n / min(bandwidth)`` seconds, and arrives ``sum(alpha) + n / min(bandwidth)``
 seconds after it starts (cut-through, as on a switched network).
 
+A link may also carry ``burst``, bytes that it passes at once after being idle: a token
+bucket, as a shaped link (``tc ... tbf``) or a cloud VM's network allowance works. The bucket
+holds up to ``burst`` bytes of credit and earns ``bandwidth`` bytes a second while it is not
+full; a message that finds ``T`` bytes of credit occupies the link ``(n - T) / bandwidth``
+seconds instead of ``n / bandwidth`` (none while ``n <= T``), and spends that credit. With
+``burst`` 0 (the default) a link is the plain one above.
+
 Two optional terms make a calibrated model (:mod:`simdist.calibrate`):
 
 - ``gamma``, seconds per byte a reduction combines; the simulator charges a rank
@@ -93,6 +100,11 @@ DEFAULT_BANDWIDTH = 12.5e9
 """Bandwidth of one link, in bytes per second (12.5 GB/s, a 100 Gb/s network)."""
 
 Link = tuple[Any, Any]
+LinkParams = Callable[[Any, Any], "tuple[float, float] | tuple[float, float, float]"]
+"""``(u, v) -> (alpha, bandwidth)`` or ``(alpha, bandwidth, burst)`` of a link."""
+
+MAX_GAPS = 32
+"""Idle periods remembered per rank or host (the latest): a message that starts in one may be moved there."""
 
 
 class Topology:
@@ -104,7 +116,8 @@ class Topology:
         build: makes the networkx graph (called at most once, lazily).
         route: optional ``route(a, b) -> [nodes]`` for regular topologies, so that large
             worlds never build a graph with n² edges; by default the graph's shortest path.
-        link_params: optional ``(u, v) -> (alpha, bandwidth)`` for the same purpose.
+        link_params: optional ``(u, v) -> (alpha, bandwidth)`` for the same purpose, or
+            ``(alpha, bandwidth, burst)`` for links with a burst (a link's graph attribute ``burst``).
         gamma: seconds per byte reduced (0: reductions are free).
         fresh_memory: seconds per byte of a new buffer of ``fresh_from`` bytes or more (0: free).
         fresh_from: the smallest new buffer, in bytes, charged ``fresh_memory`` (``FRESH_BYTES``).
@@ -124,7 +137,7 @@ class Topology:
         size: int,
         build: Callable[[], nx.Graph],
         route: Callable[[int, int], list] | None = None,
-        link_params: Callable[[Any, Any], tuple[float, float]] | None = None,
+        link_params: LinkParams | None = None,
         *,
         gamma: float = 0.0,
         fresh_memory: float = 0.0,
@@ -152,6 +165,7 @@ class Topology:
         self.host_cores = host_cores
         self.ranks_per_host = ranks_per_host
         self._shared_free: dict[tuple[str, int], float] = {}  # ("rank" | "host", index) -> busy until
+        self._shared_gaps: dict[tuple[str, int], list[list[float]]] = {}  # ... -> its idle [from, to] before that
         self._cores_free: dict[int, list[float]] = {}  # host -> when each of its cores is next free
         self.size = size
         self._build = build
@@ -159,9 +173,10 @@ class Topology:
         self._route_fn = route
         self._link_fn = link_params
         self._paths: dict[tuple[int, int], tuple[tuple[Link, ...], float, float]] = {}
-        self._routes: dict[tuple[int, int], tuple[tuple[int, ...], float, float]] = {}
+        self._routes: dict[tuple[int, int], tuple] = {}
         self._link_ids: dict[Link, int] = {}
         self._free: list[float] = []
+        self._credit: dict[int, float] = {}  # link -> bytes of burst credit when it fell free (absent: full)
 
     @property
     def graph(self) -> nx.Graph:
@@ -209,17 +224,23 @@ class Topology:
 
                 nodes = nx.shortest_path(self.graph, a, b)
             links = tuple(zip(nodes, nodes[1:]))
-            params = [self._params(u, v) for u, v in links]
+            params = [self._params(u, v)[:2] for u, v in links]
             alpha = sum(p[0] for p in params)
             bandwidth = min((p[1] for p in params), default=float("inf"))
             cached = self._paths[key] = (links, alpha, bandwidth)
         return cached
 
-    def _params(self, u: Any, v: Any) -> tuple[float, float]:
+    def _params(self, u: Any, v: Any) -> tuple[float, float, float]:
+        """``(alpha, bandwidth, burst)`` of the link between ``u`` and ``v``."""
         if self._link_fn is not None:
-            return self._link_fn(u, v)
+            alpha, bandwidth, burst = (*self._link_fn(u, v), 0.0)[:3]
+            return alpha, bandwidth, burst
         data = self.graph.edges[u, v]
-        return float(data.get("alpha", DEFAULT_ALPHA)), float(data.get("bandwidth", DEFAULT_BANDWIDTH))
+        return (
+            float(data.get("alpha", DEFAULT_ALPHA)),
+            float(data.get("bandwidth", DEFAULT_BANDWIDTH)),
+            float(data.get("burst", 0.0)),
+        )
 
     def alpha_beta(self) -> tuple[float, float]:
         """``(alpha, beta)`` of a typical pair (ranks 0 and 1): the analytic model's parameters."""
@@ -231,20 +252,29 @@ class Topology:
     def reset(self) -> None:
         """Forget the links' busy times (a new run starts on an idle network)."""
         self._free = [0.0] * len(self._free)
+        self._credit = {}
         self._shared_free = {}
+        self._shared_gaps = {}
         self._cores_free = {}
 
-    def _route(self, a: int, b: int) -> tuple[tuple[int, ...], float, float]:
-        """The route from ``a`` to ``b`` with each directed link as an index into the busy times."""
+    def _route(self, a: int, b: int) -> tuple:
+        """The route from ``a`` to ``b`` with each directed link as an index into the busy times:
+        ``(ids, alpha, bandwidth, buckets, plain)``, ``buckets`` the ``(id, burst, bandwidth)`` of its links
+        with a burst, ``plain`` the least bandwidth of the others."""
         links, alpha, bandwidth = self.path(a, b)
-        ids = []
+        ids, buckets, plain = [], [], float("inf")
         for link in links:
             i = self._link_ids.get(link)
             if i is None:
                 i = self._link_ids[link] = len(self._free)
                 self._free.append(0.0)
             ids.append(i)
-        route = self._routes[(a, b)] = (tuple(ids), alpha, bandwidth)
+            _, rate, burst = self._params(*link)
+            if burst > 0:
+                buckets.append((i, burst, rate))
+            else:
+                plain = min(plain, rate)
+        route = self._routes[(a, b)] = (tuple(ids), alpha, bandwidth, tuple(buckets), plain)
         return route
 
     def transfer(self, a: int, b: int, nbytes: int, ready: float) -> tuple[float, float]:
@@ -255,18 +285,30 @@ class Topology:
         if a == b:
             return ready, ready
         route = self._routes.get((a, b)) or self._route(a, b)
-        links, alpha, bandwidth = route
+        links, alpha, bandwidth, buckets, plain = route
         free = self._free
         start = ready
         for i in links:
             if free[i] > start:
                 start = free[i]
-        busy = start + nbytes / bandwidth
+        busy = start + (self._spend(buckets, plain, nbytes, start) if buckets else nbytes / bandwidth)
         for i in links:
             free[i] = busy
         if self.rank_bandwidth is not None or self.host_bandwidth is not None or self.host_overhead:
             busy = self._through_shared(a, b, nbytes, start, busy)
         return start, busy + alpha
+
+    def _spend(self, buckets: tuple, plain: float, nbytes: int, start: float) -> float:
+        """Seconds that ``nbytes`` starting at ``start`` occupy a route whose ``buckets`` have a burst (``plain``:
+        the least bandwidth of its other links); spends the buckets' credit."""
+        credit, free = self._credit, self._free
+        held = [min(burst, credit.get(i, burst) + (start - free[i]) * rate) for i, burst, rate in buckets]
+        seconds = nbytes / plain
+        for (_, _, rate), have in zip(buckets, held):
+            seconds = max(seconds, (nbytes - have) / rate)
+        for (i, burst, rate), have in zip(buckets, held):
+            credit[i] = min(burst, max(0.0, have + seconds * rate - nbytes))
+        return seconds
 
     def reduce(self, rank: int, nbytes: int, ready: float) -> float:
         """When ``rank``, ready at ``ready``, has reduced ``nbytes`` (``gamma`` a byte, on a free core of its host)."""
@@ -316,29 +358,56 @@ class Topology:
         if self.host_bandwidth is not None or self.host_overhead:
             work = self.host_overhead + (0.0 if self.host_bandwidth is None else nbytes / self.host_bandwidth)
             shared += [(("host", h), work) for h in sorted({self.host(a), self.host(b)})]
-        free = self._shared_free
         for key, work in shared:
-            end = max(start, free.get(key, 0.0)) + work
-            free[key] = end
-            done = max(done, end)
+            done = max(done, self._occupy(key, start, work))
         return done
 
+    def _occupy(self, key: tuple[str, int], start: float, work: float) -> float:
+        """When shared resource ``key`` has done ``work`` seconds for a message that starts at ``start``: in the
+        first idle period from ``start`` long enough for it (messages reach a resource in the order they start,
+        while the simulator may settle a message that starts later first), else after all it has taken on."""
+        free = self._shared_free.get(key, 0.0)
+        if start < free:
+            gaps = self._shared_gaps.get(key, [])
+            for i, gap in enumerate(gaps):
+                begin = max(gap[0], start)
+                if begin + work <= gap[1]:
+                    end = begin + work
+                    gaps[i : i + 1] = [g for g in ([gap[0], begin], [end, gap[1]]) if g[1] - g[0] > 0]
+                    return end
+        elif start > free:
+            gaps = self._shared_gaps.setdefault(key, [])
+            gaps.append([free, start])
+            if len(gaps) > MAX_GAPS:
+                del gaps[0]
+        end = max(start, free) + work
+        self._shared_free[key] = end
+        return end
 
-def fully_connected(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH) -> Topology:
+
+def _link(alpha: float, bandwidth: float, burst: float) -> dict[str, float]:
+    """A link's graph attributes (``burst`` only where it has one)."""
+    return {"alpha": alpha, "bandwidth": bandwidth, **({"burst": burst} if burst else {})}
+
+
+def fully_connected(
+    n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH, burst: float = 0.0
+) -> Topology:
     """A direct link between every pair of ranks."""
 
     def build() -> nx.Graph:
         import networkx as nx
 
         g = nx.complete_graph(n)
-        nx.set_edge_attributes(g, alpha, "alpha")
-        nx.set_edge_attributes(g, bandwidth, "bandwidth")
+        g.add_edges_from(g.edges, **_link(alpha, bandwidth, burst))
         return g
 
-    return Topology("fully_connected", n, build, route=lambda a, b: [a, b], link_params=lambda u, v: (alpha, bandwidth))
+    return Topology(
+        "fully_connected", n, build, route=lambda a, b: [a, b], link_params=lambda u, v: (alpha, bandwidth, burst)
+    )
 
 
-def switch(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH) -> Topology:
+def switch(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH, burst: float = 0.0) -> Topology:
     """Every rank on one link to one switch (a star): each rank sends and receives one message at a time."""
 
     def build() -> nx.Graph:
@@ -346,23 +415,22 @@ def switch(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BAND
 
         g = nx.Graph()
         g.add_nodes_from(range(n))
-        g.add_edges_from(((r, "switch") for r in range(n)), alpha=alpha, bandwidth=bandwidth)
+        g.add_edges_from(((r, "switch") for r in range(n)), **_link(alpha, bandwidth, burst))
         return g
 
     return Topology(
-        "switch", n, build, route=lambda a, b: [a, "switch", b], link_params=lambda u, v: (alpha, bandwidth)
+        "switch", n, build, route=lambda a, b: [a, "switch", b], link_params=lambda u, v: (alpha, bandwidth, burst)
     )
 
 
-def ring(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH) -> Topology:
+def ring(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWIDTH, burst: float = 0.0) -> Topology:
     """Rank ``i`` linked to ranks ``i-1`` and ``i+1`` (mod n); other pairs route the shorter way round."""
 
     def build() -> nx.Graph:
         import networkx as nx
 
         g = nx.cycle_graph(n) if n > 2 else nx.path_graph(n)
-        nx.set_edge_attributes(g, alpha, "alpha")
-        nx.set_edge_attributes(g, bandwidth, "bandwidth")
+        g.add_edges_from(g.edges, **_link(alpha, bandwidth, burst))
         return g
 
     def route(a: int, b: int) -> list:
@@ -370,7 +438,7 @@ def ring(n: int, alpha: float = DEFAULT_ALPHA, bandwidth: float = DEFAULT_BANDWI
         step = 1 if fwd <= n - fwd else -1
         return [(a + step * i) % n for i in range(min(fwd, n - fwd) + 1)]
 
-    return Topology("ring", n, build, route=route, link_params=lambda u, v: (alpha, bandwidth))
+    return Topology("ring", n, build, route=route, link_params=lambda u, v: (alpha, bandwidth, burst))
 
 
 def two_level(
@@ -380,8 +448,15 @@ def two_level(
     intra_bandwidth: float = 100e9,
     inter_alpha: float = DEFAULT_ALPHA,
     inter_bandwidth: float = DEFAULT_BANDWIDTH,
+    intra_burst: float = 0.0,
+    inter_burst: float = 0.0,
 ) -> Topology:
-    """Nodes of ``per_node`` ranks: a fast switch inside each node, one slower uplink per node to a spine."""
+    """Nodes of ``per_node`` ranks: a fast switch inside each node, one slower uplink per node to a spine.
+
+    Each direction of a node's uplink carries one message at a time, so the node's ranks share it: a
+    message between nodes crosses both nodes' uplinks (``2 * inter_alpha`` and the two links from its
+    ranks to their nodes' switches, ``2 * intra_alpha``).
+    """
     nodes = (n + per_node - 1) // per_node
 
     def local(r: int) -> str:
@@ -393,9 +468,9 @@ def two_level(
         g = nx.Graph()
         g.add_nodes_from(range(n))
         for r in range(n):
-            g.add_edge(r, local(r), alpha=intra_alpha, bandwidth=intra_bandwidth)
+            g.add_edge(r, local(r), **_link(intra_alpha, intra_bandwidth, intra_burst))
         for k in range(nodes):
-            g.add_edge(f"node{k}", "spine", alpha=inter_alpha, bandwidth=inter_bandwidth)
+            g.add_edge(f"node{k}", "spine", **_link(inter_alpha, inter_bandwidth, inter_burst))
         return g
 
     def route(a: int, b: int) -> list:
@@ -403,10 +478,10 @@ def two_level(
             return [a, local(a), b]
         return [a, local(a), "spine", local(b), b]
 
-    def params(u: Any, v: Any) -> tuple[float, float]:
+    def params(u: Any, v: Any) -> tuple[float, float, float]:
         if "spine" in (u, v):
-            return inter_alpha, inter_bandwidth
-        return intra_alpha, intra_bandwidth
+            return inter_alpha, inter_bandwidth, inter_burst
+        return intra_alpha, intra_bandwidth, intra_burst
 
     return Topology("two_level", n, build, route=route, link_params=params)
 

@@ -9,6 +9,8 @@ runs on, and simdist ships reference files for common clusters (:data:`REFERENCE
       "layout": "switch",              required: switch | fully_connected | ring | two_level
       "alpha": 4.1e-05,                required: seconds of latency per link
       "bandwidth": 2.3e9,              required: bytes per second per link
+      "burst": 0,                      bytes a link passes at once after being idle: a token
+                                       bucket, as on a shaped link (default 0: none)
       "gamma": 2.5e-10,                seconds per byte reduced (default 0)
       "fresh_memory": 3.1e-10,         seconds per byte of a new buffer of fresh_from bytes
                                        or more: its page faults (default 0)
@@ -30,7 +32,8 @@ runs on, and simdist ships reference files for common clusters (:data:`REFERENCE
       "ranks_per_host": null,          ranks per host (default null: every rank on one host)
       "per_node": 8,                   two_level only: ranks per node; "alpha" and
       "inter_alpha": 1e-06,            "bandwidth" are then the links inside a node,
-      "inter_bandwidth": 2.5e10,       "inter_*" the node's uplink to the spine
+      "inter_bandwidth": 2.5e10,       "inter_*" the node's uplink to the spine, which
+      "inter_burst": 0,                the node's ranks share (its "burst": inter_burst)
       "comment": "...",                free text: where the figures come from
       "sources": ["..."],              free text: references for the figures
       "measured": {...}                free: what calibration measured, kept as written
@@ -38,7 +41,8 @@ runs on, and simdist ships reference files for common clusters (:data:`REFERENCE
 
 ``alpha`` and ``bandwidth`` are per link: on ``switch`` a message crosses two links (its
 latency is ``2 * alpha``), on ``fully_connected`` and ``ring`` neighbours one. The terms
-are those of :mod:`simdist._topology`.
+are those of :mod:`simdist._topology`. ``simdist calibrate --nnodes N`` run on N hosts writes a
+``two_level`` file: a node per host, ``inter_*`` its link to the others.
 """
 
 from __future__ import annotations
@@ -84,15 +88,19 @@ _OPTIONAL = {
     "host_overhead": float,
     "host_cores": int,
     "ranks_per_host": int,
+    "burst": float,
     "per_node": int,
     "inter_alpha": float,
     "inter_bandwidth": float,
+    "inter_burst": float,
     "comment": str,
     "sources": list,
     "measured": dict,
 }
 _SECONDS = ("gamma", "fresh_memory", "memcpy", "check_overhead", "call_overhead", "host_overhead")
 """Fields of seconds (per byte, message or round) that may be 0."""
+_BYTES = ("burst", "inter_burst")
+"""Fields of bytes that may be 0."""
 _TWO_LEVEL = ("per_node", "inter_alpha", "inter_bandwidth")
 
 
@@ -107,12 +115,14 @@ def _check_field(key: str, value: Any, kind: type, where: str) -> None:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok:
         raise ValueError(f"{where}: {key}={value!r} is not a valid {kind.__name__}")
-    free = ("format", *_SECONDS, "comment", "sources", "measured", "name", "layout")
+    free = ("format", *_SECONDS, *_BYTES, "comment", "sources", "measured", "name", "layout")
     positive = key not in free
     if positive and value <= 0:
         raise ValueError(f"{where}: {key}={value!r}; expected a positive number")
     if key in _SECONDS and value < 0:
         raise ValueError(f"{where}: {key}={value!r}; expected a number of seconds >= 0")
+    if key in _BYTES and value < 0:
+        raise ValueError(f"{where}: {key}={value!r}; expected a number of bytes >= 0")
 
 
 def check_spec(spec: Any, where: str = "topology file") -> dict[str, Any]:
@@ -166,6 +176,7 @@ def write_topology_file(path: str | Path, spec: dict[str, Any]) -> Path:
 def topology_from_spec(spec: dict[str, Any], size: int) -> Topology:
     """The :class:`Topology` of ``size`` ranks that a checked file object describes."""
     layout, alpha, bandwidth = spec["layout"], float(spec["alpha"]), float(spec["bandwidth"])
+    burst = float(spec.get("burst") or 0.0)
     if layout == "two_level":
         topo = two_level(
             size,
@@ -174,9 +185,12 @@ def topology_from_spec(spec: dict[str, Any], size: int) -> Topology:
             intra_bandwidth=bandwidth,
             inter_alpha=float(spec["inter_alpha"]),
             inter_bandwidth=float(spec["inter_bandwidth"]),
+            intra_burst=burst,
+            inter_burst=float(spec.get("inter_burst") or 0.0),
         )
     else:
-        topo = {"switch": switch, "fully_connected": fully_connected, "ring": ring}[layout](size, alpha, bandwidth)
+        make = {"switch": switch, "fully_connected": fully_connected, "ring": ring}[layout]
+        topo = make(size, alpha, bandwidth, burst)
     topo.name = spec["name"]
     topo.gamma = float(spec.get("gamma") or 0.0)
     topo.host_overhead = float(spec.get("host_overhead") or 0.0)

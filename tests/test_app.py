@@ -112,6 +112,8 @@ def test_compare_algorithms_page_shows_formulas_and_crossovers():
     at.sidebar.slider(key="cmp_world").set_value(4)
     at.sidebar.selectbox(key="cmp_topology").select("ring")
     ok(at)
+    trust = " ".join(m.value for m in at.markdown)
+    assert "Where the network decides" in trust and "Where the CPU decides" in trust
 
 
 def tables(at: AppTest) -> list[list[dict]]:

@@ -18,6 +18,9 @@ from simdist._topology import FRESH_BYTES as F_BYTES
 from simdist._topology import TOPOLOGIES, as_topology, fully_connected
 from simdist.algorithms import Timed
 from simdist.algorithms._chunks import combine
+from netns_hosts import testbed
+
+__all__ = ["testbed"]  # the fixture, used below
 
 ALPHA, BANDWIDTH = 5e-6, 1e9
 MIB = 1 << 20
@@ -226,6 +229,19 @@ def test_host_overhead_spaces_small_messages():
     assert arrivals == pytest.approx([ALPHA + max(8 / BANDWIDTH, j * 2e-5) for j in (1, 2, 3)], rel=1e-12)
 
 
+def test_a_message_settled_later_uses_a_ranks_idle_time_before_an_earlier_settled_one():
+    """The simulator may settle a message that starts later first: one that starts earlier still finds the rank idle
+    before it (its work takes the first idle period from its start that is long enough)."""
+    n, rank_bw = MIB, 1e9
+    topo = _shared(4, rank_bandwidth=rank_bw)
+    later = topo.transfer(0, 1, n, 1.0)[1]
+    assert later == pytest.approx(1.0 + ALPHA + max(n / BANDWIDTH, n / rank_bw), rel=1e-12)
+    earlier = topo.transfer(2, 1, n, 0.0)[1]  # rank 1 is idle until 1.0: room for it
+    assert earlier == pytest.approx(ALPHA + max(n / BANDWIDTH, n / rank_bw), rel=1e-12)
+    squeezed = topo.transfer(3, 1, n, 0.999)[1]  # no room before 1.0 any more: after the message at 1.0
+    assert squeezed == pytest.approx(1.0 + n / rank_bw + n / rank_bw + ALPHA, rel=1e-12)
+
+
 @pytest.mark.timeout(60)
 def test_an_exchange_pays_twice_the_rank_bandwidth():
     """Two ranks that send each other n bytes at once: both arrive at alpha + 2 n / rank_bandwidth."""
@@ -400,3 +416,128 @@ def test_compare_models_charge_the_topologys_gamma():
     g = as_topology("dgx-a100-nvlink", p).gamma
     ring = next(c for c in cmp.curves if c.algorithm == "ring")
     assert ring.model[0] == pytest.approx(2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g, rel=1e-12)
+
+
+# --- links with a burst (token buckets) and the calibration across hosts ------------------------------------
+
+
+def test_a_link_with_a_burst_passes_it_at_once_after_resting():
+    """A token bucket: a full bucket of B bytes takes B off a message's time on the link; the bucket refills at the
+    link's bandwidth while the link rests, up to B; a link without a burst is the plain one."""
+    n, burst = 4 * MIB, 1 * MIB
+    topo = fully_connected(2, ALPHA, BANDWIDTH, burst=burst)
+    assert topo.transfer(0, 1, n, 0.0) == pytest.approx((0.0, ALPHA + (n - burst) / BANDWIDTH), rel=1e-12)
+    busy = (n - burst) / BANDWIDTH
+    # right behind it: an empty bucket, the whole message at the bandwidth
+    assert topo.transfer(0, 1, n, 0.0) == pytest.approx((busy, busy + ALPHA + n / BANDWIDTH), rel=1e-12)
+    free = busy + n / BANDWIDTH
+    rest = burst / 4 / BANDWIDTH  # a quarter of the bucket refills
+    start = free + rest
+    assert topo.transfer(0, 1, n, start)[1] == pytest.approx(start + ALPHA + (n - burst / 4) / BANDWIDTH, rel=1e-12)
+    # the other direction has its own full bucket; a message within the credit occupies the link no time
+    assert topo.transfer(1, 0, burst // 2, 0.0)[1] == pytest.approx(ALPHA, rel=1e-12)
+    assert topo.transfer(1, 0, burst // 2, 0.0)[1] == pytest.approx(ALPHA, rel=1e-12)
+    assert topo.transfer(1, 0, burst // 2, 0.0)[1] == pytest.approx(ALPHA + burst / 2 / BANDWIDTH, rel=1e-12)
+    topo.reset()  # an idle network again: full buckets
+    assert topo.transfer(0, 1, n, 0.0)[1] == pytest.approx(ALPHA + (n - burst) / BANDWIDTH, rel=1e-12)
+    plain = fully_connected(2, ALPHA, BANDWIDTH)
+    assert plain.transfer(0, 1, n, 0.0)[1] == pytest.approx(ALPHA + n / BANDWIDTH, rel=1e-12)
+
+
+def test_hosts_share_their_uplinks_and_bursts_on_two_level():
+    """Two hosts' uplinks with a burst each: the message waits for the emptier bucket; a host's two messages at once
+    queue on its uplink."""
+    from simdist._topology import two_level
+
+    inter, burst, n = 1e8, 256 << 10, MIB
+    topo = two_level(6, per_node=2, inter_alpha=1e-4, inter_bandwidth=inter, inter_burst=burst)
+    route = 2 * 0.5e-6 + 2 * 1e-4
+    assert topo.transfer(0, 2, n, 0.0)[1] == pytest.approx(route + (n - burst) / inter, rel=1e-9)
+    # host 2 -> host 1: host 1's downlink is empty now, host 2's uplink still full
+    assert topo.transfer(4, 3, n, 0.0)[1] == pytest.approx(route + (n - burst) / inter + n / inter, rel=1e-9)
+    # host 0's second rank: behind the first message on host 0's uplink, whose bucket it emptied
+    assert topo.transfer(1, 4, n, 0.0)[1] == pytest.approx(route + (n - burst) / inter + n / inter, rel=1e-9)
+
+
+@pytest.mark.parametrize("key", ["burst", "inter_burst"])
+def test_bursts_round_trip_through_a_file_and_may_not_be_negative(tmp_path, key):
+    extra = {"layout": "two_level", "per_node": 2, "inter_alpha": 1e-4, "inter_bandwidth": 1e8}
+    path = F.write_topology_file(tmp_path / "t.json", spec(**extra, **{key: 65536}))
+    topo = F.load_topology(path, 4)
+    link = ("node0", "spine") if key == "inter_burst" else (0, "node0")
+    assert topo._params(*link)[2] == 65536
+    with pytest.raises(ValueError, match=f"{key}=-1; expected a number of bytes >= 0"):
+        F.check_spec(spec(**extra, **{key: -1}))
+
+
+def test_fit_hosts_recovers_the_terms_between_hosts():
+    from simdist._calibrate_hosts import STEPS, _shift_model, fit_hosts
+    from simdist._topology_file import topology_from_spec
+
+    host = spec(gamma=4e-11, host_overhead=3e-5, check_overhead=2e-4)
+    bw, burst, lat, inter_alpha = 1.2e8, 600e3, 4e-4, 9e-5
+    one_way = {8: lat, **{n: lat + (n - burst) / bw for n in (2 * MIB, 4 * MIB, 8 * MIB)}}
+    truth = topology_from_spec(
+        {**host, "layout": "two_level", "alpha": ALPHA / 2, "per_node": 2, "ranks_per_host": 2,
+         "inter_alpha": inter_alpha, "inter_bandwidth": bw, "inter_burst": burst},
+        6,
+    )  # fmt: skip
+    shift8 = _shift_model(truth, [0, 2, 4], 8, STEPS)
+    got = fit_hosts(host, 2, 3, one_way, shift8, (1.2e-3, 0.4e-3))
+    assert got["layout"] == "two_level" and got["per_node"] == got["ranks_per_host"] == 2
+    assert got["alpha"] == ALPHA / 2 and got["gamma"] == 4e-11  # the terms inside a host, as given
+    assert got["inter_bandwidth"] == pytest.approx(bw, rel=1e-9)
+    assert got["inter_burst"] == pytest.approx(burst, rel=1e-9)
+    assert got["inter_alpha"] == pytest.approx(inter_alpha, rel=1e-6)
+    assert got["check_overhead"] == pytest.approx(0.8e-3 / 3, rel=1e-9)  # world 6: 3 rounds
+    F.check_spec({**got, "name": "t"})
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--host-file", "h.json"], "calibrate across hosts: give --nnodes 2 or more"),
+        (["--nnodes", "2", "--node-rank", "2"], "--node-rank=2 must be in 0..1 for --nnodes=2"),
+        (["--nnodes", "0"], "must be at least 1"),
+    ],
+)
+def test_simdist_calibrate_checks_its_options_across_hosts(capsys, args, words):
+    from simdist._calibrate import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 2 and words in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_simdist_calibrate_across_two_hosts_measures_their_shaped_link(testbed, tmp_path):
+    """`simdist calibrate --nnodes 2` on two hosts whose link is shaped to 100 Mbit/s (a token bucket of 62.5 kB,
+    tests/netns_hosts.py): a two_level file with that bandwidth (TCP's headers and acknowledgements take a
+    few per cent of it) and that burst; the terms inside a host from --host-file."""
+    from simdist.backends.socket import new_secret
+
+    bed = testbed(2, "100mbit")
+    host = F.write_topology_file(tmp_path / "host.json", spec(gamma=4e-11, host_overhead=3e-5))
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    env["SIMDIST_SECRET"] = new_secret()
+    out = tmp_path / "hosts.json"
+    cli = [sys.executable, "-c", "from simdist.run import cli; raise SystemExit(cli())", "calibrate", "--quick"]
+    common = ["--nnodes", "2", "--master-addr", bed[0].address, "--master-port", "29660", "--host-file", str(host)]
+    nodes = [
+        h.popen([*cli, *common, "--node-rank", str(h.index), "--out", str(out)], stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+        for h in bed.hosts
+    ]  # fmt: skip
+    results = [p.communicate(timeout=100) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], [r[1][-3000:] for r in results]
+    assert f"wrote {out}" in results[0][0] and "node 0 writes the topology file" in results[1][0]
+    got = F.read_topology_file(out)
+    assert got["layout"] == "two_level" and got["per_node"] == 1 and got["gamma"] == 4e-11
+    assert 0.8 * 12.5e6 < got["inter_bandwidth"] < 1.02 * 12.5e6, got["measured"]["one_way_seconds"]
+    assert 20e3 < got["inter_burst"] < 150e3, got["measured"]["one_way_seconds"]
+    assert got["inter_alpha"] > 0 and got["check_overhead"] >= 0
+    fan = got["measured"]["fan_out"]
+    assert fan["messages"] == 1 and fan["seconds"] == pytest.approx(fan["model_seconds"], rel=0.25)
+    res = simdist.simulate(lambda rank: dist.init_process_group("gloo") or dist.all_reduce(torch.ones(1 << 16)), 2,
+                           topology=str(out))  # fmt: skip
+    assert res.time > (1 << 18) / got["inter_bandwidth"] / 2

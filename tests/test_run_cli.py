@@ -252,7 +252,7 @@ def test_log_dir_writes_one_file_per_rank(tmp_path: Path, capfd: pytest.CaptureF
     logs = tmp_path / "logs"
     assert run.main(["--nproc-per-node", "2", "--log_dir", str(logs), script]) == 0
     assert "RANK=" not in capfd.readouterr().out
-    assert sorted(os.listdir(logs)) == ["rank_0.log", "rank_1.log"]
+    assert sorted(os.listdir(logs)) == ["rank_0.log", "rank_1.log", "store_load.jsonl"]  # and the store's load
     for r in range(2):
         text = (logs / f"rank_{r}.log").read_text()
         assert f"RANK={r} LOCAL_RANK={r} WORLD_SIZE=2" in text and "to stderr" in text
