@@ -147,8 +147,10 @@ def test_a_frozen_host_or_a_downed_link_is_found_by_its_silence(testbed, tmp_pat
     if fault == "link-down":  # the cut-off host's rank cannot reach the store: it raises as well
         rest1, err1 = nodes[1].communicate(timeout=60)
         assert nodes[1].returncode != 0, rest1 + err1
-        _, _, kind1, message1 = _raised(rest1 + err1)
+        _, when1, kind1, message1 = _raised(rest1 + err1)
         assert kind1 in ("PeerLostError", "DistError", "DistTimeoutError"), message1
+        # never held up in a send the downed link cannot take: its waits see the store's silence
+        assert when1 - struck_at <= LIVENESS + 5, f"rank 1 raised {when1 - struck_at:.2f} s after: {message1}"
     left = subprocess.run(["ip", "netns", "pids", bed[survivor].ns], capture_output=True, text=True).stdout.split()
     assert not left, f"processes left on the surviving host: {left}"
     print(f"host {struck} {fault}: rank {survivor} raised after {took:.2f} s (liveness {LIVENESS:g} s)")

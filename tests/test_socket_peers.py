@@ -658,24 +658,23 @@ def _stream_until_lost(net, doomed: int, port: int):
 
 @ON_JOB
 def test_peer_killed_during_an_inline_send(job) -> None:
-    """Stop the receiving rank so rank 0 blocks inside an inline send (the kernel's buffers are
-    full), then kill it: that send fails with PeerLostError naming it, soon, not at the timeout;
-    a later send fails at once. (This breaks the module's job, and closes it.)"""
+    """Stop the receiving rank so that the kernel's buffers fill: rank 0's inline write takes what
+    they take and leaves the rest to the sender thread, so isend returns (not done) and the wait
+    blocks, never the isend; then kill the rank: that send fails with PeerLostError naming it,
+    soon, not at the timeout; a later send fails at once. (This breaks the module's job, and closes it.)"""
     doomed = 1
     job.broken = True
     job.start(_stream_until_lost, doomed, job.server.port, ranks=[0, doomed])
     job.reached(["receiving"])  # connected, and the stream flows
     os.kill(job.pids[doomed], signal.SIGSTOP)
-    time.sleep(
-        0.5
-    )  # rank 0 fills the kernel's buffers and blocks in a send; were it not yet, its next send fails alike
+    time.sleep(0.5)  # rank 0 fills the kernel's buffers and waits on a send; were it not yet, its next send fails alike
     killed = time.monotonic()
     os.kill(job.pids[doomed], signal.SIGKILL)
     [(status, value)] = job.results([0], timeout=job.timeout + 30)
     assert status == "ok", value
     kind, rank, done_at_return, sent, failed_at, later_failed = value
     assert (kind, rank) == ("PeerLostError", doomed), value
-    assert done_at_return and sent > 0, value  # it failed inside isend: an inline send
+    assert not done_at_return and sent > 0, value  # isend returned with the rest of its frame unwritten
     assert failed_at - killed < 20, value  # through the lost connection, not the 60 s timeout
     assert later_failed, value
     took = job.close()  # here, not in a later test's time

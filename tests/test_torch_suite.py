@@ -24,6 +24,10 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.torch_release]
+
+SOCKET_TIMEOUT_S = 150
+"""A socket-side test's limit: its two rank processes import torch, and CI runs this file again at the
+lowest CPU priority beside the main suite, where a test that takes 12 s alone was measured at 60 s."""
 pytest.importorskip("expecttest", reason="torch.testing._internal (torch's distributed tests) needs expecttest")
 
 HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "torch_suite.py"
@@ -96,6 +100,9 @@ def test_sample_of_torchs_distributed_tests_passes_on_simulated_ranks(tmp_path):
     _run_sample("sim", SAMPLE, tmp_path, timeout=60, limit=220)
 
 
+@pytest.mark.timeout(len(SOCKET_SAMPLE) * SOCKET_TIMEOUT_S)
 def test_sample_of_torchs_distributed_tests_passes_on_socket_processes(tmp_path):
     """The same harness, each rank a process whose torch groups are simdist socket groups (the process bridge)."""
-    _run_sample("socket", SOCKET_SAMPLE, tmp_path, timeout=60, limit=220)
+    _run_sample(
+        "socket", SOCKET_SAMPLE, tmp_path, timeout=SOCKET_TIMEOUT_S, limit=len(SOCKET_SAMPLE) * SOCKET_TIMEOUT_S - 30
+    )

@@ -22,6 +22,7 @@ allocates nothing whatever the claimed length.
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import time
@@ -46,8 +47,10 @@ __all__ = [
     "Header",
     "decode_header",
     "encode_header",
+    "frame_parts",
     "recv_exact_into",
     "send_frame",
+    "send_parts",
 ]
 
 MAGIC = b"SD"
@@ -204,22 +207,49 @@ def send_frame(
         PeerLostError: the connection is broken (the peer closed it or died).
         DistTimeoutError: the socket's timeout expired with no progress.
     """
-    parts = [memoryview(header)]
-    if len(payload):
-        parts.append(memoryview(payload))
+    send_parts(sock, frame_parts(header, payload), peer=peer)
+
+
+def frame_parts(header: bytes, payload: memoryview | bytes = b"") -> list[memoryview]:
+    """The views :func:`send_parts` writes for a frame: ``header``, then ``payload`` if not empty."""
+    return [memoryview(header), memoryview(payload)] if len(payload) else [memoryview(header)]
+
+
+def send_parts(
+    sock: socket.socket, parts: list[memoryview], *, peer: int | None = None, now: bool = False
+) -> list[memoryview]:
+    """What is left of ``parts`` after writing them to ``sock`` in order: nothing, unless ``now``.
+
+    ``now``: write only what the connection takes without waiting, and return the rest (a peer
+    that reads nothing, or a link that is down, then holds up no caller). Otherwise as
+    :func:`send_frame`, with the same errors.
+    """
+    parts = list(parts)
+    writable = None
+    if now:
+        writable = select.poll()
+        writable.register(sock, select.POLLOUT)
+    flags = socket.MSG_DONTWAIT if now else 0
     scatter = hasattr(sock, "sendmsg")  # not on Windows
     try:
         while parts:
-            window = _window(parts, len(header) + _SEND_SLICE)
-            n = sock.sendmsg(window) if scatter else sock.send(window[0])
+            if writable is not None and not writable.poll(0):
+                break
+            window = _window(parts, HEADER_SIZE + _SEND_SLICE)
+            try:
+                n = sock.sendmsg(window, [], flags) if scatter else sock.send(window[0], flags)
+            except BlockingIOError:
+                break
             while n:  # drop the n bytes written from the front
                 if n >= len(parts[0]):
                     n -= len(parts.pop(0))
                 else:
                     parts[0], n = parts[0][n:], 0
     except TimeoutError:
+        left = sum(map(len, parts))
         raise DistTimeoutError(
-            f"timed out sending {len(payload)} bytes to {_peer_name(peer)}: it took nothing for {sock.gettimeout()} s"
+            f"timed out sending to {_peer_name(peer)} with {left} bytes left: it took nothing for {sock.gettimeout()} s"
         ) from None
     except OSError as exc:
         raise PeerLostError(f"connection to {_peer_name(peer)} broke while sending: {exc}", rank=peer) from exc
+    return parts

@@ -73,7 +73,7 @@ from ._frames import CLOSE, encode_header
 from ._links import hung_up, read_hello
 from ._matching import Mailbox, Message, mismatch
 from ._receiving import Receiver
-from ._sending import STOP, Sender
+from ._sending import RESUME, STOP, Sender
 
 __all__ = ["Handle", "PeerNetwork", "PeerTransport"]
 
@@ -108,7 +108,21 @@ def _make_error(cls: type, message: str, rank: int | None) -> DistError:
 class Handle:
     """One posted send or receive. ``done`` turns true when it completed or failed."""
 
-    __slots__ = ("ctx", "device", "done", "error", "kind", "nbytes", "peer", "seq", "source", "state", "tag", "view")
+    __slots__ = (
+        "ctx",
+        "device",
+        "done",
+        "error",
+        "kind",
+        "nbytes",
+        "peer",
+        "rest",
+        "seq",
+        "source",
+        "state",
+        "tag",
+        "view",
+    )
 
     def __init__(self, kind: str, peer: int | None, ctx: int, tag: int, view: memoryview):
         self.kind = kind
@@ -123,6 +137,7 @@ class Handle:
         self.error: BaseException | None = None
         self.source = peer  # for a receive from any source: the rank it matched
         self.device: tuple | None = None  # a receive into device memory: (device buffer, host buffer)
+        self.rest: list[memoryview] | None = None  # a send's frame, what an inline write left for the sender thread
 
     def describe(self) -> str:
         where = (
@@ -148,6 +163,7 @@ class _Peer:
         self.sender: threading.Thread | None = None
         self.send_lock = threading.Lock()  # held by whoever writes on ``outbound``
         self.unsent = 0  # sends posted and not yet finished (queued or being written)
+        self.resume: Handle | None = None  # a send an inline write began, for the sender thread to finish
         self.outbound: socket.socket | None = None
         self.poller: select.poll | None = None  # tells when ``outbound`` has something to read
         self.inbound: socket.socket | None = None
@@ -257,8 +273,10 @@ class PeerNetwork:
         change until the handle completes (its bytes are written to the connection). A
         buffer in device memory (CUDA) is copied to the host first.
 
-        A small send to an idle, connected peer is written here and now (the handle comes
-        back done or failed); any other is queued for the peer's sender thread.
+        A small send to an idle, connected peer is written here and now, as far as the
+        connection takes it without waiting (the handle comes back done or failed); the rest
+        of it, and any other send, goes to the peer's sender thread, so a peer that reads
+        nothing or a link that is down never holds up the caller (its waits report them).
 
         Raises:
             ValueError: a bad peer, ctx or tag, or a buffer that is not contiguous.
@@ -280,14 +298,15 @@ class PeerNetwork:
                 and p.send_lock.acquire(blocking=False)
             )
             if not inline:
-                if p.queue is None:
-                    p.queue = SimpleQueue()
-                    p.sender = self._start(self._senders[peer].run, f"simdist-peers-send:{self.rank}->{peer}")
                 op.state = "queued"
-                p.queue.put(op)
+                self._sender_queue(p).put(op)
                 return op
         try:
-            self._senders[peer].write(op)
+            if not self._senders[peer].write(op, now=True):  # the rest waits for the connection: the thread's
+                with self._cond:
+                    op.state = "queued"
+                    p.resume = op
+                    self._sender_queue(p).put(RESUME)
         finally:
             p.send_lock.release()
         return op
@@ -578,6 +597,13 @@ class PeerNetwork:
             timeout: the group's timeout in seconds for each wait; ``None``: the network's.
         """
         return PeerTransport(self, group_ranks, group_rank, ctx, timeout)
+
+    def _sender_queue(self, p: _Peer) -> SimpleQueue:
+        """The queue of ``p``'s sender thread, started on first use; the caller holds the lock."""
+        if p.queue is None:
+            p.queue = SimpleQueue()
+            p.sender = self._start(self._senders[p.rank].run, f"simdist-peers-send:{self.rank}->{p.rank}")
+        return p.queue
 
     def _start(self, target: Any, name: str) -> threading.Thread:
         thread = threading.Thread(target=target, name=name, daemon=True)

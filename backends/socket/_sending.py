@@ -3,7 +3,8 @@
 A :class:`Sender` is the one way a frame goes out to its peer: from the peer's sender
 thread (:meth:`Sender.run`, which writes the queued sends in order and, at ``STOP``,
 says goodbye) and from :meth:`PeerNetwork.isend`, which writes a small send to an idle
-peer itself (:meth:`Sender.write`). Both hold the peer's send lock, so frames never
+peer itself (:meth:`Sender.write` with ``now``: what the connection takes at once, the
+thread finishing the rest, ``RESUME``). Both hold the peer's send lock, so frames never
 interleave and a send never overtakes one posted before it.
 
 The first send to a peer connects (:func:`._links.connect`); a payload of at least
@@ -27,15 +28,16 @@ from typing import TYPE_CHECKING
 from simdist._errors import DistError, PeerLostError
 
 from . import _links, _shm
-from ._frames import CLOSE, DATA, encode_header, send_frame
+from ._frames import CLOSE, DATA, encode_header, frame_parts, send_frame, send_parts
 from ._links import Goodbye, connect, offer_ring, read_back, write_ring
 
 if TYPE_CHECKING:
     from ._peers import Handle, PeerNetwork, _Peer
 
-__all__ = ["STOP", "Sender"]
+__all__ = ["RESUME", "STOP", "Sender"]
 
 STOP = object()  # put on a sender thread's queue: say goodbye and end
+RESUME = object()  # put on a sender thread's queue: finish the send an inline write began (``p.resume``)
 
 
 class Sender:
@@ -47,32 +49,43 @@ class Sender:
         self.net, self.p = network, p
 
     def run(self) -> None:
-        """The sender thread of the peer: write each queued send in order; at ``STOP``, say goodbye."""
+        """The sender thread of the peer: write each queued send in order; at ``STOP``, say goodbye.
+
+        A send an inline write began (``p.resume``, announced by ``RESUME``) is finished before anything else.
+        """
         p = self.p
         while True:
             op = p.queue.get()
             with p.send_lock:
+                begun, p.resume = p.resume, None
+                if begun is not None:
+                    self.write(begun)
+                if op is RESUME:
+                    continue
                 if op is STOP:
                     if p.outbound is not None:
                         self._goodbye()
                     return
                 self.write(op)
 
-    def write(self, op: Handle) -> None:
-        """Write the frame of send ``op`` to the peer, connecting first if need be, then complete or
-        fail ``op``; the caller holds ``p.send_lock``.
+    def write(self, op: Handle, now: bool = False) -> bool:
+        """Whether send ``op`` is finished: its frame written to the peer, connecting first if need be,
+        then ``op`` completed or failed; the caller holds ``p.send_lock``.
+
+        ``now`` (an inline write, on the caller's thread): write only what the connection takes at
+        once, and return False where it would wait (a full ring, a peer that reads nothing, a link
+        that is down), the rest of the frame kept in ``op.rest`` for the sender thread. Otherwise a
+        large payload keeps the caller here until the kernel has taken it.
 
         A failure fails ``op`` and every later send to the peer; a broken connection (or a
-        goodbye waiting on it) also marks the peer lost. A large payload keeps the caller
-        here until the kernel has taken it, which is why :meth:`PeerNetwork.isend` writes
-        only small sends itself.
+        goodbye waiting on it) also marks the peer lost.
         """
         net, p = self.net, self.p
         with net._cond:
             if p.send_failure is not None:
                 p.unsent -= 1
                 net._fail(op, p.send_failure, p.rank)
-                return
+                return True
             op.state = "connecting" if p.outbound is None else "sending"
         sock = p.outbound
         try:
@@ -85,15 +98,10 @@ class Sender:
                     op.state = "sending"
             while p.poller.poll(0):
                 read_back(sock, p.rank, p.ring)
-            if op.nbytes >= _shm.MIN_BYTES and net._shm and p.ring is None:
-                with net._cond:
-                    net._rings += 1
-                    room = net._rings <= _shm.MAX_RINGS
-                p.ring = offer_ring(sock, net.rank, p.rank) if room else False
-            if op.nbytes >= _shm.MIN_BYTES and p.ring:
-                write_ring(sock, p.ring, net.rank, p.rank, op)
-            else:
-                send_frame(sock, encode_header(DATA, op.ctx, op.tag, op.nbytes, net.rank), op.view, peer=p.rank)
+            if op.rest is not None:  # the rest of a frame an inline write began
+                op.rest = send_parts(sock, op.rest, peer=p.rank)
+            elif not self._write_frame(sock, op, now):
+                return False
         except Exception as exc:  # noqa: BLE001 - every failure becomes the peer's send failure
             if isinstance(exc, DistError):
                 failure = (type(exc), str(exc))
@@ -111,13 +119,35 @@ class Sender:
                 p.outbound = None
             if sock is not None:
                 sock.close()
-            return
+            return True
         with net._cond:
             p.unsent -= 1
             op.view = None
             op.state = "done"
             op.done = True
             net._cond.notify_all()
+        return True
+
+    def _write_frame(self, sock: socket.socket, op: Handle, now: bool) -> bool:
+        """Whether ``op``'s frame went out whole, through the shared ring or the connection. With ``now``,
+        False where it would wait: the rest of the frame is in ``op.rest``, or, where the ring is in
+        the way (not offered yet: the offer waits for the answer; or full), nothing was written."""
+        net, p = self.net, self.p
+        if op.nbytes >= _shm.MIN_BYTES and net._shm and p.ring is None:
+            if now:
+                return False
+            with net._cond:
+                net._rings += 1
+                room = net._rings <= _shm.MAX_RINGS
+            p.ring = offer_ring(sock, net.rank, p.rank) if room else False
+        if op.nbytes >= _shm.MIN_BYTES and p.ring:
+            if now and p.ring.full():
+                return False
+            write_ring(sock, p.ring, net.rank, p.rank, op)
+            return True
+        header = encode_header(DATA, op.ctx, op.tag, op.nbytes, net.rank)
+        op.rest = send_parts(sock, frame_parts(header, op.view), peer=p.rank, now=now) or None
+        return op.rest is None
 
     def _goodbye(self) -> None:
         """CLOSE on ``p.outbound``, end of stream, then wait (briefly) until the peer has read
