@@ -284,7 +284,7 @@ def test_two_nodes_form_one_job(tmp_path: Path, capfd: pytest.CaptureFixture, mo
     """Two launchers (run in threads of this process) with the same secret make one world of 4."""
     script = _script(tmp_path, ALL_REDUCE)
     monkeypatch.setenv("SIMDIST_SECRET", new_secret())
-    port = free_port()
+    port, store_port = free_port(), free_port()  # the store's own: MASTER_PORT + 1 may be another's
     statuses: dict[int, int] = {}
 
     def node(k: int) -> None:
@@ -296,6 +296,8 @@ def test_two_nodes_form_one_job(tmp_path: Path, capfd: pytest.CaptureFixture, mo
                 str(k),
                 "--master-port",
                 str(port),
+                "--store-port",
+                str(store_port),
                 "--nproc-per-node",
                 "2",
                 "--timeout",

@@ -140,10 +140,11 @@ class Sender:
                 net._rings += 1
                 room = net._rings <= _shm.MAX_RINGS
             p.ring = offer_ring(sock, net.rank, p.rank) if room else False
-        if op.nbytes >= _shm.MIN_BYTES and p.ring:
-            if now and p.ring.full():
+        ring = p.ring
+        if op.nbytes >= _shm.MIN_BYTES and isinstance(ring, _shm.Ring):
+            if now and ring.full():
                 return False
-            write_ring(sock, p.ring, net.rank, p.rank, op)
+            write_ring(sock, ring, net.rank, p.rank, op)
             return True
         header = encode_header(DATA, op.ctx, op.tag, op.nbytes, net.rank)
         op.rest = send_parts(sock, frame_parts(header, op.view), peer=p.rank, now=now) or None
