@@ -216,24 +216,24 @@ def frame_parts(header: bytes, payload: memoryview | bytes = b"") -> list[memory
 
 
 def send_parts(
-    sock: socket.socket, parts: list[memoryview], *, peer: int | None = None, now: bool = False
+    sock: socket.socket, parts: list[memoryview], *, peer: int | None = None, stall: float | None = None
 ) -> list[memoryview]:
-    """What is left of ``parts`` after writing them to ``sock`` in order: nothing, unless ``now``.
+    """What is left of ``parts`` after writing them to ``sock`` in order: nothing, unless ``stall``.
 
-    ``now``: write only what the connection takes without waiting, and return the rest (a peer
-    that reads nothing, or a link that is down, then holds up no caller). Otherwise as
-    :func:`send_frame`, with the same errors.
+    ``stall``: stop once the connection has taken nothing for ``stall`` seconds and return the
+    rest (a peer that reads nothing, or a link that is down, then holds up the caller no longer).
+    Otherwise as :func:`send_frame`, with the same errors.
     """
     parts = list(parts)
-    writable = None
-    if now:
-        writable = select.poll()
+    writable, stall_ms = None, 0
+    if stall is not None:
+        writable, stall_ms = select.poll(), int(stall * 1000)
         writable.register(sock, select.POLLOUT)
-    flags = socket.MSG_DONTWAIT if now else 0
+    flags = 0 if writable is None else socket.MSG_DONTWAIT
     scatter = hasattr(sock, "sendmsg")  # not on Windows
     try:
         while parts:
-            if writable is not None and not writable.poll(0):
+            if writable is not None and not writable.poll(stall_ms):
                 break
             window = _window(parts, HEADER_SIZE + _SEND_SLICE)
             try:

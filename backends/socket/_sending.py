@@ -3,8 +3,8 @@
 A :class:`Sender` is the one way a frame goes out to its peer: from the peer's sender
 thread (:meth:`Sender.run`, which writes the queued sends in order and, at ``STOP``,
 says goodbye) and from :meth:`PeerNetwork.isend`, which writes a small send to an idle
-peer itself (:meth:`Sender.write` with ``now``: what the connection takes at once, the
-thread finishing the rest, ``RESUME``). Both hold the peer's send lock, so frames never
+peer itself (:meth:`Sender.write` with ``now``: until the connection stalls, the thread
+finishing the rest, ``RESUME``). Both hold the peer's send lock, so frames never
 interleave and a send never overtakes one posted before it.
 
 The first send to a peer connects (:func:`._links.connect`); a payload of at least
@@ -38,6 +38,9 @@ __all__ = ["RESUME", "STOP", "Sender"]
 
 STOP = object()  # put on a sender thread's queue: say goodbye and end
 RESUME = object()  # put on a sender thread's queue: finish the send an inline write began (``p.resume``)
+INLINE_STALL_S = 0.1
+"""How long an inline write waits for a connection that takes nothing before it leaves the rest to the
+sender thread: a peer that reads keeps the caller writing, as a blocking write would."""
 
 
 class Sender:
@@ -72,10 +75,11 @@ class Sender:
         """Whether send ``op`` is finished: its frame written to the peer, connecting first if need be,
         then ``op`` completed or failed; the caller holds ``p.send_lock``.
 
-        ``now`` (an inline write, on the caller's thread): write only what the connection takes at
-        once, and return False where it would wait (a full ring, a peer that reads nothing, a link
-        that is down), the rest of the frame kept in ``op.rest`` for the sender thread. Otherwise a
-        large payload keeps the caller here until the kernel has taken it.
+        ``now`` (an inline write, on the caller's thread): return False where the write would wait
+        (a ring not offered yet or full, a connection that took nothing for ``INLINE_STALL_S``: a
+        peer that reads nothing, a link that is down), the rest of the frame kept in ``op.rest`` for
+        the sender thread. Otherwise a large payload keeps the caller here until the kernel has
+        taken it.
 
         A failure fails ``op`` and every later send to the peer; a broken connection (or a
         goodbye waiting on it) also marks the peer lost.
@@ -147,7 +151,8 @@ class Sender:
             write_ring(sock, ring, net.rank, p.rank, op)
             return True
         header = encode_header(DATA, op.ctx, op.tag, op.nbytes, net.rank)
-        op.rest = send_parts(sock, frame_parts(header, op.view), peer=p.rank, now=now) or None
+        op.rest = send_parts(sock, frame_parts(header, op.view), peer=p.rank, stall=INLINE_STALL_S if now else None)
+        op.rest = op.rest or None
         return op.rest is None
 
     def _goodbye(self) -> None:
