@@ -104,9 +104,15 @@ class AlgorithmicGroup(ProcessGroup):
     def _pick(self, op: str, opts: Options, nbytes: int, equal_counts: bool = True) -> str:
         name = opts.algorithm or self.default_algorithms.get(op)
         if name is None:
-            return algorithms.choose(op, nbytes, self.size, equal_counts=equal_counts, **self.network)
+            hosts = self._hosts() if op == "all_reduce" and nbytes >= algorithms.ACROSS_MACHINES_BYTES else None
+            return algorithms.choose(op, nbytes, self.size, equal_counts=equal_counts, hosts=hosts, **self.network)
         algorithms.get(op, name)
         return name
+
+    def _hosts(self) -> tuple | None:
+        """The machine of each group rank, where the backend knows them (the automatic choice of an
+        all_reduce across machines reads them: :func:`simdist.algorithms.choose`); ``None``: it does not."""
+        return None
 
     def _signature(self, op: str, algorithm: str, opts: Options, x: Any, **extra: Any) -> dict:
         sig: dict[str, Any] = {"op": op, "dtype": A.dtype_name(x), "shape": A.shape_of(x), "algorithm": algorithm}

@@ -129,6 +129,7 @@ class Topology:
         host_overhead: seconds of a host's time per message (0: none).
         host_cores: reductions, copies and page faults one host runs at once (``None``: every rank in parallel).
         ranks_per_host: ranks per host for ``host_bandwidth`` (``None``: every rank on one host).
+        per_node: ranks per node of a network built of nodes (``two_level``), each node a machine.
     """
 
     def __init__(
@@ -150,8 +151,10 @@ class Topology:
         host_overhead: float = 0.0,
         host_cores: int | None = None,
         ranks_per_host: int | None = None,
+        per_node: int | None = None,
     ):
         self.name = name
+        self.per_node = per_node
         self.layout = name  # how the network is built ('switch', ..., 'custom'); a file may rename it
         self.gamma = gamma
         self.fresh_memory = fresh_memory
@@ -207,6 +210,7 @@ class Topology:
             host_overhead=self.host_overhead,
             host_cores=self.host_cores,
             ranks_per_host=self.ranks_per_host,
+            per_node=self.per_node,
         )
         twin._graph = self._graph
         twin.layout = self.layout
@@ -349,6 +353,12 @@ class Topology:
         """The host that ``rank`` runs on (0 for every rank unless ``ranks_per_host`` is set)."""
         return rank // self.ranks_per_host if self.ranks_per_host else 0
 
+    def machine(self, rank: int) -> int | None:
+        """The machine that ``rank`` runs on where the topology says (``ranks_per_host``, else a
+        ``two_level`` network's node); ``None`` where it does not."""
+        per = self.ranks_per_host or self.per_node
+        return rank // per if per else None
+
     def _through_shared(self, a: int, b: int, nbytes: int, start: float, done: float) -> float:
         """When ranks ``a``, ``b`` and their hosts have moved ``nbytes`` starting at ``start`` (at least ``done``)."""
         shared = []  # (resource, its time for this message)
@@ -483,7 +493,7 @@ def two_level(
             return inter_alpha, inter_bandwidth, inter_burst
         return intra_alpha, intra_bandwidth, intra_burst
 
-    return Topology("two_level", n, build, route=route, link_params=params)
+    return Topology("two_level", n, build, route=route, link_params=params, per_node=per_node)
 
 
 def _reference(name: str) -> Callable[[int], Topology]:

@@ -266,6 +266,72 @@ def test_pipelined_ring_with_many_segments(op: str, size: int) -> None:
                 check_case(op, "ring_pipelined", size, n, kind, dtype, rop, even=i % 2 == 0, seed=i or None, fn=fn)
 
 
+def on_machines(hosts: list, **kw):
+    """The hierarchical all_reduce on a transport that says each rank's machine (``hosts``)."""
+
+    def fn(t, buf, op):
+        t.hosts = hosts
+        return alg.get("all_reduce", "hierarchical")(t, buf, op, **kw)
+
+    return fn
+
+
+LAYOUTS = {  # machine labels per rank: blocks of ranks, interleaved, uneven (the pipelined ring over all)
+    "2x2": ["a", "a", "b", "b"],
+    "2x3": ["a", "a", "a", "b", "b", "b"],
+    "3x2": ["a", "a", "b", "b", "c", "c"],
+    "4x2": ["a", "a", "b", "b", "c", "c", "d", "d"],
+    "2x4-interleaved": ["a", "b"] * 4,
+    "3x3-shuffled": ["c", "a", "b", "a", "c", "b", "b", "a", "c"],
+    "uneven": ["a", "a", "a", "b", "b"],
+    "one-each": ["a", "b", "c"],
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_hierarchical_on_machines(layout: str) -> None:
+    """Every machine layout, element counts below and above the ranks, many segments, shuffled schedules."""
+    hosts = LAYOUTS[layout]
+    size = len(hosts)
+    for i, n in enumerate([1, size - 1, 5 * size + 3, 101]):
+        fn = on_machines(hosts, segment_bytes=8 if i % 2 else 1 << 20, window=1 + i % 3)
+        for kind, dtype in combos(dtypes=["float32", "float64", "bfloat16", "int8", "bool"]):
+            for rop in (R.SUM, R.MAX, R.PRODUCT, R.BXOR) if dtype in INTS else (R.SUM, R.MIN):
+                check_case("all_reduce", "hierarchical", size, n, kind, dtype, rop, seed=i or None, fn=fn)
+
+
+@pytest.mark.parametrize(
+    ("layout", "ring_bytes", "ours"), [("2x2", 1.5, 1.0), ("4x2", 1.75, 1.5), ("2x4-interleaved", 7.0, 1.0)]
+)
+def test_hierarchical_puts_less_on_each_machines_link(layout: str, ring_bytes: float, ours: float) -> None:
+    """Bytes each machine sends to the others per all_reduce, over the buffer: ``2 (H-1)/H`` on ``H`` machines,
+    counted message by message, against the ring over all ranks in rank order (which crosses machines at
+    every step where they interleave)."""
+    hosts = LAYOUTS[layout]
+    size, n = len(hosts), 4096 * len(hosts)
+    bufs = [np.ones(n, dtype=np.float32) for _ in range(size)]
+
+    def out_of_each_machine(lb) -> set[float]:
+        sent = {h: 0 for h in hosts}
+        for m in lb.messages:
+            if hosts[m.src] != hosts[m.dst]:
+                sent[hosts[m.src]] += m.nbytes
+        return {b / (4 * n) for b in sent.values()}
+
+    lb = run(size, lambda t: on_machines(hosts)(t, bufs[t.rank], R.SUM))
+    assert out_of_each_machine(lb) == {ours} and all((b == size).all() for b in bufs)
+    ring = run(size, lambda t: alg.get("all_reduce", "ring_pipelined")(t, bufs[t.rank], R.SUM))
+    assert max(out_of_each_machine(ring)) == ring_bytes
+
+
+def test_machines() -> None:
+    assert alg.machines(["x", "y", "x", "y"], 4) == [[0, 2], [1, 3]]
+    assert alg.machines(["x", "x", "y"], 3) is None  # uneven
+    assert alg.machines(["x", "y"], 2) is None  # one rank a machine
+    assert alg.machines(["x", "x"], 2) is None  # one machine
+    assert alg.machines(None, 2) is None and alg.machines(["x"], 2) is None
+
+
 @pytest.mark.parametrize("size", SIZES)
 def test_chain_with_many_segments(size: int) -> None:
     """The pipelined chain with segments of one to a few elements, from every root."""
@@ -547,6 +613,22 @@ def test_choose_thresholds() -> None:
     assert alg.choose("all_to_all", 1 << 30, 16) == "pairwise"
     with pytest.raises(ValueError, match="op='nope'"):
         alg.choose("nope", 1, 2)
+
+
+def test_choose_by_machines() -> None:
+    """An all_reduce across machines from ACROSS_MACHINES_BYTES: hierarchical where machines hold several ranks
+    alike, else the pipelined ring; below it, on one machine or without machines, the model's choice."""
+    big = alg.ACROSS_MACHINES_BYTES
+    assert alg.choose("all_reduce", big, 4, hosts=("a", "a", "b", "b")) == "hierarchical"
+    assert alg.choose("all_reduce", big, 4, hosts=("a", "b", "c", "d")) == "ring_pipelined"
+    assert alg.choose("all_reduce", big, 5, hosts=("a", "a", "a", "b", "b")) == "ring_pipelined"
+    for hosts in (None, ("a",) * 4):
+        assert alg.choose("all_reduce", big, 4, hosts=hosts) == alg.choose("all_reduce", big, 4) == "rabenseifner"
+    assert alg.choose("all_reduce", big - 1, 4, hosts=("a", "a", "b", "b")) == alg.choose("all_reduce", big - 1, 4)
+    assert alg.choose("broadcast", big, 4, hosts=("a", "a", "b", "b")) == alg.choose("broadcast", big, 4)
+    for size in (2, 4, 8, 1024):  # the model alone never picks it: it cannot tell it from the pipelined ring
+        for nbytes in (1, 1 << 20, 1 << 30):
+            assert alg.choose("all_reduce", nbytes, size) != "hierarchical"
 
 
 @pytest.mark.parametrize(("op", "name"), [(o, n) for o, t in alg.ALGORITHMS.items() for n in t])

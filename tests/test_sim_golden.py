@@ -157,6 +157,12 @@ def cases() -> dict[str, tuple]:
             ("all_reduce", "rabenseifner", 100, "torch"),
             {"topology": topo},
         )
+    out["all_reduce/hierarchical/two_level"] = (  # 2 machines of 4 ranks: its two levels
+        one_collective,
+        8,
+        ("all_reduce", "hierarchical", 100, "torch"),
+        {"topology": "two_level"},
+    )
     for seed in (0, 1, 2):
         out[f"mixed/seed{seed}"] = (mixed, 6, (), {"seed": seed})
     out["mixed/eager"] = (mixed, 6, (), {"seed": 3, "eager_limit": 64})

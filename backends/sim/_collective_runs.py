@@ -229,6 +229,12 @@ class _Transport(Timed):
             )
         )
 
+    @property
+    def hosts(self) -> list | None:
+        """The machine of each group rank, where the topology says (``Topology.machine``)."""
+        machines = [self.engine.topology.machine(r) for r in self.ranks]
+        return None if None in machines else machines
+
     def reduced(self, nbytes: int) -> None:
         """Advance the rank's collective clock past a reduction of ``nbytes`` (``Topology.reduce``)."""
         self.run.t = self.engine.topology.reduce(self.me, nbytes, self.run.t)

@@ -80,6 +80,10 @@ class Recorder(Observer, Timed):
     def wait(self, handles: Any) -> None:
         self.t.wait(handles)
 
+    @property
+    def hosts(self) -> Any:
+        return getattr(self.t, "hosts", None)
+
     def reduced(self, nbytes: int) -> None:
         self.t.reduced(nbytes)
 

@@ -16,15 +16,9 @@ from simdist._work import DeferredWork, Work
 
 from ._checked import check_collective
 
-__all__ = ["ACROSS_HOSTS_RING_BYTES", "SocketGroup"]
+__all__ = ["SocketGroup"]
 
 _P2P = 0
-ACROSS_HOSTS_RING_BYTES = 256 * 1024
-"""From this size, an all_reduce of a group that spans several machines uses ``ring_pipelined``
-(BENCHMARKS.md (n)): where a machine's link, shared by its ranks, sets the time, a ring in rank
-order crosses each machine's link once each way, while ``recursive_doubling`` and ``rabenseifner``
-put every rank of a machine on its link at once (2-4.25 times the bytes of an all_reduce on a
-link with 2 ranks per machine, against 1.5-1.75 for the ring)."""
 
 
 def _ctx(group_id: int, seq: int) -> int:
@@ -65,20 +59,13 @@ class SocketGroup(AlgorithmicGroup):
         self.seq = 0
         self.lock = threading.Lock()
         self.worker: ThreadPoolExecutor | None = None
-        self._machines: int | None = None  # how many machines its ranks run on, once asked
+        self._machines: tuple[str, ...] | None = None  # the machine of each group rank, once asked
 
-    def _pick(self, op: str, opts: Options, nbytes: int, equal_counts: bool = True) -> str:
-        name = super()._pick(op, opts, nbytes, equal_counts)
-        automatic = not (opts.algorithm or self.default_algorithms.get(op))
-        if automatic and op == "all_reduce" and nbytes >= ACROSS_HOSTS_RING_BYTES and self._spans_hosts():
-            return "ring_pipelined"
-        return name
-
-    def _spans_hosts(self) -> bool:
-        """Whether the group's ranks run on more than one machine (read once; every rank reads the same)."""
+    def _hosts(self) -> tuple[str, ...]:
+        """The machine (its address) of each group rank, read from the store once; every rank reads the same."""
         if self._machines is None:
-            self._machines = len(set(self.peers.hosts(self.ranks)))
-        return self._machines > 1
+            self._machines = tuple(self.peers.hosts(self.ranks))
+        return self._machines
 
     def _next_seq(self) -> int:
         with self.lock:
@@ -87,7 +74,8 @@ class SocketGroup(AlgorithmicGroup):
 
     def _run_collective(self, call: CollectiveCall, opts: Options) -> Work:
         seq = self._next_seq()
-        transport = self.peers.transport(self.ranks, self.rank, _ctx(self.group_id, seq), self.timeout)
+        hosts = self._hosts() if call.algorithm == "hierarchical" else None
+        transport = self.peers.transport(self.ranks, self.rank, _ctx(self.group_id, seq), self.timeout, hosts)
         recorder = self.recorder
         entry = None
         if recorder is not None:

@@ -586,7 +586,12 @@ class PeerNetwork:
         return [bytes(self._store.get(f"peer/{r}")).decode("ascii", "replace").rpartition(":")[0] for r in ranks]
 
     def transport(
-        self, group_ranks: Sequence[int], group_rank: int, ctx: int, timeout: float | None = None
+        self,
+        group_ranks: Sequence[int],
+        group_rank: int,
+        ctx: int,
+        timeout: float | None = None,
+        hosts: Sequence[str] | None = None,
     ) -> PeerTransport:
         """A :class:`~simdist.algorithms.Transport` for one collective call of a group.
 
@@ -595,8 +600,9 @@ class PeerNetwork:
             group_rank: this process's rank in the group.
             ctx: the context that keeps this call's messages apart from every other's.
             timeout: the group's timeout in seconds for each wait; ``None``: the network's.
+            hosts: the machine of each group rank, for the algorithms that read them (:meth:`hosts`).
         """
-        return PeerTransport(self, group_ranks, group_rank, ctx, timeout)
+        return PeerTransport(self, group_ranks, group_rank, ctx, timeout, hosts)
 
     def _sender_queue(self, p: _Peer) -> SimpleQueue:
         """The queue of ``p``'s sender thread, started on first use; the caller holds the lock."""
@@ -662,12 +668,19 @@ class PeerNetwork:
 class PeerTransport:
     """The :class:`~simdist.algorithms.Transport` of one collective call: group ranks, one ctx."""
 
-    __slots__ = ("_ctx", "_net", "_ranks", "_timeout", "rank", "size")
+    __slots__ = ("_ctx", "_net", "_ranks", "_timeout", "hosts", "rank", "size")
 
     def __init__(
-        self, network: PeerNetwork, group_ranks: Sequence[int], group_rank: int, ctx: int, timeout: float | None = None
+        self,
+        network: PeerNetwork,
+        group_ranks: Sequence[int],
+        group_rank: int,
+        ctx: int,
+        timeout: float | None = None,
+        hosts: Sequence[str] | None = None,
     ):
         self._net = network
+        self.hosts = hosts
         self._ranks = tuple(group_ranks)
         self._ctx = ctx
         self._timeout = timeout

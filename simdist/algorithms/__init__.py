@@ -14,7 +14,8 @@ op              call                                   algorithms
 =============== ====================================== =====================================
 all_reduce      ``fn(t, buf, op)``                     ring, ring_pipelined,
                                                        recursive_doubling,
-                                                       rabenseifner, binomial
+                                                       rabenseifner, binomial,
+                                                       hierarchical
 broadcast       ``fn(t, buf, root)``                   binomial, scatter_allgather,
                                                        chain_pipelined
 reduce          ``fn(t, buf, op, root)``               binomial, linear
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 from . import oneshot as oneshot
 from ._chunks import chunk_bounds as chunk_bounds
+from ._select import ACROSS_MACHINES_BYTES as ACROSS_MACHINES_BYTES
 from ._select import ALGORITHMS as ALGORITHMS
 from ._select import FORMULAS as FORMULAS
 from ._select import choose as choose
@@ -46,22 +48,27 @@ from ._select import get as get
 from ._transport import Algorithm as Algorithm
 from ._transport import Handle as Handle
 from ._transport import Observer as Observer
+from ._transport import Subgroup as Subgroup
 from ._transport import Timed as Timed
 from ._transport import Transport as Transport
+from ._transport import machines as machines
 from ._transport import run_blocking as run_blocking
 
 __all__ = [
+    "ACROSS_MACHINES_BYTES",
     "ALGORITHMS",
     "FORMULAS",
     "Algorithm",
     "Handle",
     "Observer",
+    "Subgroup",
     "Timed",
     "Transport",
     "choose",
     "chunk_bounds",
     "cost",
     "get",
+    "machines",
     "oneshot",
     "run_blocking",
 ]

@@ -1,7 +1,7 @@
 """all_reduce algorithms: ``fn(t, buf, op)`` reduces ``buf`` across the group, in place.
 
 Every rank ends with the same bits: each element's result is either computed on one
-rank and copied to the others (ring, Rabenseifner, binomial), or computed by every rank
+rank and copied to the others (ring, Rabenseifner, binomial, hierarchical), or computed by every rank
 from the same partial results in the same order, lower ranks on the left
 (recursive doubling).
 """
@@ -31,9 +31,9 @@ from ._chunks import (
     send,
 )
 from ._rooted import binomial_tree_reduce
-from ._transport import Algorithm, Transport
+from ._transport import Algorithm, Subgroup, Transport, machines
 
-__all__ = ["ring", "ring_pipelined", "recursive_doubling", "rabenseifner", "binomial"]
+__all__ = ["ring", "ring_pipelined", "recursive_doubling", "rabenseifner", "binomial", "hierarchical"]
 
 
 def ring(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
@@ -44,13 +44,24 @@ def ring(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
     then holds the finished chunk ``r + 1`` and ``p - 1`` more steps pass the finished
     chunks on. Bandwidth-optimal: each rank sends ``2 (p-1)/p`` of the buffer.
     """
-    p, r = t.size, t.rank
     n = A.numel(buf)
-    if p == 1 or n == 0:
+    if t.size == 1 or n == 0:
         return
+    blocks, lengths = _ring_blocks(buf, n, t.size)
+    yield from _ring_reduce_scatter(t, buf, blocks, lengths, op)
+    yield from _ring_all_gather(t, blocks, lengths)
+
+
+def _ring_blocks(buf: Any, n: int, p: int) -> tuple[list, list[int]]:
+    """``buf``'s ``p`` chunks (views) and their lengths; the chunks past the first ``n`` are empty and share one view."""
     lengths = chunk_lengths(n, p)
-    full = min(n, p)  # the chunks past the first n are empty: they share one view
-    blocks = A.blocks(buf, lengths[:full]) + [A.narrow(buf, n, 0)] * (p - full)
+    full = min(n, p)
+    return A.blocks(buf, lengths[:full]) + [A.narrow(buf, n, 0)] * (p - full), lengths
+
+
+def _ring_reduce_scatter(t: Transport, buf: Any, blocks: list, lengths: list[int], op: ReduceOp) -> Algorithm:
+    """The ring's first ``p - 1`` steps (tags ``0 .. p-2``): rank ``r`` ends with chunk ``r + 1`` reduced."""
+    p, r = t.size, t.rank
     tmp = scratch(t, buf, lengths[0])
     # chunks differ by one element at most: the two views of ``tmp`` that receive them
     into = {lengths[0]: tmp, lengths[-1]: A.narrow(tmp, 0, lengths[-1])}
@@ -65,6 +76,12 @@ def ring(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
         yield recv(t, incoming, left, step, inc, lengths[inc]) + send(t, blocks[out], right, step, out, lengths[out])
         if lengths[inc]:
             combine(t, blocks[inc], incoming, op)
+
+
+def _ring_all_gather(t: Transport, blocks: list, lengths: list[int]) -> Algorithm:
+    """The ring's last ``p - 1`` steps (tags ``p-1 .. 2p-3``): rank ``r``'s chunk ``r + 1`` goes to every rank."""
+    p, r = t.size, t.rank
+    right, left = (r + 1) % p, (r - 1) % p
     for step in range(p - 1):
         out, inc = (r + 1 - step) % p, (r - step) % p
         if not (lengths[inc] or lengths[out]):
@@ -253,3 +270,36 @@ def binomial(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
         return
     yield from binomial_tree_reduce(t, buf, op, 0, in_place=True, tag=0)
     yield from binomial_tree_bcast(t, buf, 0, tag=ceil_log2(t.size))
+
+
+def hierarchical(
+    t: Transport, buf: Any, op: ReduceOp, *, segment_bytes: int = SEGMENT_BYTES, window: int = WINDOW
+) -> Algorithm:
+    """Two levels: a ring reduce-scatter among the ranks of each machine, an all_reduce of each
+    rank's share across the machines (:func:`ring_pipelined` among the ranks with the same place
+    on their machines), then a ring all-gather within each machine.
+
+    On ``H`` machines of ``k`` ranks, a machine's link carries ``2 (H-1)/H`` of the buffer each
+    way, where a ring over all ``p = k·H`` ranks in rank order carries ``2 (p-1)/p`` (1.0 against
+    1.5 times the buffer at 2 machines of 2): the ``k`` shares cross it at once, one per rank.
+    Every rank still sends ``2 (p-1)/p`` of the buffer in all. The machines are the transport's
+    ``hosts`` (see :func:`machines`); where it gives none, or machines of unequal size or of one
+    rank, this is :func:`ring_pipelined` over the whole group. Each element's result is computed
+    on one rank and copied to the others, so every rank gets the same bits.
+    """
+    n = A.numel(buf)
+    if t.size == 1 or n == 0:
+        return
+    groups = machines(getattr(t, "hosts", None), t.size)
+    if groups is None:
+        yield from ring_pipelined(t, buf, op, segment_bytes=segment_bytes, window=window)
+        return
+    mine = next(g for g in groups if t.rank in g)
+    k, place = len(mine), mine.index(t.rank)
+    inside = Subgroup(t, mine)
+    blocks, lengths = _ring_blocks(buf, n, k)
+    yield from _ring_reduce_scatter(inside, buf, blocks, lengths, op)
+    share = (place + 1) % k  # the block this rank finished, as did the rank at its place on every machine
+    across = Subgroup(t, [g[place] for g in groups], tag_base=2 * k)
+    yield from ring_pipelined(across, blocks[share], op, segment_bytes=segment_bytes, window=window)
+    yield from _ring_all_gather(inside, blocks, lengths)

@@ -30,8 +30,9 @@ from typing import Any, NamedTuple
 
 from . import _allgather, _allreduce, _alltoall, _barrier, _broadcast, _reduce_scatter, _rooted
 from ._chunks import CHAIN_SEGMENT_BYTES, SEGMENT_BYTES, ceil_log2, floor_log2
+from ._transport import machines
 
-__all__ = ["ALGORITHMS", "FORMULAS", "DEFAULT_ALPHA", "DEFAULT_BETA", "get", "choose", "cost"]
+__all__ = ["ALGORITHMS", "FORMULAS", "ACROSS_MACHINES_BYTES", "DEFAULT_ALPHA", "DEFAULT_BETA", "get", "choose", "cost"]
 
 
 class _Terms(NamedTuple):
@@ -110,6 +111,13 @@ _ENTRIES: tuple[Algorithm, ...] = (
         _allreduce.binomial,
         "2⌈lg p⌉·(α + n·β) + ⌈lg p⌉·n·γ",
         lambda x: 2 * x.up * (x.a + x.n * x.b) + x.up * x.n * x.g,
+    ),
+    Algorithm(  # on one network of identical links it moves the pipelined ring's bytes in as many steps
+        "all_reduce",
+        "hierarchical",
+        _allreduce.hierarchical,
+        "2(p-1)·S·α + 2(p-1)/p·n·β + (p-1)/p·n·γ/S",
+        lambda x: 2 * (x.p - 1) * x.s * x.a + 2 * x.spread * x.n * x.b + x.spread * x.n * x.g / x.s,
     ),
     Algorithm(
         "broadcast",
@@ -258,6 +266,18 @@ DEFAULT_BETA = 1 / 12.5e9
 """Seconds per byte when the caller names no network: 12.5 GB/s (100 Gb/s)."""
 
 
+ACROSS_MACHINES_BYTES = 256 * 1024
+"""From this size, an all_reduce of a group whose ranks run on several machines goes by their
+links rather than by the alpha-beta model (BENCHMARKS.md (n)): ``hierarchical`` where machines hold
+several ranks each, ``ring_pipelined`` otherwise. A machine's link, shared by its ranks, then sets
+the time: ``recursive_doubling`` and ``rabenseifner`` put every rank of a machine on it at once
+(2-4.25 times the buffer per all_reduce with 2 ranks a machine), a ring in rank order 1.5-1.75
+times, ``hierarchical`` ``2 (H-1)/H`` on ``H`` machines (1.0-1.5)."""
+
+_BY_HOSTS_ONLY = {("all_reduce", "hierarchical")}
+"""Algorithms that the alpha-beta model cannot tell apart from another: chosen only by the machines."""
+
+
 @functools.lru_cache(maxsize=4096)
 def choose(
     op: str,
@@ -268,6 +288,7 @@ def choose(
     alpha: float = DEFAULT_ALPHA,
     beta: float = DEFAULT_BETA,
     gamma: float = 0.0,
+    hosts: tuple | None = None,
 ) -> str:
     """The algorithm of ``op`` with the lowest alpha-beta cost for ``nbytes`` on ``size`` ranks.
 
@@ -275,10 +296,18 @@ def choose(
     ``gamma`` the seconds per byte reduced; ties go to the algorithm registered first.
     ``bruck`` is left out of ``all_to_all`` unless ``equal_counts``. For example, with the
     defaults at 4 ranks ``all_reduce`` picks ``recursive_doubling`` below about 100 KB and
-    ``rabenseifner`` above.
+    ``rabenseifner`` above. ``hosts``, a machine label per rank where the caller knows them:
+    an all_reduce of ``ACROSS_MACHINES_BYTES`` or more on several machines is ``hierarchical``
+    where every machine holds the same number of ranks, more than one, else ``ring_pipelined``.
     """
     _check(op, nbytes, size)
-    names = [n for n in _table(op) if not (op == "all_to_all" and n == "bruck" and not equal_counts)]
+    if op == "all_reduce" and hosts is not None and nbytes >= ACROSS_MACHINES_BYTES and len(set(hosts)) > 1:
+        return "hierarchical" if machines(hosts, size) is not None else "ring_pipelined"
+    names = [
+        n
+        for n in _table(op)
+        if (op, n) not in _BY_HOSTS_ONLY and not (op == "all_to_all" and n == "bruck" and not equal_counts)
+    ]
     return min(names, key=lambda name: cost(op, name, nbytes, size, alpha, beta, gamma))
 
 

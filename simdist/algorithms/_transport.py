@@ -20,13 +20,17 @@ An algorithm that keeps partial results in scratch rather than in its output cal
 Ranks seen by an algorithm are group ranks ``0 .. t.size - 1``. Messages between one
 pair of ranks with one tag arrive in the order they were sent. Buffers are flat,
 contiguous arrays handled only through :mod:`simdist._arrays`.
+
+A transport may say which machine each group rank runs on (``t.hosts``, a label per group
+rank, ``None`` where the backend does not know): the two-level algorithms read it through
+:func:`machines` and run their phases on :class:`Subgroup` views of the transport.
 """
 
 from __future__ import annotations
 
-from typing import Any, Generator, Iterable, Protocol
+from typing import Any, Generator, Hashable, Iterable, Protocol, Sequence
 
-__all__ = ["Handle", "Transport", "Algorithm", "Observer", "Timed", "observe", "run_blocking"]
+__all__ = ["Handle", "Transport", "Algorithm", "Observer", "Timed", "Subgroup", "machines", "observe", "run_blocking"]
 
 Handle = Any
 """An opaque token for one posted send or receive."""
@@ -78,6 +82,66 @@ class Timed:
     def copied(self, nbytes: int) -> None:
         """Charge this rank for copying ``nbytes`` between its own buffers (see :func:`~._chunks.copy`)."""
         raise NotImplementedError
+
+
+class Subgroup(Timed):
+    """The transport of some of ``t``'s ranks: ``members`` (group ranks of ``t``, this rank among them)
+    renumbered ``0 .. len(members) - 1``, every tag shifted by ``tag_base``.
+
+    An algorithm run on it is the same algorithm on a smaller group; its messages, reductions and
+    scratch go through ``t``.
+    """
+
+    __slots__ = ("members", "rank", "size", "t", "tag_base")
+
+    def __init__(self, t: Transport, members: Sequence[int], tag_base: int = 0):
+        self.t = t
+        self.members = tuple(members)
+        self.rank = self.members.index(t.rank)
+        self.size = len(self.members)
+        self.tag_base = tag_base
+
+    def isend(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Handle:
+        return self.t.isend(buf, self.members[peer], self.tag_base + tag, chunk=chunk)
+
+    def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Handle:
+        return self.t.irecv(buf, self.members[peer], self.tag_base + tag, chunk=chunk)
+
+    def wait(self, handles: Iterable[Handle]) -> None:
+        self.t.wait(handles)
+
+    def reduced(self, nbytes: int) -> None:
+        if isinstance(self.t, Timed):
+            self.t.reduced(nbytes)
+
+    def allocated(self, nbytes: int) -> None:
+        if isinstance(self.t, Timed):
+            self.t.allocated(nbytes)
+
+    def copied(self, nbytes: int) -> None:
+        if isinstance(self.t, Timed):
+            self.t.copied(nbytes)
+
+
+def machines(hosts: Sequence[Hashable] | None, size: int) -> list[list[int]] | None:
+    """The group ranks of each machine, machines in the order of their lowest rank, ranks in order;
+    ``None`` unless ``hosts`` (a machine label per group rank) puts the same number of ranks, more
+    than one, on each of two or more machines.
+
+    >>> machines(["a", "b", "a", "b"], 4)
+    [[0, 2], [1, 3]]
+    >>> machines(["a", "a", "b"], 3) is None  # uneven
+    True
+    """
+    if hosts is None or len(hosts) != size:
+        return None
+    by_host: dict[Hashable, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        by_host.setdefault(host, []).append(rank)
+    groups = list(by_host.values())
+    if len(groups) < 2 or len(groups[0]) < 2 or any(len(g) != len(groups[0]) for g in groups):
+        return None
+    return groups
 
 
 def observe(t: Transport, buf: Any, offset: int = 0) -> None:
