@@ -46,10 +46,16 @@ notes = [
     )
 ]
 for group in V.coincident(cmp):
+    names = f"{', '.join(group[:-1])} and {group[-1]}"
     notes.append(
-        f"{' and '.join(group)} take exactly the same time at every size here, so their curves are drawn "
+        f"{names} take exactly the same time at every size here, so their curves are drawn "
         "side by side, each shifted slightly right of the one before (hover for the true size)."
     )
+    if "hierarchical" in group and not cmp.per_machine:
+        notes.append(
+            "hierarchical reduces within each machine first, then across the machines; this topology "
+            "has no machines of equal size, so it runs the pipelined ring."
+        )
     if "ring_pipelined" in group and set(V.segments(cmp)) == {1}:
         notes.append(
             "ring_pipelined splits each block into S segments, and S = 1 at every size shown (see S "

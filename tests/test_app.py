@@ -138,7 +138,7 @@ def test_compare_page_defines_every_symbol_it_shows(topology):
             assert "Why the lines sit below the points on two_level" in text
             assert at.sidebar.radio(key="cmp_slowest").options == ["ranks 0 and 1", "ranks 0 and 4 (the slowest pair)"]
         if op == "all_reduce" and topology == "switch":
-            assert "ring and ring_pipelined take exactly the same time" in text
+            assert "ring, ring_pipelined and hierarchical take exactly the same time" in text
     if topology == "two_level":
         at.sidebar.radio(key="cmp_slowest").set_value(True)
         ok(at)

@@ -104,6 +104,24 @@ def test_collectives_detail_charges_the_alpha_beta_cost(op, algorithm):
     assert not res.trace.of_kind("message") and messages.trace.of_kind("message")
 
 
+def test_collectives_detail_charges_hierarchical_for_the_machines():
+    """On two machines of four ranks the hierarchical all_reduce costs its formula with k = 4, H = 2."""
+
+    def program(rank):
+        dist.init_process_group("gloo")
+        t = torch.ones(64 * 1024)
+        dist.all_reduce(t, algorithm="hierarchical")
+        return float(t[0])
+
+    res = simdist.simulate(program, 8, detail="collectives", topology="two_level")
+    alpha, beta = as_topology("two_level", 8).alpha_beta()
+    flat = algorithms.cost("all_reduce", "hierarchical", 256 * 1024, 8, alpha, beta)
+    assert res.time == pytest.approx(
+        algorithms.cost("all_reduce", "hierarchical", 256 * 1024, 8, alpha, beta, per_machine=4)
+    )
+    assert res.time < flat and res.values == [8.0] * 8
+
+
 def test_collectives_detail_scales_to_a_thousand_ranks():
     def program(rank):
         dist.init_process_group("gloo")
@@ -131,6 +149,32 @@ def test_two_level_is_slower_across_nodes():
     topo = as_topology("two_level", 8)
     assert topo.path(0, 1)[1] < topo.path(0, 5)[1]
     assert topo.path(0, 1)[2] > topo.path(0, 5)[2]
+
+
+def _all_reduce_algorithm(rank: int, n: int) -> str:
+    dist.init_process_group("gloo")
+    t = torch.ones(n)
+    dist.all_reduce(t)
+    assert (t == dist.get_world_size()).all()
+    dist.destroy_process_group()
+    return rank
+
+
+@pytest.mark.parametrize(
+    ("topology", "n", "expected"),
+    [
+        ("two_level", 1 << 18, "hierarchical"),  # 2 machines of 4 ranks
+        ("two_level", 1 << 10, None),  # small: the model's choice
+        ("switch", 1 << 18, None),  # one machine
+    ],
+)
+def test_the_choice_across_machines_is_the_socket_backends(topology, n, expected):
+    """On a topology of machines the simulator picks an all_reduce as the socket backend does across machines."""
+    res = simdist.simulate(_all_reduce_algorithm, 8, (n,), topology=topology)
+    picked = {e.algorithm for e in res.trace.events if e.op == "all_reduce"}
+    alpha, beta = as_topology(topology, 8).alpha_beta()
+    model = algorithms.choose("all_reduce", 4 * n, 8, alpha=alpha, beta=beta)
+    assert picked == {expected or model} and model != "hierarchical", picked
 
 
 def test_trace_events_and_chrome_json():

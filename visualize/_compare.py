@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simdist._topology import as_topology
-from simdist.algorithms import ALGORITHMS, FORMULAS, cost
+from simdist.algorithms import ALGORITHMS, FORMULAS, cost, machines
 from simdist.algorithms._chunks import CHAIN_SEGMENT_BYTES, SEGMENT_BYTES, ceil_log2, floor_log2
 
 from ._runs import collective_run
@@ -44,6 +44,8 @@ SYMBOLS: dict[str, str] = {
     "e": "0 if p is a power of two, else 1 (the extra folding steps of recursive doubling/halving)",
     "S": "segments per block of the pipelined rings: max(1, ⌈n / (p·s)⌉)",
     "C": "segments of the pipelined chain: max(1, ⌈n / c⌉)",
+    "k": "ranks on each machine (hierarchical; 1 where the topology has no machines)",
+    "H": "machines (hierarchical; p where the topology has no machines)",
 }
 """Every symbol of the cost formulas (``simdist.algorithms.FORMULAS``) -> what it stands for."""
 
@@ -85,6 +87,8 @@ class Comparison:
         slowest: ``(0, r)``, the pair whose path has the least bandwidth (then the most
             latency), and ``slowest_alpha``, ``slowest_beta`` its parameters; the same as
             ranks 0 and 1 on a topology where every pair is alike.
+        per_machine: ranks on each of the topology's machines (``k`` of ``hierarchical``'s
+            formula), where they hold as many; ``None`` where it has none.
     """
 
     op: str
@@ -99,6 +103,7 @@ class Comparison:
     slowest: tuple[int, int] = (0, 1)
     slowest_alpha: float = 0.0
     slowest_beta: float = 0.0
+    per_machine: int | None = None
 
 
 def crossovers(sizes: Sequence[int], times: dict[str, Sequence[float]]) -> list[Crossover]:
@@ -170,12 +175,16 @@ def compare_algorithms(
         raise ValueError(f"sizes={sizes!r} must be one or more non-negative byte counts")
     topo = as_topology(topology, world)
     alpha, beta = topo.alpha_beta()
+    groups = machines([topo.machine(r) for r in range(world)], world)
+    per_machine = len(groups[0]) if groups else None
     far, slow_alpha, slow_beta = _slowest_pair(topo, world)
     curves = []
     for name in ALGORITHMS[op]:
         sim = tuple(collective_run(op, name, world, n, topology, seed, record_steps=False).time for n in sizes)
-        model = tuple(cost(op, name, n, world, alpha, beta, topo.gamma) for n in sizes)
-        slow = tuple(cost(op, name, n, world, slow_alpha, slow_beta, topo.gamma) for n in sizes)
+        model = tuple(cost(op, name, n, world, alpha, beta, topo.gamma, per_machine=per_machine) for n in sizes)
+        slow = tuple(
+            cost(op, name, n, world, slow_alpha, slow_beta, topo.gamma, per_machine=per_machine) for n in sizes
+        )
         curves.append(Curve(name, FORMULAS[op][name], sim, model, slow))
     return Comparison(
         op,
@@ -190,6 +199,7 @@ def compare_algorithms(
         (0, far),
         slow_alpha,
         slow_beta,
+        per_machine,
     )
 
 
@@ -315,6 +325,8 @@ def symbol_table(cmp: Comparison, slowest: bool = False) -> list[dict[str, str]]
              f"(s = {size_label(SEGMENT_BYTES)})",
         "C": f"{_spread([max(1, -(-n // CHAIN_SEGMENT_BYTES)) for n in cmp.sizes])} at these sizes "
              f"(c = {size_label(CHAIN_SEGMENT_BYTES)})",
+        "k": str(cmp.per_machine or 1) + ("" if cmp.per_machine else " (no machines of equal size here)"),
+        "H": str(p // (cmp.per_machine or 1)),
     }  # fmt: skip
     return [{"symbol": k, "meaning": SYMBOLS[k], "value here": values[k]} for k in SYMBOLS if k in used]
 

@@ -40,13 +40,21 @@ __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, 
 class GroupState:
     """A group's collectives: how many each rank has joined, and those not every rank has joined yet."""
 
-    __slots__ = ("gid", "ranks", "seq", "instances")
+    __slots__ = ("gid", "ranks", "seq", "instances", "_hosts")
 
     def __init__(self, gid: int, ranks: tuple[int, ...]):
         self.gid = gid
         self.ranks = ranks
         self.seq = dict.fromkeys(ranks, 0)
         self.instances: dict[int, _Instance] = {}
+        self._hosts: tuple | None | bool = False  # not read yet
+
+    def hosts(self, topology: Any) -> tuple | None:
+        """The machine of each member where ``topology`` says (``Topology.machine``), else ``None``; read once."""
+        if self._hosts is False:
+            machines = tuple(topology.machine(r) for r in self.ranks)
+            self._hosts = None if None in machines else machines
+        return self._hosts  # type: ignore[return-value]
 
 
 class _Instance:
@@ -130,11 +138,17 @@ def _complete_at_once(engine: Engine, inst: _Instance, instant: bool) -> None:
     except (ValueError, TypeError) as exc:
         engine.fail(CollectiveMismatchError(f"{call.op} #{inst.coll_id}: {exc}"))
     start = max(r.t0 for r in runs)
-    cost = (
-        0.0
-        if instant
-        else algorithms.cost(call.op, call.algorithm, call.nbytes, len(runs), engine.alpha, engine.beta, engine.gamma)
-    )
+    cost = 0.0
+    if not instant:
+        size = len(runs)
+        per_machine = None
+        if call.algorithm == "hierarchical":  # the only cost that depends on the machines
+            group = runs[0].group
+            groups = algorithms.machines(group_state(engine, group.group_id, group.ranks).hosts(engine.topology), size)
+            per_machine = len(groups[0]) if groups else None
+        cost = algorithms.cost(
+            call.op, call.algorithm, call.nbytes, size, engine.alpha, engine.beta, engine.gamma, per_machine=per_machine
+        )
     for r in runs:
         _end_run(engine, r, start + cost)
 
@@ -230,10 +244,9 @@ class _Transport(Timed):
         )
 
     @property
-    def hosts(self) -> list | None:
+    def hosts(self) -> tuple | None:
         """The machine of each group rank, where the topology says (``Topology.machine``)."""
-        machines = [self.engine.topology.machine(r) for r in self.ranks]
-        return None if None in machines else machines
+        return group_state(self.engine, self.gid, self.ranks).hosts(self.engine.topology)
 
     def reduced(self, nbytes: int) -> None:
         """Advance the rank's collective clock past a reduction of ``nbytes`` (``Topology.reduce``)."""

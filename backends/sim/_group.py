@@ -100,6 +100,10 @@ class SimGroup(AlgorithmicGroup):
             self.network = {"alpha": engine.alpha, "beta": engine.beta}
         group_state(engine, group_id, self.ranks)
 
+    def _hosts(self) -> tuple | None:
+        """The machine of each group rank where the topology says, as the socket backend reads its peers'."""
+        return group_state(self.engine, self.group_id, self.ranks).hosts(self.engine.topology)
+
     def _p2p(self, kind: str, tensor: Any, peer: int | None, opts: Options) -> Work:
         engine, me = self.engine, self.me
         if engine.aborting:

@@ -16,7 +16,9 @@ base-2 logarithms, ``p' = 2^⌊lg p⌋`` and ``e = 0`` if ``p`` is a power of tw
 segments per block of the pipelined algorithms: ``max(1, ⌈n/(p·s)⌉)`` with ``s`` =
 ``SEGMENT_BYTES`` (reducing a segment overlaps receiving the next, so a ``1/S`` share of the
 reduction shows; with ``S = 1`` they cost what the plain ring does), and ``C = max(1, ⌈n/c⌉)``
-the segments of the pipelined chain, ``c`` = ``CHAIN_SEGMENT_BYTES``. Costs
+the segments of the pipelined chain, ``c`` = ``CHAIN_SEGMENT_BYTES``, ``k`` ranks on each of
+``H`` machines (``hierarchical`` only; ``k = 1``, ``H = p`` where the machines are not known or
+differ in size, as there the algorithm is the pipelined ring). Costs
 count the critical path of the algorithm as implemented here, assuming every rank can
 send and receive one message at a time; on one rank every cost is 0.
 """
@@ -48,6 +50,8 @@ class _Terms(NamedTuple):
     spread: float  # (p-1)/p
     s: int  # S, segments per block
     c: int  # C, segments of the whole buffer
+    k: int = 1  # ranks a machine
+    h: int = 1  # machines
 
 
 @dataclass(frozen=True)
@@ -112,12 +116,17 @@ _ENTRIES: tuple[Algorithm, ...] = (
         "2⌈lg p⌉·(α + n·β) + ⌈lg p⌉·n·γ",
         lambda x: 2 * x.up * (x.a + x.n * x.b) + x.up * x.n * x.g,
     ),
-    Algorithm(  # on one network of identical links it moves the pipelined ring's bytes in as many steps
+    Algorithm(  # every rank sends the ring's bytes; in fewer steps where machines hold several ranks
         "all_reduce",
         "hierarchical",
         _allreduce.hierarchical,
-        "2(p-1)·S·α + 2(p-1)/p·n·β + (p-1)/p·n·γ/S",
-        lambda x: 2 * (x.p - 1) * x.s * x.a + 2 * x.spread * x.n * x.b + x.spread * x.n * x.g / x.s,
+        "2(k-1)·α + 2(H-1)·S·α + 2(p-1)/p·n·β + ((k-1)/k + (H-1)/(H·k)/S)·n·γ",
+        lambda x: (
+            2 * (x.k - 1) * x.a
+            + 2 * (x.h - 1) * x.s * x.a
+            + 2 * x.spread * x.n * x.b
+            + ((x.k - 1) / x.k + (x.h - 1) / (x.h * x.k) / x.s) * x.n * x.g
+        ),
     ),
     Algorithm(
         "broadcast",
@@ -311,12 +320,23 @@ def choose(
     return min(names, key=lambda name: cost(op, name, nbytes, size, alpha, beta, gamma))
 
 
-def cost(op: str, name: str, nbytes: int, size: int, alpha: float, beta: float, gamma: float = 0.0) -> float:
+def cost(
+    op: str,
+    name: str,
+    nbytes: int,
+    size: int,
+    alpha: float,
+    beta: float,
+    gamma: float = 0.0,
+    *,
+    per_machine: int | None = None,
+) -> float:
     """Seconds that algorithm ``name`` of ``op`` takes in the alpha-beta(-gamma) model.
 
     Evaluates ``FORMULAS[op][name]`` with ``α = alpha`` (seconds per message),
     ``β = beta`` (seconds per byte), ``γ = gamma`` (seconds per byte reduced; reducing
     ops only) and ``n = nbytes`` as defined in the module doc. 0 on one rank.
+    ``per_machine``: ranks on each machine (``k``), where every machine holds as many.
 
     Raises:
         ValueError: for an unknown ``op`` or ``name``, a size below 1 or negative nbytes.
@@ -341,4 +361,8 @@ def cost(op: str, name: str, nbytes: int, size: int, alpha: float, beta: float, 
         s=max(1, -(-nbytes // (size * SEGMENT_BYTES))),
         c=max(1, -(-nbytes // CHAIN_SEGMENT_BYTES)),
     )
+    if per_machine is not None and 1 < per_machine < size and size % per_machine == 0:
+        terms = terms._replace(k=per_machine, h=size // per_machine)
+    else:
+        terms = terms._replace(h=size)
     return float(_BY_KEY[op, name].cost(terms))
