@@ -234,8 +234,13 @@ def check_case(op, name, size, n, kind, dtype, rop=None, root=0, even=True, seed
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize(("op", "name"), PAIRS, ids=[f"{o}-{n}" for o, n in PAIRS])
 def test_grid(op: str, name: str, size: int) -> None:
-    """Every dtype, array kind, reduce op and element count for one algorithm and size."""
+    """Every dtype, array kind, reduce op and element count for one algorithm and size (``hierarchical``
+    on machines of the smallest size above one rank that divides the group, where there is one)."""
     case = itertools.count()
+    fn = None
+    if name == "hierarchical":
+        k = next((k for k in range(2, size) if size % k == 0), None)
+        fn = on_machines([r // k for r in range(size)]) if k else None
     for n in element_counts(size):
         for kind, dtype in combos():
             for rop in reduce_ops(dtype) if op in REDUCING else [None]:
@@ -251,6 +256,7 @@ def test_grid(op: str, name: str, size: int) -> None:
                     root=i % size,
                     even=i % 2 == 0,
                     seed=None if i % 3 == 0 else i,
+                    fn=fn,
                 )
 
 
