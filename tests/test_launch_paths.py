@@ -69,8 +69,20 @@ def _case(*values: str, sep: str = "-", per_release: bool = True) -> Any:
 def _run(path: str, script: str, cwd: Path, *args: str, style: str = "torchrun") -> Launched:
     spawn = ("worker", (WORLD, STEPS, str(cwd))) if path.startswith("simdist.spawn") else None
     launched = start(path, PROGRAMS / script, style, WORLD, args, cwd=cwd, timeout=TIMEOUT, spawn=spawn)
+    if _aborted_at_exit_by_torch(launched):
+        launched = start(path, PROGRAMS / script, style, WORLD, args, cwd=cwd, timeout=TIMEOUT, spawn=spawn)
     assert launched.ok, launched.describe()
     return launched
+
+
+def _aborted_at_exit_by_torch(launched: Launched) -> bool:
+    """Whether a path on torch's own engine (no simdist in it) failed only as its ranks exited: every rank printed
+    its final line, then one died of SIGABRT in torch's teardown ("terminate called without an active exception";
+    once in a full run beside a busy process, ``python train_spawn.py``). Not what these tests check: the path
+    runs once more."""
+    finished = sorted(_finals(launched)) == list(range(WORLD))
+    torch_only = PATHS.get(launched.path, ((), "torch"))[1] == "torch"
+    return not launched.ok and torch_only and finished and "terminated with signal SIGABRT" in launched.stderr
 
 
 def _steps(launched: Launched) -> list[tuple]:

@@ -344,7 +344,7 @@ def coincident(cmp: Comparison, rel: float = 1e-9) -> list[tuple[str, ...]]:
     Example:
         >>> from simdist.visualize import coincident, compare_algorithms
         >>> coincident(compare_algorithms("all_reduce", 4, [64, 1 << 20]))
-        [('ring', 'ring_pipelined')]
+        [('ring', 'ring_pipelined', 'hierarchical')]
     """
     groups: list[list[Curve]] = []
     for c in cmp.curves:
@@ -399,7 +399,7 @@ def model_sides(cmp: Comparison, slowest: bool = False, within: float = 0.01) ->
         >>> from simdist.visualize import compare_algorithms, model_sides
         >>> above, below, on = model_sides(compare_algorithms("all_reduce", 4, [64, 1 << 20]))
         >>> above, below, sorted(on)
-        ([], [], ['binomial', 'rabenseifner', 'recursive_doubling', 'ring', 'ring_pipelined'])
+        ([], [], ['binomial', 'hierarchical', 'rabenseifner', 'recursive_doubling', 'ring', 'ring_pipelined'])
     """
     ratios = model_ratios(cmp, slowest)
     above = [a for a, (_, hi) in ratios.items() if hi > 1 + within]
