@@ -180,6 +180,8 @@ def report(rate: str, measured: dict, predicted: dict, sizes) -> tuple[str, dict
         mine = []
         for op in OPS:
             for alg in ALGORITHMS[op]:
+                if f"{op}/{alg}/{sizes[0]}" not in measured[str(world)]:
+                    continue  # an algorithm added after these measurements (with --measured)
                 row = [str(world), op, alg]
                 for n in sizes:
                     key = f"{op}/{alg}/{n}"

@@ -22,7 +22,9 @@ once with the socket backend's cross-rank check of every collective, once withou
 
 Node 0 then measures the terms inside a host as ``simdist calibrate`` does on one machine (or reads
 them from ``--host-file``) and writes a ``two_level`` topology file: a node per host of
-``--nproc-per-node`` ranks, whose uplink the node's ranks share.
+``--nproc-per-node`` ranks, whose uplink the node's ranks share, with ``link_queues``: each link of a
+route takes a message once it is free (the switch queues it for the next), as TCP flows share the links
+of switched Ethernet, rather than a message holding its whole route while its far link is busy.
 """
 
 from __future__ import annotations
@@ -243,6 +245,7 @@ def fit_hosts(
         "ranks_per_host": per_host,
         "inter_bandwidth": 1.0 / slope,
         "inter_burst": max((one_way[8] - intercept) / slope, 0.0),
+        "link_queues": True,  # TCP flows share a host's link: one message waiting for a far link leaves it free
         "check_overhead": max(gathers[0] - gathers[1], 0.0) / max((world - 1).bit_length(), 1),
     }
     leaders = [h * per_host for h in range(hosts)]

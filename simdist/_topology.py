@@ -130,6 +130,9 @@ class Topology:
         host_cores: reductions, copies and page faults one host runs at once (``None``: every rank in parallel).
         ranks_per_host: ranks per host for ``host_bandwidth`` (``None``: every rank on one host).
         per_node: ranks per node of a network built of nodes (``two_level``), each node a machine.
+        link_queues: each link of a route serves the messages that reach it in turn, on its own, as a
+            switch queues a message for its next link; ``False`` (default): a message holds every link of
+            its route at once, so a busy last link keeps the first one idle.
     """
 
     def __init__(
@@ -152,9 +155,11 @@ class Topology:
         host_cores: int | None = None,
         ranks_per_host: int | None = None,
         per_node: int | None = None,
+        link_queues: bool = False,
     ):
         self.name = name
         self.per_node = per_node
+        self.link_queues = link_queues
         self.layout = name  # how the network is built ('switch', ..., 'custom'); a file may rename it
         self.gamma = gamma
         self.fresh_memory = fresh_memory
@@ -211,6 +216,7 @@ class Topology:
             host_cores=self.host_cores,
             ranks_per_host=self.ranks_per_host,
             per_node=self.per_node,
+            link_queues=self.link_queues,
         )
         twin._graph = self._graph
         twin.layout = self.layout
@@ -291,16 +297,36 @@ class Topology:
         route = self._routes.get((a, b)) or self._route(a, b)
         links, alpha, bandwidth, buckets, plain = route
         free = self._free
-        start = ready
-        for i in links:
-            if free[i] > start:
-                start = free[i]
-        busy = start + (self._spend(buckets, plain, nbytes, start) if buckets else nbytes / bandwidth)
-        for i in links:
-            free[i] = busy
+        if self.link_queues:
+            start, busy = self._through_queues(links, buckets, plain, nbytes, ready)
+        else:
+            start = ready
+            for i in links:
+                if free[i] > start:
+                    start = free[i]
+            busy = start + (self._spend(buckets, plain, nbytes, start) if buckets else nbytes / bandwidth)
+            for i in links:
+                free[i] = busy
         if self.rank_bandwidth is not None or self.host_bandwidth is not None or self.host_overhead:
             busy = self._through_shared(a, b, nbytes, start, busy)
         return start, busy + alpha
+
+    def _through_queues(
+        self, links: tuple, buckets: tuple, plain: float, nbytes: int, ready: float
+    ) -> tuple[float, float]:
+        """``(start, end)`` of ``nbytes`` ready at ``ready`` on a route whose links each take it once they are
+        free (``link_queues``): the first link's start, and when the last of them has passed it."""
+        free, burst_of = self._free, {bucket[0]: bucket for bucket in buckets}
+        start, end = None, ready
+        for i in links:
+            begin = max(ready, free[i])
+            if i in burst_of:
+                free[i] = begin + self._spend((burst_of[i],), float("inf"), nbytes, begin)
+            else:
+                free[i] = begin + (nbytes / plain if plain != float("inf") else 0.0)
+            start = begin if start is None else start
+            end = max(end, free[i])
+        return ready if start is None else start, end
 
     def _spend(self, buckets: tuple, plain: float, nbytes: int, start: float) -> float:
         """Seconds that ``nbytes`` starting at ``start`` occupy a route whose ``buckets`` have a burst (``plain``:

@@ -34,6 +34,9 @@ runs on, and simdist ships reference files for common clusters (:data:`REFERENCE
       "inter_alpha": 1e-06,            "bandwidth" are then the links inside a node,
       "inter_bandwidth": 2.5e10,       "inter_*" the node's uplink to the spine, which
       "inter_burst": 0,                the node's ranks share (its "burst": inter_burst)
+      "link_queues": false,            each link of a route takes a message once it is free, as
+                                       a switch queues it (default false: a message holds its
+                                       whole route at once)
       "comment": "...",                free text: where the figures come from
       "sources": ["..."],              free text: references for the figures
       "measured": {...}                free: what calibration measured, kept as written
@@ -93,6 +96,7 @@ _OPTIONAL = {
     "inter_alpha": float,
     "inter_bandwidth": float,
     "inter_burst": float,
+    "link_queues": bool,
     "comment": str,
     "sources": list,
     "measured": dict,
@@ -110,12 +114,12 @@ def reference_path(name: str) -> Path:
 
 
 def _check_field(key: str, value: Any, kind: type, where: str) -> None:
-    ok = isinstance(value, kind) and not isinstance(value, bool)
+    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
     if kind is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok:
         raise ValueError(f"{where}: {key}={value!r} is not a valid {kind.__name__}")
-    free = ("format", *_SECONDS, *_BYTES, "comment", "sources", "measured", "name", "layout")
+    free = ("format", *_SECONDS, *_BYTES, "comment", "sources", "measured", "name", "layout", "link_queues")
     positive = key not in free
     if positive and value <= 0:
         raise ValueError(f"{where}: {key}={value!r}; expected a positive number")
@@ -204,6 +208,7 @@ def topology_from_spec(spec: dict[str, Any], size: int) -> Topology:
         value = spec.get(key)
         setattr(topo, key, None if value is None else float(value))
     topo.ranks_per_host = spec.get("ranks_per_host")
+    topo.link_queues = bool(spec.get("link_queues"))
     return topo
 
 

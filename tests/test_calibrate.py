@@ -532,7 +532,9 @@ def test_simdist_calibrate_across_two_hosts_measures_their_shaped_link(testbed, 
     assert [p.returncode for p in nodes] == [0, 0], [r[1][-3000:] for r in results]
     assert f"wrote {out}" in results[0][0] and "node 0 writes the topology file" in results[1][0]
     got = F.read_topology_file(out)
-    assert got["layout"] == "two_level" and got["per_node"] == 1 and got["gamma"] == 4e-11
+    assert (
+        got["layout"] == "two_level" and got["per_node"] == 1 and got["gamma"] == 4e-11 and got["link_queues"] is True
+    )
     assert 0.8 * 12.5e6 < got["inter_bandwidth"] < 1.02 * 12.5e6, got["measured"]["one_way_seconds"]
     assert 20e3 < got["inter_burst"] < 150e3, got["measured"]["one_way_seconds"]
     assert got["inter_alpha"] > 0 and got["check_overhead"] >= 0

@@ -231,6 +231,13 @@ def test_files_without_the_new_terms_load_with_them_off(tmp_path):
     topo = F.load_topology(path, 2)
     assert (topo.fresh_from, topo.memcpy, topo.check_overhead, topo.call_overhead) == (FRESH_BYTES, 0.0, 0.0, 0.0)
     assert topo.setup(2, (MIB,), MIB) == MIB * 3e-10
+    assert topo.link_queues is False
+
+
+@pytest.mark.parametrize("queues", [False, True])
+def test_link_queues_round_trip_through_a_file(tmp_path, queues):
+    path = F.write_topology_file(tmp_path / "q.json", _spec(link_queues=queues))
+    assert F.read_topology_file(path)["link_queues"] is queues and F.load_topology(path, 2).link_queues is queues
 
 
 @pytest.mark.parametrize(
@@ -241,6 +248,8 @@ def test_files_without_the_new_terms_load_with_them_off(tmp_path):
         ({"call_overhead": -1.0}, "call_overhead=-1.0; expected a number of seconds >= 0"),
         ({"fresh_from": 0}, "fresh_from=0; expected a positive number"),
         ({"fresh_from": 1.5}, "fresh_from=1.5 is not a valid int"),
+        ({"link_queues": 1}, "link_queues=1 is not a valid bool"),
+        ({"link_queues": "yes"}, "link_queues='yes' is not a valid bool"),
     ],
 )
 def test_bad_new_terms_name_the_field(tmp_path, change, words):

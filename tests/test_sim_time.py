@@ -11,7 +11,7 @@ import torch
 import simdist
 import simdist as dist
 from simdist import algorithms
-from simdist._topology import DEFAULT_ALPHA, DEFAULT_BANDWIDTH, as_topology
+from simdist._topology import DEFAULT_ALPHA, DEFAULT_BANDWIDTH, as_topology, two_level
 
 MB = 1 << 20
 
@@ -59,6 +59,20 @@ def test_link_contention_serialises_messages_on_a_shared_link():
     full = simdist.simulate(fan_in, 4, topology="fully_connected")
     assert [m.t_start for m in full.trace.of_kind("message")] == pytest.approx([0.0] * 3)
     assert res.time > 2.5 * full.time
+
+
+@pytest.mark.parametrize("queues", [False, True])
+def test_link_queues_let_a_link_serve_while_a_message_waits_for_its_far_link(queues):
+    """Four machines, each sending n bytes to each other one at once (an all_to_all). Holding a whole route, a
+    message waits with its uplink idle until the receiver's downlink is free too: 5 rounds in this order. With
+    link queues every uplink and downlink stays busy: 3 rounds, what TCP's shared links take
+    (BENCHMARKS.md (o))."""
+    n, rate = 1 << 20, 125e6
+    topo = two_level(4, per_node=1, intra_bandwidth=1e15, intra_alpha=0.0, inter_alpha=0.0, inter_bandwidth=rate)
+    topo.link_queues = queues
+    arrivals = [topo.transfer(a, b, n, 0.0)[1] for a in range(4) for b in range(4) if a != b]
+    assert max(arrivals) / (n / rate) == pytest.approx(3.0 if queues else 5.0, rel=1e-6)
+    assert topo.copy().link_queues is queues
 
 
 def test_compute_advances_the_clock_and_overlaps_async_work():
