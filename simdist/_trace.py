@@ -93,12 +93,41 @@ _FLUSH = 1 << 22
 """Bytes of finished rows a streamed trace keeps before writing them out."""
 
 
-def _packed(values: list | array) -> Any:
+class Raw:
+    """Leading values of a buffer as its bytes: what a snapshot costs to take (read as numbers when iterated).
+
+    ``dtype`` is a numpy dtype string (``'<f4'``); iterating gives Python numbers, as ``tolist()`` of
+    those values would. Two are equal when their dtype and bytes are.
+    """
+
+    __slots__ = ("data", "dtype")
+
+    def __init__(self, dtype: str, data: bytes):
+        self.dtype = dtype
+        self.data = data
+
+    def __iter__(self) -> Iterator:
+        return iter(np.frombuffer(self.data, self.dtype).tolist())
+
+    def __len__(self) -> int:
+        return len(self.data) // np.dtype(self.dtype).itemsize
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Raw and self.data == other.data and self.dtype == other.dtype
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple:
+        return Raw, (self.dtype, self.data)
+
+
+def _packed(values: list | array | Raw) -> Any:
     """``values`` as stored: an ``array`` when they are all floats or all ints that fit, else the list.
 
-    An ``array`` (``'d'`` or ``'q'``, not empty) is taken as it is: the caller made it for the trace.
+    An ``array`` (``'d'`` or ``'q'``, not empty) or a :class:`Raw` is taken as it is: the caller made it for the
+    trace.
     """
-    if type(values) is array:
+    if type(values) is array or type(values) is Raw:
         return values
     kinds = set(map(type, values))
     if kinds == {float}:
@@ -181,7 +210,8 @@ class Trace:
     ) -> int:
         """Append one event (the fields of :class:`Event`, in order); its index.
 
-        ``snapshot`` is a list of numbers, or an ``array`` (``'d'``/``'q'``, not empty) that the trace keeps.
+        ``snapshot`` is a list of numbers, or an ``array`` (``'d'``/``'q'``, not empty) or a :class:`Raw` that the
+        trace keeps.
 
         ``hold=True``: the event may still change (:meth:`update`), so a stream keeps it until then.
         """

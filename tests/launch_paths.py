@@ -160,6 +160,15 @@ class Launched:
                 return line
         return f"exit status {self.returncode}: " + (lines[-1].strip() if lines else "no output")
 
+    def died_in_torchs_teardown(self, world: int) -> bool:
+        """Whether the launch failed only as its ranks exited: each of the ``world`` ranks printed its final result
+        line (``params=``), then one died of SIGABRT in torch's teardown ("terminate called without an active
+        exception", as torch's gloo does now and then on a busy machine). A path on torch's own engine that did so
+        is worth running once more: it is not what the tests check."""
+        finals = {r.get("rank") for r in result_lines(self.stdout) if "params" in r}
+        aborted = "terminated with signal SIGABRT" in self.stderr or "exitcode: -6" in self.stderr
+        return not self.ok and len(finals) == world and aborted
+
     def describe(self) -> str:
         """The command and the tail of its output, for an assertion message."""
         tail = (self.stdout[-3000:] + "\n--- stderr ---\n" + self.stderr[-5000:]).strip()

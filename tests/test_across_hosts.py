@@ -131,8 +131,14 @@ def test_the_launch_corpus_training_across_hosts_equals_the_one_host_run(testbed
     from launch_paths import checkpoint_difference, result_lines, start
 
     programs = Path(__file__).with_name("programs")
-    reference = start("torchrun", programs / "train_torchrun.py", "torchrun", 2, ("--steps", "4", "--out", "."),
-                      cwd=tmp_path, timeout=90)  # fmt: skip
+
+    def reference_run():
+        return start("torchrun", programs / "train_torchrun.py", "torchrun", 2, ("--steps", "4", "--out", "."),
+                     cwd=tmp_path, timeout=90)  # fmt: skip
+
+    reference = reference_run()
+    if reference.died_in_torchs_teardown(2):  # torch's gloo alone, no simdist: once more (tests/launch_paths.py)
+        reference = reference_run()
     assert reference.ok, reference.describe()
     expected = sorted(sorted((k, v) for k, v in r.items() if k != "engine") for r in result_lines(reference.stdout))
     bed = testbed(2)

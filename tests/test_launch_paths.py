@@ -80,9 +80,8 @@ def _aborted_at_exit_by_torch(launched: Launched) -> bool:
     its final line, then one died of SIGABRT in torch's teardown ("terminate called without an active exception";
     once in a full run beside a busy process, ``python train_spawn.py``). Not what these tests check: the path
     runs once more."""
-    finished = sorted(_finals(launched)) == list(range(WORLD))
     torch_only = PATHS.get(launched.path, ((), "torch"))[1] == "torch"
-    return not launched.ok and torch_only and finished and "terminated with signal SIGABRT" in launched.stderr
+    return torch_only and launched.died_in_torchs_teardown(WORLD)
 
 
 def _steps(launched: Launched) -> list[tuple]:

@@ -10,6 +10,7 @@ import torch
 
 import simdist
 import simdist as dist
+import simdist.sim
 from simdist import algorithms
 from simdist._topology import DEFAULT_ALPHA, DEFAULT_BANDWIDTH, as_topology, two_level
 
@@ -59,6 +60,33 @@ def test_link_contention_serialises_messages_on_a_shared_link():
     full = simdist.simulate(fan_in, 4, topology="fully_connected")
     assert [m.t_start for m in full.trace.of_kind("message")] == pytest.approx([0.0] * 3)
     assert res.time > 2.5 * full.time
+
+
+def late_and_early_gather(rank):
+    """Rank 1 reaches a linear gather to rank 0 after 1 ms of work, rank 2 at once: their messages share rank 0's
+    downlink."""
+    dist.init_process_group("gloo")
+    if rank == 1:
+        simdist.sim.compute(seconds=1e-3)
+    t = torch.full((MB // 4,), float(rank))
+    outs = [torch.zeros(MB // 4) for _ in range(3)] if rank == 0 else None
+    dist.gather(t, outs, dst=0, algorithm="linear")
+    dist.destroy_process_group()
+    return None if outs is None else [o[0].item() for o in outs]
+
+
+@pytest.mark.parametrize("strategy", ["round_robin", "random", "pct"])
+def test_a_collectives_messages_take_a_shared_link_in_virtual_time_order(strategy):
+    """Whichever rank the schedule runs first, rank 2's message (ready at 0) takes rank 0's downlink first and
+    rank 1's (ready at 1 ms) then, as soon as it is ready: the link is shared in the order of virtual time, not in
+    the order the ranks were simulated."""
+    per = MB / DEFAULT_BANDWIDTH
+    for seed in range(4):
+        res = simdist.simulate(late_and_early_gather, 3, strategy=strategy, seed=seed)
+        assert res.values[0] == [0.0, 1.0, 2.0]
+        start = {m.rank: m.t_start for m in res.trace.of_kind("message")}
+        assert start[2] == 0.0 and start[1] == pytest.approx(1e-3)
+        assert 1e-3 > per  # (rank 2's message has left before rank 1's is ready)
 
 
 @pytest.mark.parametrize("queues", [False, True])

@@ -26,7 +26,7 @@ from simdist._trace import Trace
 from simdist._world import set_thread_world
 
 from . import _isolation, _threads
-from ._collective_runs import GroupState, drain
+from ._collective_runs import GroupState
 from ._events import TraceRecorder
 from ._messages import Post, Waitable
 from ._report import deadlock_error
@@ -177,8 +177,6 @@ class Engine:
         self.events = TraceRecorder(self.trace)  # every event of the run is written through it
         self.sends: dict[tuple, dict[int, deque]] = {}
         self.recvs: dict[tuple, list[Post]] = {}
-        self.ready: deque = deque()  # collective runs whose step has completed (see _collective_runs)
-        self.draining = False
         self.groups: dict[int, GroupState] = {}
         self.coll_counter = 0
         self.unwaited: dict[int, tuple[int, str]] = {}
@@ -467,8 +465,6 @@ class Engine:
 
     def _point(self, me: RankState) -> None:
         self.points += 1
-        if self.ready:
-            drain(self)
         if self.aborting:
             raise Abort
         if self.cpu_time:
@@ -538,14 +534,10 @@ class Engine:
         waiters = item.waiters
         if waiters:
             item.waiters = []
-            ready = self.ready
-            for w in waiters:
+            for w in waiters:  # ranks blocked on it
                 w.pending -= 1
                 if w.pending == 0:
-                    if type(w) is RankState:
-                        bisect.insort(self.runnable, w.rank)
-                    else:
-                        ready.append(w)
+                    bisect.insort(self.runnable, w.rank)
 
     # --- point to point --------------------------------------------------------------
 
@@ -631,19 +623,13 @@ class Engine:
         r.source = s.src
         self.events.message(s, start, arrival)
         done = r.t_post if r.t_post > arrival else arrival  # noqa: FURB136 - max() costs a call per message
-        if s.run is None:
-            if not s.done:
-                self._finish_post(s, arrival)
-            self._finish_post(r, done)
-        else:  # a collective's posts have no write-back and no span of their own to record
-            if not s.done:
-                self.complete(s, arrival)
-            self.complete(r, done)
+        if not s.done:
+            self._finish_post(s, arrival)
+        self._finish_post(r, done)
 
     def _finish_post(self, p: Post, t: float) -> None:
         p.t_done = t
         if p.on_done is not None:
             p.on_done()
-        if p.run is None:  # a user's send or receive: its span on the rank's lane
-            self.events.span(p, t)
+        self.events.span(p, t)  # its span on the rank's lane
         self.complete(p, t)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from simdist._trace import Trace
 
+    from ._discrete import Message
     from ._messages import CollectiveRun, Post
 
 __all__ = ["TraceRecorder"]
@@ -35,30 +36,31 @@ class TraceRecorder:
         self._record = trace.record
 
     def message(self, s: Post, start: float, arrival: float) -> None:
-        """The send ``s`` matched a receive: its bytes left at ``start`` and arrived at ``arrival``."""
-        run = s.run
-        if run is None:
-            self._record(
-                s.src, "message", s.kind, s.group, s.dst, s.tag, s.nbytes, start, arrival, None, None, None, s.call_site
-            )
-        else:
-            call = run.call
-            self._record(
-                s.src,
-                "message",
-                call.op,
-                s.group,
-                s.dst,
-                s.tag,
-                s.nbytes,
-                start,
-                arrival,
-                run.coll_id,
-                s.step,
-                s.chunk,
-                s.call_site,
-                call.algorithm,
-            )
+        """The program's send ``s`` matched a receive: its bytes left at ``start`` and arrived at ``arrival``."""
+        self._record(
+            s.src, "message", s.kind, s.group, s.dst, s.tag, s.nbytes, start, arrival, None, None, None, s.call_site
+        )
+
+    def moved(self, m: Message, start: float, arrival: float) -> None:
+        """A collective's send ``m`` matched its receive: its bytes left at ``start`` and arrived at ``arrival``."""
+        run = m.run
+        call = run.call
+        self._record(
+            m.src,
+            "message",
+            call.op,
+            run.group.group_id,
+            m.dst,
+            m.tag,
+            m.nbytes,
+            start,
+            arrival,
+            run.coll_id,
+            m.step,
+            m.chunk,
+            call.call_site,
+            call.algorithm,
+        )
 
     def span(self, p: Post, t_end: float) -> None:
         """A user's send or receive ``p`` completed at ``t_end``: its span on its rank's lane."""
@@ -110,11 +112,13 @@ class TraceRecorder:
             values,
         )
 
-    def received(self, run: CollectiveRun, peer: int, tag: int, nbytes: int, chunk: int | None) -> int:
-        """``run`` posted a receive from global rank ``peer``: its ``received`` event, held until
-        :meth:`received_in` gives its step; the event's index."""
+    def received(
+        self, run: CollectiveRun, peer: int, tag: int, nbytes: int, chunk: int | None, step: int | None, t: float
+    ) -> None:
+        """``run`` received from global rank ``peer`` in the wait of its step ``step``, at ``t`` (``step`` ``None``:
+        never waited)."""
         call = run.call
-        return self._record(
+        self._record(
             run.rank,
             "received",
             call.op,
@@ -122,19 +126,14 @@ class TraceRecorder:
             peer,
             tag,
             nbytes,
-            0.0,
-            0.0,
+            t,
+            t,
             run.coll_id,
-            None,
+            step,
             chunk,
             None,
             call.algorithm,
-            hold=True,
         )
-
-    def received_in(self, index: int, step: int, t: float) -> None:
-        """The receive of event ``index`` (:meth:`received`) completed at ``t``, in the wait of step ``step``."""
-        self.trace.update(index, step=step, t_start=t, t_end=t)
 
     def compute(self, rank: int, op: str, t_start: float, seconds: float, call_site: str | None) -> None:
         """Rank ``rank`` computed for ``seconds`` of virtual time from ``t_start`` (``op`` names it)."""

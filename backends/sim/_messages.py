@@ -28,12 +28,12 @@ class Waitable:
 
 
 class Post(Waitable):
-    """One posted send or receive.
+    """One send or receive that a rank's program posted (a collective's own messages are
+    :class:`._discrete.Message`\\ s).
 
     ``src``/``dst`` are global ranks (``src`` is ``None`` for an any-source receive until
-    it matches; ``source`` then holds the sender). ``ctx`` separates user point-to-point
-    traffic of a group from each collective's traffic. ``run`` is the collective run a
-    post belongs to (``None`` for a user's send or receive).
+    it matches; ``source`` then holds the sender). ``ctx`` names the group's point-to-point
+    traffic.
     """
 
     __slots__ = (
@@ -49,9 +49,6 @@ class Post(Waitable):
         "owner",
         "group",
         "call_site",
-        "run",
-        "step",
-        "chunk",
         "source",
         "data",
         "on_done",
@@ -71,9 +68,6 @@ class Post(Waitable):
         owner: int,
         group: int,
         call_site: str | None,
-        run: "CollectiveRun | None" = None,
-        step: int | None = None,
-        chunk: int | None = None,
     ):
         self.done = False
         self.t_done = 0.0
@@ -90,17 +84,9 @@ class Post(Waitable):
         self.owner = owner
         self.group = group
         self.call_site = call_site
-        self.run = run
-        self.step = step
-        self.chunk = chunk
         self.source = src
         self.data: Any = None
         self.on_done = None
-
-    @property
-    def label(self) -> str:
-        """The operation the message belongs to: ``'send'``/``'recv'`` or the collective's name."""
-        return self.kind if self.run is None else self.run.call.op
 
     def describe(self, group: str | None = None) -> str:
         """One line on the message; ``group`` is what to call its group (default ``'group N'``)."""
@@ -110,13 +96,12 @@ class Post(Waitable):
         else:
             what = f"recv {self.owner}<-{'any' if self.src is None else self.src}"
         where = f" at {self.call_site}" if self.call_site else ""
-        run = self.run
-        coll = f" in {run.call.op} (collective {run.seq} of {group})" if run else f" on {group}"
-        return f"{what} tag {self.tag} ({self.nbytes} bytes, {self.dtype}){coll}{where}"
+        return f"{what} tag {self.tag} ({self.nbytes} bytes, {self.dtype}) on {group}{where}"
 
 
 class CollectiveRun(Waitable):
-    """One rank's part of one collective: an algorithm generator driven by the engine.
+    """One rank's part of one collective: once every member has joined, an algorithm generator
+    driven by :mod:`._discrete`.
 
     ``t`` is the run's own virtual clock: it starts at the caller's clock and advances
     as the messages it waits for complete, so an asynchronous collective progresses

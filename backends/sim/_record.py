@@ -6,12 +6,13 @@ transport. The recorder adds to the trace:
 
 - one ``'received'`` event per receive, in the order the rank posted them (so the
   ``k``-th one from a peer with a tag is the ``k``-th message of that peer and tag):
-  ``step`` is the rank's step whose wait completed it;
+  ``step`` is the rank's step whose wait completed it (written when the rank's part ends);
 - one ``'step'`` event per step boundary: ``step = k`` holds the leading values of the
   rank's data after its first ``k`` waits and the computation that follows them (the
   combine), before anything of the next step arrives; ``k = 0`` is before any wait and
   the last one is after the algorithm returned. The data is the output buffer, or what
-  the algorithm :func:`~simdist.algorithms.observe`\\ s (kind ``'work'`` then).
+  the algorithm :func:`~simdist.algorithms.observe`\\ s (kind ``'work'`` then); a plain CPU tensor's
+  values are kept as their bytes (:class:`simdist._trace.Raw`), read as numbers when the trace is read.
 
 A snapshot never shows a message before the rank has waited on it: where a receive
 still pending (posted, maybe already arrived, not yet waited on) covers recorded
@@ -29,6 +30,7 @@ import numpy as np
 
 from simdist import _arrays as A
 from simdist._algorithmic import CollectiveCall
+from simdist._trace import Raw
 from simdist.algorithms import Observer, Timed
 
 __all__ = ["LIMIT", "recorded"]
@@ -47,7 +49,7 @@ def recorded(call: CollectiveCall, transport: Any) -> Iterator[list]:
 class Recorder(Observer, Timed):
     """The transport an algorithm sees while its steps are recorded (see the module doc)."""
 
-    __slots__ = ("bounds", "exact", "head", "hidden", "pending", "rank", "size", "steps", "t", "view")
+    __slots__ = ("bounds", "exact", "head", "hidden", "pending", "posted", "rank", "size", "steps", "t", "view")
 
     def __init__(self, transport: Any, buf: Any):
         self.t = transport
@@ -57,7 +59,8 @@ class Recorder(Observer, Timed):
         self.exact = None if buf is None else A.values_view(self.head, LIMIT)  # read as an array, where it can be
         self.view: list | None = None  # the observed working data, once there is some
         self.steps = 0
-        self.pending: dict[int, int] = {}  # id(handle) -> the index of its 'received' event in the trace
+        self.posted: list[list] = []  # each receive, in the order posted: [peer, tag, nbytes, chunk, step, time]
+        self.pending: dict[int, list] = {}  # id(handle) -> its entry in ``posted``, until a wait completes it
         self.hidden: dict[int, tuple[int, Any]] = {}  # id(handle) -> (start, values) it covers in ``head``
 
     # --- the Transport ------------------------------------------------------------
@@ -70,9 +73,9 @@ class Recorder(Observer, Timed):
         if span is not None:
             before = self._values(span[0], span[1])
         handle = self.t.irecv(buf, peer, tag, chunk=chunk)
-        self.pending[id(handle)] = self.t.engine.events.received(
-            self.t.run, self.t.ranks[peer], tag, handle.nbytes, chunk
-        )
+        entry = [self.t.ranks[peer], tag, handle.nbytes, chunk, None, 0.0]
+        self.posted.append(entry)
+        self.pending[id(handle)] = entry
         if span is not None:
             self.hidden[id(handle)] = (span[0], before)
         return handle
@@ -110,26 +113,33 @@ class Recorder(Observer, Timed):
         for handles in gen:
             self._snapshot()
             yield handles
-            for h in handles:
-                self._received(h)
+            pending = self.pending
+            if pending:
+                for h in handles:
+                    entry = pending.pop(id(h), None)
+                    if entry is not None:
+                        entry[4], entry[5] = self.steps, h.t_done
+                        if self.hidden:
+                            self.hidden.pop(id(h), None)
             self.steps += 1
         self._snapshot()
-
-    def _received(self, handle: Any) -> None:
-        index = self.pending.pop(id(handle), None)
-        if index is None:
-            return
-        self.hidden.pop(id(handle), None)
-        self.t.engine.events.received_in(index, self.steps, handle.t_done)
+        events, run = self.t.engine.events, self.t.run
+        for peer, tag, nbytes, chunk, step, t in self.posted:
+            events.received(run, peer, tag, nbytes, chunk, step, t)
 
     def _snapshot(self) -> None:
-        values: list | array
+        values: list | array | Raw
         if self.view is not None:
             kind, values = "work", list(self.view)
         elif self.head is not None:
-            kind, values = "step", self._values(0, LIMIT)
-            for start, before in self.hidden.values():
-                values[start : start + len(before)] = before
+            kind = "step"
+            if self.exact is not None and not self.hidden:
+                view = self.exact[1]
+                values = Raw(view.dtype.str, view.tobytes())
+            else:
+                values = self._values(0, LIMIT)
+                for start, before in self.hidden.values():
+                    values[start : start + len(before)] = before
         else:
             return
         run = self.t.run

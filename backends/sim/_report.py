@@ -55,13 +55,9 @@ def _blocked_entry(
                 missing_of[key] = None if inst is None else [r for i, r in enumerate(it.group.ranks)
                                                              if i not in inst.runs]  # fmt: skip
             missing = missing_of[key]
-            if missing is not None:
+            if missing is not None:  # (a collective every member joined has completed)
                 entry["missing"] = list(missing)
                 waits += missing
-            else:
-                for h in it.waiting:
-                    if not h.done:
-                        waits.append(h.dst if h.kind == "send" else h.src)
     return entry, sorted(set(w for w in waits if w is not None))
 
 
@@ -84,24 +80,11 @@ def _line(entry: dict, engine: Engine, names: dict[int, str]) -> str:
     return text
 
 
-def _unmatched(engine: Engine, names: dict[int, str]) -> tuple[list[str], list[str]]:
-    """Every unmatched message described, and the lines the report shows of them.
-
-    The program's own sends and receives are shown one a line; the messages inside a
-    collective (its algorithm's, such as a barrier's empty ones) are counted per collective.
-    """
+def _unmatched(engine: Engine, names: dict[int, str]) -> list[str]:
+    """The program's unmatched sends and receives, described (a collective posts none before every member joins)."""
     posts = [p for by_src in engine.sends.values() for q in by_src.values() for p in q]
     posts += [p for waiting in engine.recvs.values() for p in waiting]
-    every = [p.describe(_group(p.group, names)) for p in posts]
-    shown = [d for p, d in zip(posts, every) if p.run is None]
-    inside: dict[tuple[str, int, str], int] = {}
-    for p in posts:
-        if p.run is not None:
-            key = (p.run.call.op, p.run.seq, _group(p.group, names))
-            inside[key] = inside.get(key, 0) + 1
-    shown += [f"+ {n} messages inside {op} (collective {seq} of {group}); err.unmatched lists them"
-              for (op, seq, group), n in inside.items()]  # fmt: skip
-    return every, shown
+    return [p.describe(_group(p.group, names)) for p in posts]
 
 
 def deadlock_error(engine: Engine) -> DeadlockError:
@@ -124,7 +107,7 @@ def deadlock_error(engine: Engine) -> DeadlockError:
         for w in waits:
             graph.add_edge(rs.rank, w)
         lines.append("  " + _line(entry, engine, names))
-    unmatched, shown = _unmatched(engine, names)
+    unmatched = shown = _unmatched(engine, names)
     try:
         cycle = [u for u, _ in nx.find_cycle(graph)]
     except nx.NetworkXNoCycle:

@@ -1,0 +1,254 @@
+"""A collective's messages as discrete events: its algorithm run for every member at once, in one thread.
+
+When the last member of a collective joins it (``detail="messages"``), :func:`run_collective`
+runs the collective's algorithm on every member, each a generator on a :class:`_Transport`
+of its own, to the end. The members' sends and receives meet in one :class:`Exchange`
+(matched by sender, receiver and tag, in the order they were posted); a matched pair moves
+its bytes at once and becomes an event at the virtual time it can start. Events are taken
+in virtual-time order: each takes the links of its route (:meth:`Topology.transfer`) once
+free, so links are shared in the order the bytes reach them, whatever order the members
+were simulated in. A member whose step's messages have all completed resumes at the
+latest of their times and posts its next step.
+
+No scheduling point and no thread hand-off happen inside: the collective is one step of
+the run for the scheduler. Its trace rows (each message, each member's part, and with
+``record_steps`` each step's snapshot and each receive's step) are those of the algorithm,
+written in the order of the events.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from simdist import _arrays as A
+from simdist._errors import DistError, RankError
+from simdist.algorithms import Timed
+
+from ._record import recorded
+
+if TYPE_CHECKING:
+    from ._engine import Engine
+    from ._messages import CollectiveRun
+
+__all__ = ["Message", "end_run", "run_collective"]
+__tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
+
+
+class Message:
+    """One send or receive of a collective's algorithm: a handle it yields to wait for.
+
+    ``src``/``dst`` are global ranks; ``waiter`` is the run whose current step waits for it.
+    """
+
+    __slots__ = ("buf", "chunk", "data", "done", "dst", "kind", "nbytes", "run", "src", "step", "t_done", "t_post",
+                 "tag", "waiter")  # fmt: skip
+
+    def __init__(self, kind: str, src: int, dst: int, tag: int, buf: Any, run: CollectiveRun, chunk: int | None):
+        self.kind = kind
+        self.src = src
+        self.dst = dst
+        self.tag = tag
+        self.buf = buf
+        self.nbytes = A.nbytes(buf)
+        self.run = run
+        self.step = run.step
+        self.chunk = chunk
+        self.t_post = run.t
+        self.t_done = 0.0
+        self.done = False
+        self.data: Any = None  # an eager send's copy of its buffer
+        self.waiter: CollectiveRun | None = None
+
+    def describe(self) -> str:
+        what = f"send {self.src}->{self.dst}" if self.kind == "send" else f"recv {self.dst}<-{self.src}"
+        return f"{what} tag {self.tag} ({self.nbytes} bytes) in {self.run.describe()}"
+
+
+def run_collective(engine: Engine, runs: list[CollectiveRun]) -> None:
+    """Run one collective's algorithm on every member (``runs``, in group-rank order) to the end.
+
+    Each run completes (``engine.complete``) at the virtual time its algorithm ends on it.
+    """
+    exchange = Exchange(engine)
+    for run in runs:
+        transport = _Transport(engine, run, exchange)
+        call = run.call
+        run.gen = recorded(call, transport) if engine.record_steps else call.start(transport)
+    for run in runs:
+        exchange.advance(run)
+    exchange.flow()
+    stuck = [run for run in runs if not run.done]
+    if stuck:  # an algorithm that waits for a message no member sends: a bug of the algorithm, not of the program
+        left = [m.describe() for queue in (*exchange.sends.values(), *exchange.recvs.values()) for m in queue]
+        engine.fail(DistError(f"{stuck[0].describe()}: its algorithm waits for messages never matched: {left[:8]}"))
+
+
+class Exchange:
+    """The messages of one collective: posts waiting for their partner, and matched pairs as timed events."""
+
+    __slots__ = ("copy_", "eager", "engine", "events", "heap", "n", "recvs", "sends", "transfer")
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.eager = engine.eager_limit
+        self.transfer = engine.topology.transfer
+        self.events = engine.events
+        self.copy_ = A.copy_
+        self.sends: dict[tuple, deque[Message]] = {}
+        self.recvs: dict[tuple, deque[Message]] = {}
+        self.heap: list[tuple] = []  # (ready, n, send, receive): matched pairs by the time their bytes can leave
+        self.n = 0
+
+    def post(self, m: Message) -> Message:
+        """Post ``m``: match it with its partner if that is posted already (the first one posted)."""
+        key = (m.src, m.dst, m.tag)
+        if m.kind == "send":
+            if 0 < self.eager and m.nbytes <= self.eager:  # buffered: the send completes at once
+                m.data = A.empty(m.buf, A.numel(m.buf))
+                A.copy_(m.data, m.buf)
+                m.done, m.t_done = True, m.t_post
+            waiting, mine = self.recvs, self.sends
+        else:
+            waiting, mine = self.sends, self.recvs
+        queue = waiting.get(key)
+        if queue:
+            other = queue.popleft()
+            if not queue:
+                del waiting[key]
+            if m.kind == "send":
+                self._match(m, other)
+            else:
+                self._match(other, m)
+        else:
+            queue = mine.get(key)
+            if queue is None:
+                mine[key] = deque((m,))
+            else:
+                queue.append(m)
+        return m
+
+    def _match(self, s: Message, r: Message) -> None:
+        """Move ``s``'s bytes into ``r``'s buffer; their transfer becomes an event at the time it can start."""
+        if s.nbytes != r.nbytes:
+            self.engine.fail(DistError(f"message size mismatch: {s.describe()} matched {r.describe()}"))
+        self.copy_(r.buf, s.buf if s.data is None else s.data)
+        ready = s.t_post
+        if not s.done and r.t_post > ready:
+            ready = r.t_post
+        heapq.heappush(self.heap, (ready, self.n, s, r))
+        self.n += 1
+
+    def flow(self) -> None:
+        """Take the matched transfers in virtual-time order until none is left."""
+        heap, pop, transfer, record = self.heap, heapq.heappop, self.transfer, self.events.moved
+        while heap:
+            ready, _, s, r = pop(heap)
+            start, arrival = transfer(s.src, s.dst, s.nbytes, ready)
+            record(s, start, arrival)
+            if not s.done:
+                self._complete(s, arrival)
+            self._complete(r, r.t_post if r.t_post > arrival else arrival)  # noqa: FURB136 - a call per message
+
+    def _complete(self, m: Message, t: float) -> None:
+        m.done, m.t_done = True, t
+        run = m.waiter
+        if run is not None:
+            m.waiter = None
+            run.pending -= 1
+            if run.pending == 0:
+                self.advance(run)
+
+    def advance(self, run: CollectiveRun) -> None:
+        """Resume ``run`` after its step's messages (if any) completed: post its next steps until one must wait."""
+        if run.waiting:
+            _step_done(run)
+        gen = run.gen
+        assert gen is not None, "a run's generator is set before it advances"
+        while True:
+            try:
+                handles = next(gen)
+            except StopIteration:
+                run.waiting = []
+                end_run(self.engine, run, run.t)
+                return
+            except Exception as exc:  # noqa: BLE001 - an algorithm's failure belongs to its rank (Abort is no Exception)
+                self.engine.fail(RankError(run.rank, exc))
+            run.waiting = handles
+            pending = 0
+            for m in handles:
+                if not m.done:
+                    m.waiter = run
+                    pending += 1
+            if pending:
+                run.pending = pending
+                return
+            _step_done(run)
+
+
+def _step_done(run: CollectiveRun) -> None:
+    """Every message of ``run``'s current step has completed: its clock moves to the latest of their times."""
+    t = run.t
+    for m in run.waiting:
+        if m.t_done > t:
+            t = m.t_done
+    run.t = t
+    run.step += 1
+
+
+def end_run(engine: Engine, run: CollectiveRun, t: float) -> None:
+    """``run`` ended at ``t``: its trace row, and the rank waiting for it may go on."""
+    run.call.complete()
+    engine.events.collective(run, t)
+    engine.complete(run, t)
+
+
+class _Transport(Timed):
+    """The Transport a collective algorithm sees inside the simulator: one member's view of an :class:`Exchange`."""
+
+    __slots__ = ("engine", "exchange", "gid", "me", "rank", "ranks", "run", "size")
+
+    def __init__(self, engine: Engine, run: CollectiveRun, exchange: Exchange):
+        self.engine = engine
+        self.exchange = exchange
+        self.run = run
+        self.rank = run.group.rank
+        self.size = run.group.size
+        self.ranks = run.group.ranks
+        self.me = run.rank
+        self.gid = run.group.group_id
+
+    def isend(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Message:
+        return self.exchange.post(Message("send", self.me, self.ranks[peer], tag, buf, self.run, chunk))
+
+    def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Message:
+        return self.exchange.post(Message("recv", self.ranks[peer], self.me, tag, buf, self.run, chunk))
+
+    @property
+    def hosts(self) -> tuple | None:
+        """The machine of each group rank, where the topology says (``Topology.machine``)."""
+        from ._collective_runs import group_state
+
+        return group_state(self.engine, self.gid, self.ranks).hosts(self.engine.topology)
+
+    def reduced(self, nbytes: int) -> None:
+        """Advance the rank's collective clock past a reduction of ``nbytes`` (``Topology.reduce``)."""
+        self.run.t = self.engine.topology.reduce(self.me, nbytes, self.run.t)
+
+    def allocated(self, nbytes: int) -> None:
+        """Advance the rank's collective clock past first touching a new buffer (``Topology.fresh``, on a core)."""
+        self._work(self.engine.topology.fresh(nbytes))
+
+    def copied(self, nbytes: int) -> None:
+        """Advance the rank's collective clock past copying ``nbytes`` between its buffers (``Topology.copying``,
+        on a core)."""
+        self._work(self.engine.topology.copying(nbytes))
+
+    def _work(self, seconds: float) -> None:
+        """Advance the rank's collective clock past ``seconds`` of its own work on a free core (none: no wait)."""
+        if seconds:
+            self.run.t = self.engine.topology.compute(self.me, seconds, self.run.t)
+
+    def wait(self, handles: Any) -> None:
+        raise RuntimeError("inside the simulator, algorithms wait by yielding their handles")
