@@ -16,7 +16,7 @@ import json
 import os
 import struct
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields
 from typing import IO, Any
 
@@ -249,6 +249,45 @@ class Trace:
             self._flush()
             self._next_flush = len(self._rows) + _FLUSH
         return index
+
+    def writer(
+        self,
+        kind: str,
+        op: str,
+        group: int | None,
+        collective_id: int | None,
+        call_site: str | None,
+        algorithm: str | None,
+    ) -> Callable[..., Any]:
+        """A function appending events whose other fields are these:
+        ``write(rank, peer, tag, nbytes, t_start, t_end, step, chunk)``, as :meth:`record` would (no snapshot).
+
+        For the many events of one collective: the fixed fields are encoded once.
+        """
+        if self._stream is not None:  # (a stream decides per row what it may write out)
+            record = self.record
+
+            def write_streamed(rank, peer, tag, nbytes, t_start, t_end, step, chunk):  # noqa: ANN001, ANN202
+                record(rank, kind, op, group, peer, tag, nbytes, t_start, t_end, collective_id, step, chunk,
+                       call_site, algorithm)  # fmt: skip
+
+            return write_streamed
+        k, o = self._str(kind), self._str(op)
+        g = NONE32 if group is None else group
+        c = NONE32 if collective_id is None else collective_id
+        site = -1 if call_site is None else self._str(call_site)
+        alg = -1 if algorithm is None else self._str(algorithm)
+        extend, pack = self._rows.extend, _ROW.pack
+
+        def write(rank, peer, tag, nbytes, t_start, t_end, step, chunk):  # noqa: ANN001, ANN202
+            extend(pack(rank, k, o, g, NONE32 if peer is None else peer, NONE64 if tag is None else tag, nbytes,
+                        t_start, t_end, c, NONE32 if step is None else step, NONE32 if chunk is None else chunk,
+                        site, alg, -1))  # fmt: skip
+            if t_end > self._end:  # noqa: PLR1730 - max() costs a call per event
+                self._end = t_end
+            self._events = None
+
+        return write
 
     def add(self, event: Event) -> int:
         """Append ``event`` (copied: later changes to the object do not reach the trace); its index."""

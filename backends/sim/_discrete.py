@@ -51,7 +51,7 @@ class Message:
         self.dst = dst
         self.tag = tag
         self.buf = buf
-        self.nbytes = A.nbytes(buf)
+        self.nbytes = buf.nbytes  # (A.nbytes: every array kind says it so)
         self.run = run
         self.step = run.step
         self.chunk = chunk
@@ -71,7 +71,7 @@ def run_collective(engine: Engine, runs: list[CollectiveRun]) -> None:
 
     Each run completes (``engine.complete``) at the virtual time its algorithm ends on it.
     """
-    exchange = Exchange(engine)
+    exchange = Exchange(engine, runs[0])
     for run in runs:
         transport = _Transport(engine, run, exchange)
         call = run.call
@@ -88,13 +88,13 @@ def run_collective(engine: Engine, runs: list[CollectiveRun]) -> None:
 class Exchange:
     """The messages of one collective: posts waiting for their partner, and matched pairs as timed events."""
 
-    __slots__ = ("copy_", "eager", "engine", "events", "heap", "n", "recvs", "sends", "transfer")
+    __slots__ = ("copy_", "eager", "engine", "heap", "moved", "n", "recvs", "sends", "transfer")
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, run: CollectiveRun):
         self.engine = engine
         self.eager = engine.eager_limit
         self.transfer = engine.topology.transfer
-        self.events = engine.events
+        self.moved = engine.events.moves(run)  # records each message
         self.copy_ = A.copy_
         self.sends: dict[tuple, deque[Message]] = {}
         self.recvs: dict[tuple, deque[Message]] = {}
@@ -142,7 +142,7 @@ class Exchange:
 
     def flow(self) -> None:
         """Take the matched transfers in virtual-time order until none is left."""
-        heap, pop, transfer, record = self.heap, heapq.heappop, self.transfer, self.events.moved
+        heap, pop, transfer, record = self.heap, heapq.heappop, self.transfer, self.moved
         while heap:
             ready, _, s, r = pop(heap)
             start, arrival = transfer(s.src, s.dst, s.nbytes, ready)

@@ -15,7 +15,7 @@ and ``work`` (a rank's data at a step boundary of a collective, with ``record_st
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from simdist._trace import Trace
@@ -41,26 +41,16 @@ class TraceRecorder:
             s.src, "message", s.kind, s.group, s.dst, s.tag, s.nbytes, start, arrival, None, None, None, s.call_site
         )
 
-    def moved(self, m: Message, start: float, arrival: float) -> None:
-        """A collective's send ``m`` matched its receive: its bytes left at ``start`` and arrived at ``arrival``."""
-        run = m.run
+    def moves(self, run: CollectiveRun) -> Callable[[Message, float, float], None]:
+        """What records each message of ``run``'s collective: ``moved(m, start, arrival)``, the send ``m`` matched
+        its receive and its bytes left at ``start`` and arrived at ``arrival``."""
         call = run.call
-        self._record(
-            m.src,
-            "message",
-            call.op,
-            run.group.group_id,
-            m.dst,
-            m.tag,
-            m.nbytes,
-            start,
-            arrival,
-            run.coll_id,
-            m.step,
-            m.chunk,
-            call.call_site,
-            call.algorithm,
-        )
+        write = self.trace.writer("message", call.op, run.group.group_id, run.coll_id, call.call_site, call.algorithm)
+
+        def moved(m: Message, start: float, arrival: float) -> None:
+            write(m.src, m.dst, m.tag, m.nbytes, start, arrival, m.step, m.chunk)
+
+        return moved
 
     def span(self, p: Post, t_end: float) -> None:
         """A user's send or receive ``p`` completed at ``t_end``: its span on its rank's lane."""
@@ -112,28 +102,11 @@ class TraceRecorder:
             values,
         )
 
-    def received(
-        self, run: CollectiveRun, peer: int, tag: int, nbytes: int, chunk: int | None, step: int | None, t: float
-    ) -> None:
-        """``run`` received from global rank ``peer`` in the wait of its step ``step``, at ``t`` (``step`` ``None``:
-        never waited)."""
+    def receives(self, run: CollectiveRun) -> Callable[..., None]:
+        """What records ``run``'s receives: ``write(rank, peer, tag, nbytes, t, t, step, chunk)``, the rank received
+        from global rank ``peer`` at ``t`` in the wait of its step ``step`` (``None``: never waited)."""
         call = run.call
-        self._record(
-            run.rank,
-            "received",
-            call.op,
-            run.group.group_id,
-            peer,
-            tag,
-            nbytes,
-            t,
-            t,
-            run.coll_id,
-            step,
-            chunk,
-            None,
-            call.algorithm,
-        )
+        return self.trace.writer("received", call.op, run.group.group_id, run.coll_id, None, call.algorithm)
 
     def compute(self, rank: int, op: str, t_start: float, seconds: float, call_site: str | None) -> None:
         """Rank ``rank`` computed for ``seconds`` of virtual time from ``t_start`` (``op`` names it)."""

@@ -49,11 +49,13 @@ def recorded(call: CollectiveCall, transport: Any) -> Iterator[list]:
 class Recorder(Observer, Timed):
     """The transport an algorithm sees while its steps are recorded (see the module doc)."""
 
-    __slots__ = ("bounds", "exact", "head", "hidden", "pending", "posted", "rank", "size", "steps", "t", "view")
+    __slots__ = ("bounds", "exact", "head", "hidden", "pending", "posted", "rank", "rank_global", "size", "steps", "t",
+                 "view")  # fmt: skip
 
     def __init__(self, transport: Any, buf: Any):
         self.t = transport
         self.rank, self.size = transport.rank, transport.size
+        self.rank_global = transport.run.rank
         self.head = None if buf is None else A.narrow(buf, 0, LIMIT)  # the output's recorded values
         self.bounds = None if buf is None else A.byte_bounds(self.head)  # its memory, for each receive's overlap
         self.exact = None if buf is None else A.values_view(self.head, LIMIT)  # read as an array, where it can be
@@ -123,9 +125,10 @@ class Recorder(Observer, Timed):
                             self.hidden.pop(id(h), None)
             self.steps += 1
         self._snapshot()
-        events, run = self.t.engine.events, self.t.run
-        for peer, tag, nbytes, chunk, step, t in self.posted:
-            events.received(run, peer, tag, nbytes, chunk, step, t)
+        if self.posted:
+            write = self.t.engine.events.receives(self.t.run)
+            for peer, tag, nbytes, chunk, step, t in self.posted:
+                write(self.rank_global, peer, tag, nbytes, t, t, step, chunk)
 
     def _snapshot(self) -> None:
         values: list | array | Raw
