@@ -80,27 +80,12 @@ class TraceRecorder:
                 call.algorithm,
             )
 
-    def step(self, run: CollectiveRun, kind: str, step: int | None, t: float, values: Any) -> None:
-        """A snapshot of ``run``'s data at time ``t`` after its first ``step`` waits (``kind`` ``'step'`` or
-        ``'work'``; ``values``: the leading values, as :meth:`Trace.record` takes a snapshot)."""
+    def steps(self, run: CollectiveRun) -> Callable[[str, int | None, float, Any], None]:
+        """What records snapshots of ``run``'s data: ``write(kind, step, t, values)``, its data at time ``t`` after
+        its first ``step`` waits (``kind`` ``'step'`` or ``'work'``; ``values``: the leading values, as
+        :meth:`Trace.record` takes a snapshot)."""
         call = run.call
-        self._record(
-            run.rank,
-            kind,
-            call.op,
-            run.group.group_id,
-            None,
-            None,
-            0,
-            t,
-            t,
-            run.coll_id,
-            step,
-            None,
-            None,
-            call.algorithm,
-            values,
-        )
+        return self.trace.snapshot_writer(run.rank, call.op, run.group.group_id, run.coll_id, call.algorithm)
 
     def receives(self, run: CollectiveRun) -> Callable[..., None]:
         """What records ``run``'s receives: ``write(rank, peer, tag, nbytes, t, t, step, chunk)``, the rank received

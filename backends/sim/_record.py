@@ -22,11 +22,8 @@ not touch a receive's buffer before it completes).
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterator
 from typing import Any
-
-import numpy as np
 
 from simdist import _arrays as A
 from simdist._algorithmic import CollectiveCall
@@ -50,12 +47,13 @@ class Recorder(Observer, Timed):
     """The transport an algorithm sees while its steps are recorded (see the module doc)."""
 
     __slots__ = ("bounds", "exact", "head", "hidden", "pending", "posted", "rank", "rank_global", "size", "steps", "t",
-                 "view")  # fmt: skip
+                 "view", "write")  # fmt: skip
 
     def __init__(self, transport: Any, buf: Any):
         self.t = transport
         self.rank, self.size = transport.rank, transport.size
         self.rank_global = transport.run.rank
+        self.write: Any = None  # writes this rank's snapshots (made at the first)
         self.head = None if buf is None else A.narrow(buf, 0, LIMIT)  # the output's recorded values
         self.bounds = None if buf is None else A.byte_bounds(self.head)  # its memory, for each receive's overlap
         self.exact = None if buf is None else A.values_view(self.head, LIMIT)  # read as an array, where it can be
@@ -131,51 +129,46 @@ class Recorder(Observer, Timed):
                 write(self.rank_global, peer, tag, nbytes, t, t, step, chunk)
 
     def _snapshot(self) -> None:
-        values: list | array | Raw
+        values: list | Raw
         if self.view is not None:
             kind, values = "work", list(self.view)
         elif self.head is not None:
             kind = "step"
-            if self.exact is not None and not self.hidden:
+            if self.exact is not None:  # the bytes, with those of pending receives as they were at their post
                 view = self.exact[1]
-                values = Raw(view.dtype.str, view.tobytes())
+                data = view.tobytes()
+                if self.hidden:
+                    size, patched = view.itemsize, bytearray(data)
+                    for start, before in self.hidden.values():
+                        patched[start * size : start * size + len(before)] = before
+                    data = bytes(patched)
+                values = Raw(view.dtype.str, data)
             else:
                 values = self._values(0, LIMIT)
                 for start, before in self.hidden.values():
                     values[start : start + len(before)] = before
         else:
             return
-        run = self.t.run
-        self.t.engine.events.step(run, kind, self.steps, run.t, values)
+        if self.write is None:
+            self.write = self.t.engine.events.steps(self.t.run)
+        self.write(kind, self.steps, self.t.run.t, values)
 
-    def _values(self, start: int, end: int) -> list | array:
-        """The recorded values ``head[start:end]``, as :func:`_snapshot_values` gives them (from the view kept)."""
+    def _values(self, start: int, end: int) -> list | bytes:
+        """The recorded values ``head[start:end]``: their bytes where the view is kept, else as
+        :func:`_snapshot_values` gives them."""
         if self.exact is None:
             return A.snapshot(A.narrow(self.head, start, end - start), LIMIT)
-        return _array(self.exact[0], self.exact[1][start:end])
+        return self.exact[1][start:end].tobytes()
 
 
-def _snapshot_values(buf: Any) -> list | array:
-    """The leading ``LIMIT`` values of ``buf`` as the trace stores them (``Trace.record``'s ``snapshot``).
+def _snapshot_values(buf: Any) -> list | Raw:
+    """The leading ``LIMIT`` values of ``buf`` as a step snapshot takes them (``Trace.record``'s ``snapshot``).
 
-    An ``array`` read from the buffer's memory where :func:`simdist._arrays.values_view` can
-    (the same numbers the trace would pack from :func:`simdist._arrays.snapshot`'s list), else that list.
+    Their bytes (:class:`~simdist._trace.Raw`: iterated, the numbers :func:`simdist._arrays.snapshot` lists)
+    where :func:`simdist._arrays.values_view` reads the buffer's memory, else that list.
     """
     exact = A.values_view(buf, LIMIT)
-    return A.snapshot(buf, LIMIT) if exact is None else _array(*exact)
-
-
-def _array(code: str, view: Any) -> array:
-    """The numpy values ``view`` as an ``array`` of typecode ``code`` (``'d'`` or ``'q'``).
-
-    float16/32 values are widened by ``tolist()``: a buffer not yet written (``torch.empty``) may
-    hold signalling NaNs, which numpy's cast would report as "invalid value encountered in cast".
-    """
-    if view.dtype.kind == "f" and view.dtype != np.float64:
-        return array(code, view.tolist())
-    values = array(code)
-    values.frombytes(view.astype(_WIDE[code]).tobytes())
-    return values
-
-
-_WIDE = {"d": np.float64, "q": np.int64}
+    if exact is None:
+        return A.snapshot(buf, LIMIT)
+    view = exact[1]
+    return Raw(view.dtype.str, view.tobytes())
