@@ -307,7 +307,8 @@ class Trace:
         g = NONE32 if group is None else group
         c = NONE32 if collective_id is None else collective_id
         alg = -1 if algorithm is None else self._str(algorithm)
-        extend, pack, snaps, last = self._rows.extend, _ROW.pack, self._snaps, {}
+        extend, pack, snaps = self._rows.extend, _ROW.pack, self._snaps
+        last: dict[str, tuple[int, Any]] = {}  # kind -> its latest snapshot's index and values
 
         def write(kind, step, t, values):  # noqa: ANN001, ANN202
             stored = values if type(values) is Raw or type(values) is array else _packed(values)

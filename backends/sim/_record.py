@@ -143,10 +143,11 @@ class Recorder(Observer, Timed):
                         patched[start * size : start * size + len(before)] = before
                     data = bytes(patched)
                 values = Raw(view.dtype.str, data)
-            else:
-                values = self._values(0, LIMIT)
+            else:  # (no view of its memory: the values as a list)
+                listed = A.snapshot(self.head, LIMIT)
                 for start, before in self.hidden.values():
-                    values[start : start + len(before)] = before
+                    listed[start : start + len(before)] = before
+                values = listed
         else:
             return
         if self.write is None:
