@@ -290,15 +290,15 @@ class Trace:
         return write
 
     def snapshot_writer(
-        self, rank: int, op: str, group: int | None, collective_id: int | None, algorithm: str | None
-    ) -> Callable[[str, int | None, float, Any], None]:
-        """A function appending rank ``rank``'s snapshots in one collective: ``write(kind, step, t, values)``, as
-        :meth:`record` would (``kind`` ``'step'`` or ``'work'``; ``values`` as its ``snapshot``; equal values of
-        a kind in a row stored once)."""
+        self, op: str, group: int | None, collective_id: int | None, algorithm: str | None
+    ) -> Callable[[int, str, int | None, float, Any], None]:
+        """A function appending the snapshots of one collective: ``write(rank, kind, step, t, values)``, as
+        :meth:`record` would (``kind`` ``'step'`` or ``'work'``; ``values`` as its ``snapshot``; a rank's equal
+        values of a kind in a row stored once)."""
         if self._stream is not None:  # (a stream forgets snapshots it wrote out: record() keeps track)
             record = self.record
 
-            def write_streamed(kind, step, t, values):  # noqa: ANN001, ANN202
+            def write_streamed(rank, kind, step, t, values):  # noqa: ANN001, ANN202
                 record(rank, kind, op, group, None, None, 0, t, t, collective_id, step, None, None, algorithm, values)
 
             return write_streamed
@@ -308,18 +308,19 @@ class Trace:
         c = NONE32 if collective_id is None else collective_id
         alg = -1 if algorithm is None else self._str(algorithm)
         extend, pack, snaps = self._rows.extend, _ROW.pack, self._snaps
-        last: dict[str, tuple[int, Any]] = {}  # kind -> its latest snapshot's index and values
+        last: dict[tuple[int, str], tuple[int, Any]] = {}  # (rank, kind) -> its latest snapshot's index and values
 
-        def write(kind, step, t, values):  # noqa: ANN001, ANN202
+        def write(rank, kind, step, t, values):  # noqa: ANN001, ANN202
             stored = values if type(values) is Raw or type(values) is array else _packed(values)
-            prev = last.get(kind)
+            key = (rank, kind)
+            prev = last.get(key)
             if prev is not None and prev[1] == stored:
                 snap = prev[0]
             else:
                 snap = self._nsnaps
                 self._nsnaps += 1
                 snaps[snap] = stored
-                last[kind] = (snap, stored)
+                last[key] = (snap, stored)
             extend(pack(rank, codes[kind], o, g, NONE32, NONE64, 0, t, t, c, NONE32 if step is None else step,
                         NONE32, -1, alg, snap))  # fmt: skip
             if t > self._end:  # noqa: PLR1730 - max() costs a call per event

@@ -72,10 +72,11 @@ def run_collective(engine: Engine, runs: list[CollectiveRun]) -> None:
     Each run completes (``engine.complete``) at the virtual time its algorithm ends on it.
     """
     exchange = Exchange(engine, runs[0])
+    writers = (engine.events.steps(runs[0]), engine.events.receives(runs[0])) if engine.record_steps else None
     for run in runs:
         transport = _Transport(engine, run, exchange)
         call = run.call
-        run.gen = recorded(call, transport) if engine.record_steps else call.start(transport)
+        run.gen = call.start(transport) if writers is None else recorded(call, transport, writers)
     for run in runs:
         exchange.advance(run)
     exchange.flow()

@@ -80,15 +80,16 @@ class TraceRecorder:
                 call.algorithm,
             )
 
-    def steps(self, run: CollectiveRun) -> Callable[[str, int | None, float, Any], None]:
-        """What records snapshots of ``run``'s data: ``write(kind, step, t, values)``, its data at time ``t`` after
-        its first ``step`` waits (``kind`` ``'step'`` or ``'work'``; ``values``: the leading values, as
-        :meth:`Trace.record` takes a snapshot)."""
+    def steps(self, run: CollectiveRun) -> Callable[[int, str, int | None, float, Any], None]:
+        """What records snapshots of the data of ``run``'s collective: ``write(rank, kind, step, t, values)``, a
+        rank's data at time ``t`` after its first ``step`` waits (``kind`` ``'step'`` or ``'work'``; ``values``:
+        the leading values, as :meth:`Trace.record` takes a snapshot)."""
         call = run.call
-        return self.trace.snapshot_writer(run.rank, call.op, run.group.group_id, run.coll_id, call.algorithm)
+        return self.trace.snapshot_writer(call.op, run.group.group_id, run.coll_id, call.algorithm)
 
     def receives(self, run: CollectiveRun) -> Callable[..., None]:
-        """What records ``run``'s receives: ``write(rank, peer, tag, nbytes, t, t, step, chunk)``, the rank received
+        """What records the receives of ``run``'s collective: ``write(rank, peer, tag, nbytes, t, t, step, chunk)``,
+        a rank received
         from global rank ``peer`` at ``t`` in the wait of its step ``step`` (``None``: never waited)."""
         call = run.call
         return self.trace.writer("received", call.op, run.group.group_id, run.coll_id, None, call.algorithm)

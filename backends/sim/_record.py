@@ -25,10 +25,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 from simdist import _arrays as A
 from simdist._algorithmic import CollectiveCall
 from simdist._trace import Raw
 from simdist.algorithms import Observer, Timed
+
+_Tensor = torch.Tensor
 
 __all__ = ["LIMIT", "recorded"]
 
@@ -36,10 +40,11 @@ LIMIT = 64
 """Leading values recorded per snapshot (as ``simdist._arrays.snapshot``)."""
 
 
-def recorded(call: CollectiveCall, transport: Any) -> Iterator[list]:
-    """``call``'s algorithm on the engine's ``transport``, each of its steps recorded by a :class:`Recorder`."""
+def recorded(call: CollectiveCall, transport: Any, writers: tuple[Any, Any]) -> Iterator[list]:
+    """``call``'s algorithm on the engine's ``transport``, each of its steps recorded by a :class:`Recorder`;
+    ``writers``: what writes the collective's snapshots and receives (``TraceRecorder.steps``, ``.receives``)."""
     assert call.function is not None, f"{call.op} moves no data of its own"
-    rec = Recorder(transport, call.snapshot)
+    rec = Recorder(transport, call.snapshot, writers)
     return rec.run(call.function(rec, *call.args))
 
 
@@ -47,13 +52,13 @@ class Recorder(Observer, Timed):
     """The transport an algorithm sees while its steps are recorded (see the module doc)."""
 
     __slots__ = ("bounds", "exact", "head", "hidden", "pending", "posted", "rank", "rank_global", "size", "steps", "t",
-                 "view", "write")  # fmt: skip
+                 "view", "write", "receives")  # fmt: skip
 
-    def __init__(self, transport: Any, buf: Any):
+    def __init__(self, transport: Any, buf: Any, writers: tuple[Any, Any]):
         self.t = transport
         self.rank, self.size = transport.rank, transport.size
         self.rank_global = transport.run.rank
-        self.write: Any = None  # writes this rank's snapshots (made at the first)
+        self.write, self.receives = writers
         self.head = None if buf is None else A.narrow(buf, 0, LIMIT)  # the output's recorded values
         self.bounds = None if buf is None else A.byte_bounds(self.head)  # its memory, for each receive's overlap
         self.exact = None if buf is None else A.values_view(self.head, LIMIT)  # read as an array, where it can be
@@ -69,7 +74,14 @@ class Recorder(Observer, Timed):
         return self.t.isend(buf, peer, tag, chunk=chunk)
 
     def irecv(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Any:
-        span = None if self.bounds is None else A.overlap_span(buf, self.head, self.bounds)
+        bounds = self.bounds
+        if bounds is None:
+            span = None
+        elif type(buf) is _Tensor and buf.is_contiguous():  # (the common case, without overlap_span's generality)
+            low = buf.data_ptr()
+            span = A.overlap_span(buf, self.head, bounds) if low < bounds[1] and bounds[0] < low + buf.nbytes else None
+        else:
+            span = A.overlap_span(buf, self.head, bounds)
         if span is not None:
             before = self._values(span[0], span[1])
         handle = self.t.irecv(buf, peer, tag, chunk=chunk)
@@ -123,10 +135,9 @@ class Recorder(Observer, Timed):
                             self.hidden.pop(id(h), None)
             self.steps += 1
         self._snapshot()
-        if self.posted:
-            write = self.t.engine.events.receives(self.t.run)
-            for peer, tag, nbytes, chunk, step, t in self.posted:
-                write(self.rank_global, peer, tag, nbytes, t, t, step, chunk)
+        write, me = self.receives, self.rank_global
+        for peer, tag, nbytes, chunk, step, t in self.posted:
+            write(me, peer, tag, nbytes, t, t, step, chunk)
 
     def _snapshot(self) -> None:
         values: list | Raw
@@ -150,9 +161,7 @@ class Recorder(Observer, Timed):
                 values = listed
         else:
             return
-        if self.write is None:
-            self.write = self.t.engine.events.steps(self.t.run)
-        self.write(kind, self.steps, self.t.run.t, values)
+        self.write(self.rank_global, kind, self.steps, self.t.run.t, values)
 
     def _values(self, start: int, end: int) -> list | bytes:
         """The recorded values ``head[start:end]``: their bytes where the view is kept, else as
