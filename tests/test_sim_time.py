@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import networkx as nx
 import pytest
@@ -327,12 +328,14 @@ def two_ring_all_reduces(rank):
 def test_with_cpu_time_the_rank_that_completes_a_collective_is_not_charged_for_simulating_it():
     """With ``cpu_time=True`` a rank's clock gains its own CPU time. The last member to join a collective runs
     every member's messages in its thread (round robin: rank 7); that work is the simulator's, not the rank's:
-    its clock moves between the two all_reduces about as much as the others' do (the code before charged it
-    the whole collective, 3.7x the others' median)."""
+    its clock moves between the two all_reduces by its own few calls, 4% of the run's CPU time here (the code
+    before charged it the whole collective: 24-25%). A first run takes the costs a process pays once."""
+    simdist.simulate(two_ring_all_reduces, 8, cpu_time=True, strategy="round_robin")
+    cpu = time.process_time()
     res = simdist.simulate(two_ring_all_reduces, 8, cpu_time=True, strategy="round_robin")
+    cpu = time.process_time() - cpu
     by_rank: dict[int, list] = {}
     for e in res.trace.of_kind("collective"):
         by_rank.setdefault(e.rank, []).append(e)
     gap = {r: b[1].t_start - b[0].t_end for r, b in by_rank.items()}
-    others = sorted(gap[r] for r in range(1, 7))
-    assert gap[7] < 2.5 * others[len(others) // 2], gap
+    assert gap[7] < 0.12 * cpu, (gap, cpu)

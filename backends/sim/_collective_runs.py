@@ -97,14 +97,13 @@ def start_collective(
             run.t += setup
     if len(inst.runs) == group.size:
         del gs.instances[seq]
+        started = time.thread_time()
         if at_once:
             _complete_at_once(engine, inst, instant)
-        elif engine.cpu_time:  # simulating every member's messages is not this rank's own computation
-            started = time.thread_time()
-            run_collective(engine, [inst.runs[i] for i in range(group.size)])
-            me.cpu_mark += time.thread_time() - started
         else:
             run_collective(engine, [inst.runs[i] for i in range(group.size)])
+        if engine.cpu_time:  # completing every member's part is the simulator's work, not this rank's computation
+            me.cpu_mark += time.thread_time() - started
     return run
 
 
