@@ -22,9 +22,12 @@ once with the socket backend's cross-rank check of every collective, once withou
 
 Node 0 then measures the terms inside a host as ``simdist calibrate`` does on one machine (or reads
 them from ``--host-file``) and writes a ``two_level`` topology file: a node per host of
-``--nproc-per-node`` ranks, whose uplink the node's ranks share, with ``link_queues``: each link of a
-route takes a message once it is free (the switch queues it for the next), as TCP flows share the links
-of switched Ethernet, rather than a message holding its whole route while its far link is busy.
+``--nproc-per-node`` ranks, whose uplink the node's ranks share, with ``flows``: a collective's messages
+are TCP flows, as the socket backend sends them: each leaves when it is posted (the receiver keeps it
+until its receive is posted), messages that cross a link at once share its rate fairly, and a pair's
+messages follow each other on its one connection; and with ``link_queues`` for the program's own sends
+(each link of a route takes a message once it is free, rather than a message holding its whole route
+while its far link is busy).
 """
 
 from __future__ import annotations
@@ -246,6 +249,7 @@ def fit_hosts(
         "inter_bandwidth": 1.0 / slope,
         "inter_burst": max((one_way[8] - intercept) / slope, 0.0),
         "link_queues": True,  # TCP flows share a host's link: one message waiting for a far link leaves it free
+        "flows": True,  # ... and the socket backend's sends leave at once, sharing the links they cross
         "check_overhead": max(gathers[0] - gathers[1], 0.0) / max((world - 1).bit_length(), 1),
     }
     leaders = [h * per_host for h in range(hosts)]

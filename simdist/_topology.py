@@ -17,6 +17,10 @@ full; a message that finds ``T`` bytes of credit occupies the link ``(n - T) / b
 seconds instead of ``n / bandwidth`` (none while ``n <= T``), and spends that credit. With
 ``burst`` 0 (the default) a link is the plain one above.
 
+A topology with ``flows`` set times a collective's messages as TCP flows instead
+(:mod:`simdist._flows`): a message leaves when its send is posted, and the messages crossing a
+link at the same time share its bandwidth fairly.
+
 Two optional terms make a calibrated model (:mod:`simdist.calibrate`):
 
 - ``gamma``, seconds per byte a reduction combines; the simulator charges a rank
@@ -133,6 +137,10 @@ class Topology:
         link_queues: each link of a route serves the messages that reach it in turn, on its own, as a
             switch queues a message for its next link; ``False`` (default): a message holds every link of
             its route at once, so a busy last link keeps the first one idle.
+        flows: a collective's messages are flows, as TCP's (:mod:`simdist._flows`): each leaves when it is
+            posted, matched or not; messages that cross a link at the same time share its bandwidth max-min
+            fairly; the messages of one sender to one receiver follow each other. ``False`` (default): a
+            message leaves once its receive is posted too, and takes its links as ``link_queues`` says.
     """
 
     def __init__(
@@ -156,10 +164,12 @@ class Topology:
         ranks_per_host: int | None = None,
         per_node: int | None = None,
         link_queues: bool = False,
+        flows: bool = False,
     ):
         self.name = name
         self.per_node = per_node
         self.link_queues = link_queues
+        self.flows = flows
         self.layout = name  # how the network is built ('switch', ..., 'custom'); a file may rename it
         self.gamma = gamma
         self.fresh_memory = fresh_memory
@@ -217,6 +227,7 @@ class Topology:
             ranks_per_host=self.ranks_per_host,
             per_node=self.per_node,
             link_queues=self.link_queues,
+            flows=self.flows,
         )
         twin._graph = self._graph
         twin.layout = self.layout

@@ -37,6 +37,9 @@ runs on, and simdist ships reference files for common clusters (:data:`REFERENCE
       "link_queues": false,            each link of a route takes a message once it is free, as
                                        a switch queues it (default false: a message holds its
                                        whole route at once)
+      "flows": false,                  a collective's messages are TCP flows: each leaves when
+                                       posted, messages crossing a link at once share it fairly,
+                                       a pair's messages follow each other (default false)
       "comment": "...",                free text: where the figures come from
       "sources": ["..."],              free text: references for the figures
       "measured": {...}                free: what calibration measured, kept as written
@@ -97,6 +100,7 @@ _OPTIONAL = {
     "inter_bandwidth": float,
     "inter_burst": float,
     "link_queues": bool,
+    "flows": bool,
     "comment": str,
     "sources": list,
     "measured": dict,
@@ -119,7 +123,7 @@ def _check_field(key: str, value: Any, kind: type, where: str) -> None:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok:
         raise ValueError(f"{where}: {key}={value!r} is not a valid {kind.__name__}")
-    free = ("format", *_SECONDS, *_BYTES, "comment", "sources", "measured", "name", "layout", "link_queues")
+    free = ("format", *_SECONDS, *_BYTES, "comment", "sources", "measured", "name", "layout", "link_queues", "flows")
     positive = key not in free
     if positive and value <= 0:
         raise ValueError(f"{where}: {key}={value!r}; expected a positive number")
@@ -209,6 +213,7 @@ def topology_from_spec(spec: dict[str, Any], size: int) -> Topology:
         setattr(topo, key, None if value is None else float(value))
     topo.ranks_per_host = spec.get("ranks_per_host")
     topo.link_queues = bool(spec.get("link_queues"))
+    topo.flows = bool(spec.get("flows"))
     return topo
 
 

@@ -535,6 +535,7 @@ def test_simdist_calibrate_across_two_hosts_measures_their_shaped_link(testbed, 
     assert (
         got["layout"] == "two_level" and got["per_node"] == 1 and got["gamma"] == 4e-11 and got["link_queues"] is True
     )
+    assert got["flows"] is True
     assert 0.8 * 12.5e6 < got["inter_bandwidth"] < 1.02 * 12.5e6, got["measured"]["one_way_seconds"]
     assert 20e3 < got["inter_burst"] < 150e3, got["measured"]["one_way_seconds"]
     assert got["inter_alpha"] > 0 and got["check_overhead"] >= 0

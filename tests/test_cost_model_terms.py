@@ -231,13 +231,15 @@ def test_files_without_the_new_terms_load_with_them_off(tmp_path):
     topo = F.load_topology(path, 2)
     assert (topo.fresh_from, topo.memcpy, topo.check_overhead, topo.call_overhead) == (FRESH_BYTES, 0.0, 0.0, 0.0)
     assert topo.setup(2, (MIB,), MIB) == MIB * 3e-10
-    assert topo.link_queues is False
+    assert topo.link_queues is False and topo.flows is False
 
 
-@pytest.mark.parametrize("queues", [False, True])
-def test_link_queues_round_trip_through_a_file(tmp_path, queues):
-    path = F.write_topology_file(tmp_path / "q.json", _spec(link_queues=queues))
-    assert F.read_topology_file(path)["link_queues"] is queues and F.load_topology(path, 2).link_queues is queues
+@pytest.mark.parametrize("field", ["link_queues", "flows"])
+@pytest.mark.parametrize("on", [False, True])
+def test_link_sharing_fields_round_trip_through_a_file(tmp_path, field, on):
+    path = F.write_topology_file(tmp_path / "q.json", _spec(**{field: on}))
+    topo = F.load_topology(path, 2)
+    assert F.read_topology_file(path)[field] is on and getattr(topo, field) is on and getattr(topo.copy(), field) is on
 
 
 @pytest.mark.parametrize(
@@ -250,6 +252,7 @@ def test_link_queues_round_trip_through_a_file(tmp_path, queues):
         ({"fresh_from": 1.5}, "fresh_from=1.5 is not a valid int"),
         ({"link_queues": 1}, "link_queues=1 is not a valid bool"),
         ({"link_queues": "yes"}, "link_queues='yes' is not a valid bool"),
+        ({"flows": 0}, "flows=0 is not a valid bool"),
     ],
 )
 def test_bad_new_terms_name_the_field(tmp_path, change, words):

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from simdist import _arrays as A
 from simdist._errors import DistError, RankError
+from simdist._flows import Flows
 from simdist.algorithms import Timed
 
 from ._record import recorded
@@ -42,8 +43,8 @@ class Message:
     ``src``/``dst`` are global ranks; ``waiter`` is the run whose current step waits for it.
     """
 
-    __slots__ = ("buf", "chunk", "data", "done", "dst", "kind", "nbytes", "run", "src", "step", "t_done", "t_post",
-                 "tag", "waiter")  # fmt: skip
+    __slots__ = ("arrival", "buf", "chunk", "data", "done", "dst", "kind", "nbytes", "partner", "run", "src", "step",
+                 "t_done", "t_post", "tag", "waiter")  # fmt: skip
 
     def __init__(self, kind: str, src: int, dst: int, tag: int, buf: Any, run: CollectiveRun, chunk: int | None):
         self.kind = kind
@@ -60,6 +61,8 @@ class Message:
         self.done = False
         self.data: Any = None  # an eager send's copy of its buffer
         self.waiter: CollectiveRun | None = None
+        self.partner: Message | None = None  # a send's receive, once matched (``flows``)
+        self.arrival: float | None = None  # when a send's bytes arrived (``flows``)
 
     def describe(self) -> str:
         what = f"send {self.src}->{self.dst}" if self.kind == "send" else f"recv {self.dst}<-{self.src}"
@@ -79,7 +82,7 @@ def run_collective(engine: Engine, runs: list[CollectiveRun]) -> None:
         run.gen = call.start(transport) if writers is None else recorded(call, transport, writers)
     for run in runs:
         exchange.advance(run)
-    exchange.flow()
+    exchange.flow_shared() if exchange.flows is not None else exchange.flow()
     stuck = [run for run in runs if not run.done]
     if stuck:  # an algorithm that waits for a message no member sends: a bug of the algorithm, not of the program
         left = [m.describe() for queue in (*exchange.sends.values(), *exchange.recvs.values()) for m in queue]
@@ -89,12 +92,16 @@ def run_collective(engine: Engine, runs: list[CollectiveRun]) -> None:
 class Exchange:
     """The messages of one collective: posts waiting for their partner, and matched pairs as timed events."""
 
-    __slots__ = ("copy_", "eager", "engine", "heap", "moved", "n", "recvs", "sends", "transfer")
+    __slots__ = ("copy_", "eager", "engine", "flows", "heap", "inflight", "moved", "n", "recvs", "sends", "topology",
+                 "transfer")  # fmt: skip
 
     def __init__(self, engine: Engine, run: CollectiveRun):
         self.engine = engine
         self.eager = engine.eager_limit
+        self.topology = engine.topology
         self.transfer = engine.topology.transfer
+        self.flows = Flows(engine.topology) if engine.topology.flows else None
+        self.inflight: dict[int, Message] = {}  # (``flows``) sends whose bytes have not all arrived, by key
         self.moved = engine.events.moves(run)  # records each message
         self.copy_ = A.copy_
         self.sends: dict[tuple, deque[Message]] = {}
@@ -111,6 +118,10 @@ class Exchange:
                 A.copy_(m.data, m.buf)
                 m.done, m.t_done = True, m.t_post
             waiting, mine = self.recvs, self.sends
+            if self.flows is not None:  # its bytes leave now, matched or not (the receiver keeps them until then)
+                heapq.heappush(self.heap, (m.t_post, self.n, m))
+                self.inflight[self.n] = m
+                self.n += 1
         else:
             waiting, mine = self.sends, self.recvs
         queue = waiting.get(key)
@@ -135,6 +146,11 @@ class Exchange:
         if s.nbytes != r.nbytes:
             self.engine.fail(DistError(f"message size mismatch: {s.describe()} matched {r.describe()}"))
         self.copy_(r.buf, s.buf if s.data is None else s.data)
+        if self.flows is not None:
+            s.partner = r
+            if s.arrival is not None:  # the bytes came before their receive (its run waits for none of it)
+                r.done, r.t_done = True, max(r.t_post, s.arrival)
+            return
         ready = s.t_post
         if not s.done and r.t_post > ready:
             ready = r.t_post
@@ -151,6 +167,53 @@ class Exchange:
             if not s.done:
                 self._complete(s, arrival)
             self._complete(r, r.t_post if r.t_post > arrival else arrival)  # noqa: FURB136 - a call per message
+
+    def flow_shared(self) -> None:
+        """Take the sends in virtual-time order as flows sharing the links (``Topology.flows``) until none is
+        left: each starts when posted and ends when its bytes have passed at its fair share of every link."""
+        heap, flows, pop, push = self.heap, self.flows, heapq.heappop, heapq.heappush
+        assert flows is not None, "flow_shared is for topologies with flows"
+        lines: dict[tuple[int, int], deque[int]] = {}  # (sender, receiver) -> keys of its sends, the moving one first
+        while heap or flows:
+            t_end, key = flows.next_end()
+            if heap and heap[0][0] <= t_end:
+                ready, key, s = pop(heap)
+                line = lines.get((s.src, s.dst))
+                if line is None:
+                    lines[(s.src, s.dst)] = deque((key,))
+                elif line[0] != key:  # one connection a pair: its messages move one after another
+                    line.append(key)
+                    continue
+                later = flows.start(key, s.src, s.dst, s.nbytes, ready)
+                if later is not None:
+                    push(heap, (later, key, s))
+            else:
+                start, end = flows.end(key)
+                s = self.inflight.pop(key)
+                line = lines[(s.src, s.dst)]
+                line.popleft()
+                if line:
+                    push(heap, (end, line[0], self.inflight[line[0]]))
+                else:
+                    del lines[(s.src, s.dst)]
+                self._arrived(s, start, end)
+
+    def _arrived(self, s: Message, start: float, end: float) -> None:
+        """The last byte of send ``s``, which left at ``start``, passed its route's links at ``end``."""
+        topo = self.topology
+        if topo.rank_bandwidth is not None or topo.host_bandwidth is not None or topo.host_overhead:
+            end = topo._through_shared(s.src, s.dst, s.nbytes, start, end)
+        arrival = end + topo.path(s.src, s.dst)[1]
+        s.arrival = arrival
+        self.moved(s, start, arrival)
+        r = s.partner
+        if not s.done:
+            if r is None:  # its receive is not posted: keep the bytes as sent, the sender may reuse its buffer
+                s.data = A.empty(s.buf, A.numel(s.buf))
+                A.copy_(s.data, s.buf)
+            self._complete(s, arrival)
+        if r is not None:
+            self._complete(r, r.t_post if r.t_post > arrival else arrival)
 
     def _complete(self, m: Message, t: float) -> None:
         m.done, m.t_done = True, t

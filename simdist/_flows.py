@@ -1,0 +1,152 @@
+"""Messages that cross a network at the same time, sharing its links as TCP flows do.
+
+A topology with ``flows`` set (:class:`simdist.Topology`) times a collective's messages as
+flows: every message in flight moves at a rate, and each link's bandwidth is shared
+max-min fairly among the messages crossing it (a message limited elsewhere leaves the rest
+of a link to the others). Rates change only when a message starts or ends, so a message's
+end is known once no other message starts before it. A link with a ``burst`` passes, when a
+message starts, as much of it as every bucket on its route holds in credit at once (a token
+bucket earns credit only while its link is idle); the rest of the message is a flow. Links
+that a flow finds busy from earlier messages timed without flows (a user's own sends, say)
+hold it until they are free.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from simdist._topology import Topology
+
+__all__ = ["Flows"]
+
+_INF = float("inf")
+_TINY = 1e-300  # a rate for a flow left no share by rounding: it ends after the others
+
+
+class _Flow:
+    __slots__ = ("a", "b", "key", "links", "rate", "remaining", "start")
+
+    def __init__(self, key: Any, a: int, b: int, links: tuple[int, ...], remaining: float, start: float):
+        self.key = key
+        self.a = a
+        self.b = b
+        self.links = links
+        self.remaining = remaining
+        self.start = start
+        self.rate = 0.0
+
+
+class Flows:
+    """The messages in flight on ``topology`` and their fair shares of its links, in virtual time.
+
+    Used in virtual-time order: :meth:`next_end` says when the first flow in flight ends if
+    nothing else starts; :meth:`start` a flow at a time no earlier than that, or :meth:`end`
+    that flow.
+    """
+
+    __slots__ = ("_by_link", "_flows", "_next", "_rates", "now", "topology")
+
+    def __init__(self, topology: Topology):
+        self.topology = topology
+        self.now = 0.0
+        self._flows: dict[Any, _Flow] = {}
+        self._by_link: dict[int, set[Any]] = {}  # link -> keys of the flows crossing it
+        self._rates: dict[int, tuple[float, float]] = {}  # link -> (bandwidth, burst)
+        self._next: tuple[float, Any] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self._flows)
+
+    def start(self, key: int, a: int, b: int, nbytes: int, t: float) -> float | None:
+        """Start moving ``nbytes`` from rank ``a`` to ``b`` at ``t`` as flow ``key``; ``None``, or the later time
+        at which the links of its route that earlier messages hold are free (start it then instead)."""
+        topo = self.topology
+        links = () if a == b else (topo._routes.get((a, b)) or topo._route(a, b))[0]
+        free, credit = topo._free, topo._credit
+        held = max((free[i] for i in links if i not in self._by_link), default=t)
+        if held > t:
+            return held
+        self._advance(t)
+        buckets = [i for i in links if self._link(i)[1] > 0]
+        instant = float(nbytes) if buckets else 0.0
+        for i in buckets:  # the bytes every bucket on the route passes at once
+            rate, burst = self._link(i)
+            have = credit.get(i, 0.0) if i in self._by_link else min(burst, credit.get(i, burst) + (t - free[i]) * rate)
+            credit[i] = have
+            instant = min(instant, have)
+        for i in buckets:
+            credit[i] -= instant
+        flow = _Flow(key, a, b, links, nbytes - instant if links else 0.0, t)
+        self._flows[key] = flow
+        for i in links:
+            self._by_link.setdefault(i, set()).add(key)
+        self._share()
+        return None
+
+    def next_end(self) -> tuple[float, Any]:
+        """``(time, key)`` of the flow in flight that ends first at the present rates (``inf``: none in flight)."""
+        if self._next is None:
+            best, key = _INF, None
+            for flow in self._flows.values():
+                t = self.now + (flow.remaining / flow.rate if flow.remaining > 0 else 0.0)
+                if t < best:
+                    best, key = t, flow.key
+            self._next = (best, key)
+        return self._next
+
+    def end(self, key: Any) -> tuple[float, float]:
+        """End flow ``key`` at the time :meth:`next_end` gave: ``(start, end)``; its links fall idle if it was the
+        last on them."""
+        t, _ = self.next_end()
+        self._advance(t)
+        flow = self._flows.pop(key)
+        free = self.topology._free
+        for i in flow.links:
+            users = self._by_link[i]
+            users.discard(key)
+            if not users:
+                del self._by_link[i]
+                free[i] = t
+        self._share()
+        return flow.start, t
+
+    def _link(self, i: int) -> tuple[float, float]:
+        got = self._rates.get(i)
+        if got is None:
+            topo = self.topology
+            u, v = next(link for link, j in topo._link_ids.items() if j == i)
+            _, rate, burst = topo._params(u, v)
+            got = self._rates[i] = (rate, burst)
+        return got
+
+    def _advance(self, t: float) -> None:
+        dt = t - self.now
+        if dt > 0:
+            for flow in self._flows.values():
+                flow.remaining -= flow.rate * dt
+            self.now = t
+
+    def _share(self) -> None:
+        """Each flow's rate: max-min fair shares of its links (progressive filling)."""
+        self._next = None
+        flows = self._flows
+        if not flows:
+            return
+        capacity = {i: self._link(i)[0] for i in self._by_link}
+        count = {i: len(keys) for i, keys in self._by_link.items()}
+        unset = set(flows)
+        for flow in flows.values():
+            if not flow.links:
+                flow.rate = _INF
+                unset.discard(flow.key)
+        while unset:
+            i = min((i for i in count if count[i] > 0), key=lambda i: capacity[i] / count[i])
+            share = capacity[i] / count[i]
+            for key in sorted(self._by_link[i] & unset):
+                flow = flows[key]
+                flow.rate = share if share > 0 else _TINY
+                unset.discard(key)
+                for j in flow.links:
+                    capacity[j] -= share
+                    count[j] -= 1
