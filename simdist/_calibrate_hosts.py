@@ -11,6 +11,10 @@ once with the socket backend's cross-rank check of every collective, once withou
   slope of the one-way time over the three largest sizes. A link shaped by a token bucket (``tc tbf``,
   a cloud VM's allowance) passes its burst at once after resting, so that line meets the one-way time
   of 8 bytes ``inter_burst / inter_bandwidth`` seconds early: ``inter_burst`` is that gap in bytes.
+- **send_buffer**: host 0 sends host 1 a message of at least :data:`SEND_BYTES` after the link rested;
+  its send returns once the rest of it fits in the kernel's buffers (the socket backend's send is done
+  when its bytes are written to the connection): what its burst and the link's rate leave unexplained
+  of the time it took, in bytes (:func:`fit_send_buffer`).
 - **inter_alpha**: 8-byte shifts around the ring of hosts, :data:`STEPS` back to back (as in the
   calibration on one host); ``inter_alpha`` is what each of the two uplinks of a route must add for the
   model's shift to take the measured time.
@@ -53,6 +57,8 @@ IDLE = 0.05
 TARGET = 0.1
 """Ping-pong sizes double until a one-way trip takes this long (``--quick``: half of it)."""
 FIRST, LARGEST = 256 * KIB, 64 * MIB
+SEND_BYTES = 8 * MIB
+"""The least size of the send whose return measures ``send_buffer`` (more than the kernel keeps)."""
 RANK_SCRIPT = "from simdist._calibrate_hosts import job\njob()\n"
 """What each rank runs (``simdist run`` starts a script; this one lives in a temporary folder)."""
 
@@ -144,6 +150,18 @@ def _measure(rank: int, world: int, per_host: int, reps: int, target: float, che
             _exchange(d, [(big_a, right)], [(big_b, left)])
 
     out["shift_large"] = {"bytes": largest, "seconds": _timed(big_shift, reps, lambda: _rested(d))}
+    # host 0 sends a large message to host 1 after the link rests: how long until its send returns (the rest
+    # of its bytes are then in its kernel's buffer)
+    many = max(largest, SEND_BYTES)
+    sent, into = torch.zeros(many // 4), torch.zeros(many // 4)
+
+    def send_returns() -> None:
+        if rank == 0:
+            d.send(sent, peer)
+        elif rank == peer:
+            d.recv(into, 0)
+
+    out["send_returns"] = {"bytes": many, "seconds": _timed(send_returns, reps, lambda: _rested(d))}
     return out
 
 
@@ -258,6 +276,13 @@ def fit_hosts(
     return spec
 
 
+def fit_send_buffer(nbytes: int, seconds: float, spec: dict[str, Any]) -> int:
+    """Bytes of a send that its sender's kernel keeps: a send of ``nbytes`` after the link rested returned after
+    ``seconds``, when its burst had passed at once and the rest but those bytes at ``inter_bandwidth``."""
+    left = nbytes - spec.get("inter_burst", 0.0) - seconds * spec["inter_bandwidth"]
+    return max(int(left), 0)
+
+
 def calibrate_hosts(opts: Any) -> dict[str, Any] | None:
     """Run the calibration across hosts on this node (``opts``: ``simdist calibrate``'s); node 0 returns the
     topology file's object (not yet written), the other nodes ``None``."""
@@ -289,6 +314,8 @@ def calibrate_hosts(opts: Any) -> dict[str, Any] | None:
         _slowest_median([r["all_gather"] for r in unchecked]),
     )
     spec = fit_hosts(host, per_host, hosts, one_way, shift8, gathers)
+    sent = checked[0]["send_returns"]
+    spec["send_buffer"] = fit_send_buffer(sent["bytes"], statistics.median(sent["seconds"]), spec)
     world = per_host * hosts
     fan, large = checked[0]["fan_out"], checked[0]["shift_large"]
     fan_seconds = _slowest_median([r["fan_out"]["seconds"] for r in checked[:per_host] + leaders[1:]])
@@ -322,6 +349,7 @@ def calibrate_hosts(opts: Any) -> dict[str, Any] | None:
                 "model_seconds": fan_model,
             },
             "shift_large": {"bytes": large["bytes"], "seconds": large_seconds, "model_seconds": large_model},
+            "send_returns": {"bytes": sent["bytes"], "seconds": sent["seconds"]},
         },
     )
     return spec

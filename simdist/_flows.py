@@ -6,9 +6,12 @@ max-min fairly among the messages crossing it (a message limited elsewhere leave
 of a link to the others). Rates change only when a message starts or ends, so a message's
 end is known once no other message starts before it. A link with a ``burst`` passes, when a
 message starts, as much of it as every bucket on its route holds in credit at once (a token
-bucket earns credit only while its link is idle); the rest of the message is a flow. Links
-that a flow finds busy from earlier messages timed without flows (a user's own sends, say)
-hold it until they are free.
+bucket earns credit only while its link is idle); the rest of the message is a flow (those
+bytes pass the route's links without a bucket at once too: such links are a host's own, far
+faster than a shaped one). Links that a flow finds busy from earlier messages timed without
+flows (a user's own sends, say) hold it until they are free. A flow may carry a mark, the
+bytes left at which it is reported before its end: a send is done once the rest of it fits in
+its sender's kernel buffer (``Topology.send_buffer``).
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ _TINY = 1e-300  # a rate for a flow left no share by rounding: it ends after the
 
 
 class _Flow:
-    __slots__ = ("a", "b", "key", "links", "rate", "remaining", "start")
+    __slots__ = ("a", "b", "key", "links", "mark", "rate", "remaining", "start")
 
     def __init__(self, key: Any, a: int, b: int, links: tuple[int, ...], remaining: float, start: float):
+        self.mark: float | None = None  # bytes left at which to report the flow (None: only its end)
         self.key = key
         self.a = a
         self.b = b
@@ -40,9 +44,9 @@ class _Flow:
 class Flows:
     """The messages in flight on ``topology`` and their fair shares of its links, in virtual time.
 
-    Used in virtual-time order: :meth:`next_end` says when the first flow in flight ends if
-    nothing else starts; :meth:`start` a flow at a time no earlier than that, or :meth:`end`
-    that flow.
+    Used in virtual-time order: :meth:`next_event` says when the first flow in flight ends (or
+    reaches its mark) if nothing else starts; :meth:`start` a flow at a time no earlier than that,
+    or :meth:`end` that flow (:meth:`marked`).
     """
 
     __slots__ = ("_by_link", "_flows", "_next", "_rates", "now", "topology")
@@ -53,14 +57,15 @@ class Flows:
         self._flows: dict[Any, _Flow] = {}
         self._by_link: dict[int, set[Any]] = {}  # link -> keys of the flows crossing it
         self._rates: dict[int, tuple[float, float]] = {}  # link -> (bandwidth, burst)
-        self._next: tuple[float, Any] | None = None
+        self._next: tuple[float, Any, bool] | None = None
 
     def __bool__(self) -> bool:
         return bool(self._flows)
 
-    def start(self, key: int, a: int, b: int, nbytes: int, t: float) -> float | None:
-        """Start moving ``nbytes`` from rank ``a`` to ``b`` at ``t`` as flow ``key``; ``None``, or the later time
-        at which the links of its route that earlier messages hold are free (start it then instead)."""
+    def start(self, key: int, a: int, b: int, nbytes: int, t: float, mark: float | None = None) -> float | None:
+        """Start moving ``nbytes`` from rank ``a`` to ``b`` at ``t`` as flow ``key``, to be reported when ``mark``
+        bytes are left (if more are at its start); ``None``, or the later time at which the links of its route
+        that earlier messages hold are free (start it then instead)."""
         topo = self.topology
         links = () if a == b else (topo._routes.get((a, b)) or topo._route(a, b))[0]
         free, credit = topo._free, topo._credit
@@ -78,27 +83,44 @@ class Flows:
         for i in buckets:
             credit[i] -= instant
         flow = _Flow(key, a, b, links, nbytes - instant if links else 0.0, t)
+        flow.mark = mark
         self._flows[key] = flow
         for i in links:
             self._by_link.setdefault(i, set()).add(key)
         self._share()
         return None
 
-    def next_end(self) -> tuple[float, Any]:
-        """``(time, key)`` of the flow in flight that ends first at the present rates (``inf``: none in flight)."""
+    def next_event(self) -> tuple[float, Any, bool]:
+        """``(time, key, ends)`` of the first thing to happen in flight at the present rates: flow ``key`` ends
+        (``ends``) or reaches its mark; ``(inf, None, True)`` with none in flight."""
         if self._next is None:
-            best, key = _INF, None
+            best, key, ends = _INF, None, True
             for flow in self._flows.values():
-                t = self.now + (flow.remaining / flow.rate if flow.remaining > 0 else 0.0)
+                left, rate = flow.remaining, flow.rate
+                mark = flow.mark
+                if mark is not None and left > mark:
+                    t = self.now + (left - mark) / rate
+                    if t < best:
+                        best, key, ends = t, flow.key, False
+                    continue
+                t = self.now + (left / rate if left > 0 else 0.0)
                 if t < best:
-                    best, key = t, flow.key
-            self._next = (best, key)
+                    best, key, ends = t, flow.key, True
+            self._next = (best, key, ends)
         return self._next
 
+    def marked(self, key: Any) -> float:
+        """Flow ``key`` has reached its mark (:meth:`next_event`): the time; it goes on to its end."""
+        t, _, _ = self.next_event()
+        self._advance(t)
+        self._flows[key].mark = None
+        self._next = None
+        return t
+
     def end(self, key: Any) -> tuple[float, float]:
-        """End flow ``key`` at the time :meth:`next_end` gave: ``(start, end)``; its links fall idle if it was the
-        last on them."""
-        t, _ = self.next_end()
+        """End flow ``key`` at the time :meth:`next_event` gave: ``(start, end)``; its links fall idle if it was
+        the last on them."""
+        t, _, _ = self.next_event()
         self._advance(t)
         flow = self._flows.pop(key)
         free = self.topology._free

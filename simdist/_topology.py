@@ -141,6 +141,9 @@ class Topology:
             posted, matched or not; messages that cross a link at the same time share its bandwidth max-min
             fairly; the messages of one sender to one receiver follow each other. ``False`` (default): a
             message leaves once its receive is posted too, and takes its links as ``link_queues`` says.
+        send_buffer: with ``flows``, bytes of a send that its sender's kernel keeps: a send is done once no more
+            than this is left to leave (at once if it is no larger), as a socket's send returns once its bytes
+            are written to the connection (0: when its last byte has arrived).
     """
 
     def __init__(
@@ -165,11 +168,13 @@ class Topology:
         per_node: int | None = None,
         link_queues: bool = False,
         flows: bool = False,
+        send_buffer: int = 0,
     ):
         self.name = name
         self.per_node = per_node
         self.link_queues = link_queues
         self.flows = flows
+        self.send_buffer = send_buffer
         self.layout = name  # how the network is built ('switch', ..., 'custom'); a file may rename it
         self.gamma = gamma
         self.fresh_memory = fresh_memory
@@ -228,6 +233,7 @@ class Topology:
             per_node=self.per_node,
             link_queues=self.link_queues,
             flows=self.flows,
+            send_buffer=self.send_buffer,
         )
         twin._graph = self._graph
         twin.layout = self.layout

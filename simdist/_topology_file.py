@@ -40,6 +40,8 @@ runs on, and simdist ships reference files for common clusters (:data:`REFERENCE
       "flows": false,                  a collective's messages are TCP flows: each leaves when
                                        posted, messages crossing a link at once share it fairly,
                                        a pair's messages follow each other (default false)
+      "send_buffer": 0,                with flows: bytes of a send its sender's kernel keeps;
+                                       the send is done once no more is left (default 0)
       "comment": "...",                free text: where the figures come from
       "sources": ["..."],              free text: references for the figures
       "measured": {...}                free: what calibration measured, kept as written
@@ -101,13 +103,14 @@ _OPTIONAL = {
     "inter_burst": float,
     "link_queues": bool,
     "flows": bool,
+    "send_buffer": int,
     "comment": str,
     "sources": list,
     "measured": dict,
 }
 _SECONDS = ("gamma", "fresh_memory", "memcpy", "check_overhead", "call_overhead", "host_overhead")
 """Fields of seconds (per byte, message or round) that may be 0."""
-_BYTES = ("burst", "inter_burst")
+_BYTES = ("burst", "inter_burst", "send_buffer")
 """Fields of bytes that may be 0."""
 _TWO_LEVEL = ("per_node", "inter_alpha", "inter_bandwidth")
 
@@ -214,6 +217,7 @@ def topology_from_spec(spec: dict[str, Any], size: int) -> Topology:
     topo.ranks_per_host = spec.get("ranks_per_host")
     topo.link_queues = bool(spec.get("link_queues"))
     topo.flows = bool(spec.get("flows"))
+    topo.send_buffer = int(spec.get("send_buffer", 0))
     return topo
 
 

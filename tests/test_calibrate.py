@@ -493,6 +493,15 @@ def test_fit_hosts_recovers_the_terms_between_hosts():
     F.check_spec({**got, "name": "t"})
 
 
+def test_fit_send_buffer_is_what_the_burst_and_the_rate_leave_of_a_sends_time():
+    from simdist._calibrate_hosts import fit_send_buffer
+
+    bw, burst, kept, n = 1.2e8, 600e3, 1.5 * MIB, 8 * MIB
+    assert fit_send_buffer(n, (n - burst - kept) / bw, {"inter_bandwidth": bw, "inter_burst": burst}) == int(kept)
+    assert fit_send_buffer(n, n / bw, {"inter_bandwidth": bw, "inter_burst": burst}) == 0  # slower than the link
+    assert fit_send_buffer(n, 0.0, {"inter_bandwidth": bw}) == n  # (returned at once: it all fit)
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
@@ -535,7 +544,7 @@ def test_simdist_calibrate_across_two_hosts_measures_their_shaped_link(testbed, 
     assert (
         got["layout"] == "two_level" and got["per_node"] == 1 and got["gamma"] == 4e-11 and got["link_queues"] is True
     )
-    assert got["flows"] is True
+    assert got["flows"] is True and 0 <= got["send_buffer"] <= got["measured"]["send_returns"]["bytes"]
     assert 0.8 * 12.5e6 < got["inter_bandwidth"] < 1.02 * 12.5e6, got["measured"]["one_way_seconds"]
     assert 20e3 < got["inter_burst"] < 150e3, got["measured"]["one_way_seconds"]
     assert got["inter_alpha"] > 0 and got["check_overhead"] >= 0

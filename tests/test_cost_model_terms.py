@@ -242,6 +242,13 @@ def test_link_sharing_fields_round_trip_through_a_file(tmp_path, field, on):
     assert F.read_topology_file(path)[field] is on and getattr(topo, field) is on and getattr(topo.copy(), field) is on
 
 
+def test_send_buffer_round_trips_through_a_file(tmp_path):
+    path = F.write_topology_file(tmp_path / "s.json", _spec(flows=True, send_buffer=3 << 20))
+    topo = F.load_topology(path, 2)
+    assert F.read_topology_file(path)["send_buffer"] == topo.send_buffer == topo.copy().send_buffer == 3 << 20
+    assert F.load_topology(F.write_topology_file(tmp_path / "z.json", _spec()), 2).send_buffer == 0
+
+
 @pytest.mark.parametrize(
     ("change", "words"),
     [
@@ -253,6 +260,8 @@ def test_link_sharing_fields_round_trip_through_a_file(tmp_path, field, on):
         ({"link_queues": 1}, "link_queues=1 is not a valid bool"),
         ({"link_queues": "yes"}, "link_queues='yes' is not a valid bool"),
         ({"flows": 0}, "flows=0 is not a valid bool"),
+        ({"send_buffer": -1}, "send_buffer=-1; expected a number of bytes >= 0"),
+        ({"send_buffer": 1.5}, "send_buffer=1.5 is not a valid int"),
     ],
 )
 def test_bad_new_terms_name_the_field(tmp_path, change, words):

@@ -15,11 +15,11 @@ N, RATE = 1 << 20, 125e6
 T = N / RATE  # one message alone on a link
 
 
-def hosts(n: int, flows: bool = True, burst: float = 0.0):
+def hosts(n: int, flows: bool = True, burst: float = 0.0, send_buffer: int = 0):
     """``n`` hosts of one rank, uplinks and downlinks of ``RATE``, no latency, links inside a host as good as free."""
     topo = two_level(n, per_node=1, intra_bandwidth=1e18, intra_alpha=0.0, inter_alpha=0.0, inter_bandwidth=RATE,
                      inter_burst=burst)  # fmt: skip
-    topo.flows = flows
+    topo.flows, topo.send_buffer = flows, send_buffer
     return topo
 
 
@@ -27,7 +27,8 @@ def ends(flows: Flows) -> dict[int, float]:
     """Run ``flows`` to the end: each flow's end."""
     got = {}
     while flows:
-        t, key = flows.next_end()
+        t, key, ended = flows.next_event()
+        assert ended
         got[key] = flows.end(key)[1]
     return got
 
@@ -36,7 +37,7 @@ def test_two_flows_on_one_link_share_it_and_the_link_stays_busy():
     """Flow 0 alone until T/2, then both at half the rate: flow 0 ends at 1.5 T, flow 1 (half left) at 2 T."""
     flows = Flows(hosts(3))
     assert flows.start(0, 0, 1, N, 0.0) is None
-    assert flows.next_end() == (pytest.approx(T), 0)
+    assert flows.next_event() == (pytest.approx(T), 0, True)
     assert flows.start(1, 2, 1, N, T / 2) is None  # both cross rank 1's downlink
     assert ends(flows) == {0: pytest.approx(1.5 * T), 1: pytest.approx(2 * T)}
 
@@ -88,6 +89,30 @@ def test_a_send_leaves_when_posted_and_shares_the_receivers_link():
     assert shared.time == pytest.approx(4 * T)
     first = sorted((m.t_end, m.rank, m.peer) for m in shared.trace.of_kind("message"))[:2]
     assert [(a, b) for _, a, b in first] == [(0, 1), (2, 1)] and [t for t, _, _ in first] == pytest.approx([2 * T] * 2)
+
+
+def tree_broadcast(rank):
+    """A binomial broadcast at world 4: rank 0 sends to rank 2, then to rank 1 while rank 2 sends to rank 3."""
+    dist.init_process_group("gloo")
+    t = torch.full((N // 4,), 5.0) if rank == 0 else torch.zeros(N // 4)
+    dist.broadcast(t, src=0, algorithm="binomial")
+    dist.destroy_process_group()
+    return t[-1].item()
+
+
+def test_a_send_that_fits_in_the_senders_buffer_completes_at_once():
+    """With ``send_buffer`` >= N the root's send to rank 2 returns at once (the socket backend's send is done when
+    its bytes are in the kernel), so its send to rank 1 shares the root's uplink with it: rank 2 has the buffer at
+    2 T and rank 3 at 3 T. Without it each send waits for its bytes to arrive: 2 T in all. The flow of a larger
+    send is reported when N bytes are left: its send returns then."""
+    kept = simdist.simulate(tree_broadcast, 4, topology=hosts(4, send_buffer=N))
+    plain = simdist.simulate(tree_broadcast, 4, topology=hosts(4))
+    assert kept.values == plain.values == [5.0] * 4
+    assert plain.time == pytest.approx(2 * T) and kept.time == pytest.approx(3 * T)
+    flows = Flows(hosts(2))
+    flows.start(0, 0, 1, 3 * N, 0.0, mark=N)
+    assert flows.next_event() == (pytest.approx(2 * T), 0, False)
+    assert flows.marked(0) == pytest.approx(2 * T) and flows.next_event() == (pytest.approx(3 * T), 0, True)
 
 
 def chain(rank):

@@ -10,6 +10,11 @@ free, so links are shared in the order the bytes reach them, whatever order the 
 were simulated in. A member whose step's messages have all completed resumes at the
 latest of their times and posts its next step.
 
+On a topology with ``flows`` (:mod:`simdist._flows`) a send is an event from its post
+instead, matched or not, as the socket backend writes it to its connection at once: the
+messages in flight share the links fairly, a pair's messages follow each other, and a send
+is done when its bytes have arrived or once the rest fits in ``Topology.send_buffer``.
+
 No scheduling point and no thread hand-off happen inside: the collective is one step of
 the run for the scheduler. Its trace rows (each message, each member's part, and with
 ``record_steps`` each step's snapshot and each receive's step) are those of the algorithm,
@@ -174,9 +179,10 @@ class Exchange:
         heap, flows, pop, push = self.heap, self.flows, heapq.heappop, heapq.heappush
         assert flows is not None, "flow_shared is for topologies with flows"
         lines: dict[tuple[int, int], deque[int]] = {}  # (sender, receiver) -> keys of its sends, the moving one first
+        kept = self.topology.send_buffer  # bytes of a send the sender's kernel keeps: the send completes before
         while heap or flows:
-            t_end, key = flows.next_end()
-            if heap and heap[0][0] <= t_end:
+            t, key, ends = flows.next_event()
+            if heap and heap[0][0] <= t:
                 ready, key, s = pop(heap)
                 line = lines.get((s.src, s.dst))
                 if line is None:
@@ -184,9 +190,16 @@ class Exchange:
                 elif line[0] != key:  # one connection a pair: its messages move one after another
                     line.append(key)
                     continue
-                later = flows.start(key, s.src, s.dst, s.nbytes, ready)
+                mark = kept if kept and not s.done else None
+                later = flows.start(
+                    key, s.src, s.dst, s.nbytes, ready, None if mark is None or s.nbytes <= mark else mark
+                )
                 if later is not None:
                     push(heap, (later, key, s))
+                elif mark is not None and s.nbytes <= mark:
+                    self._written(s, ready)
+            elif not ends:
+                self._written(self.inflight[key], flows.marked(key))
             else:
                 start, end = flows.end(key)
                 s = self.inflight.pop(key)
@@ -198,6 +211,14 @@ class Exchange:
                     del lines[(s.src, s.dst)]
                 self._arrived(s, start, end)
 
+    def _written(self, s: Message, t: float) -> None:
+        """Send ``s`` completes at ``t``: what is left of it fits in its sender's kernel buffer
+        (``Topology.send_buffer``); its bytes are kept as they are if its receive is not posted yet."""
+        if s.partner is None:
+            s.data = A.empty(s.buf, A.numel(s.buf))
+            A.copy_(s.data, s.buf)
+        self._complete(s, t)
+
     def _arrived(self, s: Message, start: float, end: float) -> None:
         """The last byte of send ``s``, which left at ``start``, passed its route's links at ``end``."""
         topo = self.topology
@@ -208,10 +229,7 @@ class Exchange:
         self.moved(s, start, arrival)
         r = s.partner
         if not s.done:
-            if r is None:  # its receive is not posted: keep the bytes as sent, the sender may reuse its buffer
-                s.data = A.empty(s.buf, A.numel(s.buf))
-                A.copy_(s.data, s.buf)
-            self._complete(s, arrival)
+            self._written(s, arrival)
         if r is not None:
             self._complete(r, r.t_post if r.t_post > arrival else arrival)
 
