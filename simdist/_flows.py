@@ -16,6 +16,7 @@ its sender's kernel buffer (``Topology.send_buffer``).
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,14 +25,16 @@ if TYPE_CHECKING:
 __all__ = ["Flows"]
 
 _INF = float("inf")
+_DONE = 1e-12  # a flow with this fraction of its bytes left has ended (what rounding leaves of an equal share)
 _TINY = 1e-300  # a rate for a flow left no share by rounding: it ends after the others
 
 
 class _Flow:
-    __slots__ = ("a", "b", "key", "links", "mark", "rate", "remaining", "start")
+    __slots__ = ("a", "b", "key", "links", "mark", "rate", "remaining", "size", "start")
 
     def __init__(self, key: Any, a: int, b: int, links: tuple[int, ...], remaining: float, start: float):
         self.mark: float | None = None  # bytes left at which to report the flow (None: only its end)
+        self.size = remaining
         self.key = key
         self.a = a
         self.b = b
@@ -49,7 +52,7 @@ class Flows:
     or :meth:`end` that flow (:meth:`marked`).
     """
 
-    __slots__ = ("_by_link", "_flows", "_next", "_rates", "now", "topology")
+    __slots__ = ("_by_link", "_dirty", "_flows", "_next", "_rates", "now", "topology")
 
     def __init__(self, topology: Topology):
         self.topology = topology
@@ -58,6 +61,7 @@ class Flows:
         self._by_link: dict[int, set[Any]] = {}  # link -> keys of the flows crossing it
         self._rates: dict[int, tuple[float, float]] = {}  # link -> (bandwidth, burst)
         self._next: tuple[float, Any, bool] | None = None
+        self._dirty = False  # flows started or ended since the shares were computed
 
     def __bool__(self) -> bool:
         return bool(self._flows)
@@ -72,7 +76,9 @@ class Flows:
         held = max((free[i] for i in links if i not in self._by_link), default=t)
         if held > t:
             return held
-        self._advance(t)
+        if t > self.now:
+            self._refresh()
+            self._advance(t)
         buckets = [i for i in links if self._link(i)[1] > 0]
         instant = float(nbytes) if buckets else 0.0
         for i in buckets:  # the bytes every bucket on the route passes at once
@@ -87,12 +93,13 @@ class Flows:
         self._flows[key] = flow
         for i in links:
             self._by_link.setdefault(i, set()).add(key)
-        self._share()
+        self._dirty, self._next = True, None
         return None
 
     def next_event(self) -> tuple[float, Any, bool]:
         """``(time, key, ends)`` of the first thing to happen in flight at the present rates: flow ``key`` ends
         (``ends``) or reaches its mark; ``(inf, None, True)`` with none in flight."""
+        self._refresh()
         if self._next is None:
             best, key, ends = _INF, None, True
             for flow in self._flows.values():
@@ -117,21 +124,25 @@ class Flows:
         self._next = None
         return t
 
-    def end(self, key: Any) -> tuple[float, float]:
-        """End flow ``key`` at the time :meth:`next_event` gave: ``(start, end)``; its links fall idle if it was
-        the last on them."""
-        t, _, _ = self.next_event()
+    def end_due(self) -> list[tuple[Any, float, float]]:
+        """End the flow that :meth:`next_event` gave and every other whose bytes have all passed by then:
+        ``(key, start, end)`` of each, by key; links left without flows fall idle."""
+        t, first, _ = self.next_event()
         self._advance(t)
-        flow = self._flows.pop(key)
-        free = self.topology._free
-        for i in flow.links:
-            users = self._by_link[i]
-            users.discard(key)
-            if not users:
-                del self._by_link[i]
-                free[i] = t
-        self._share()
-        return flow.start, t
+        flows, free = self._flows, self.topology._free
+        due = sorted(k for k, f in flows.items() if k == first or f.remaining <= _DONE * f.size)
+        out = []
+        for key in due:
+            flow = flows.pop(key)
+            for i in flow.links:
+                users = self._by_link[i]
+                users.discard(key)
+                if not users:
+                    del self._by_link[i]
+                    free[i] = t
+            out.append((key, flow.start, t))
+        self._dirty, self._next = True, None
+        return out
 
     def _link(self, i: int) -> tuple[float, float]:
         got = self._rates.get(i)
@@ -149,9 +160,12 @@ class Flows:
                 flow.remaining -= flow.rate * dt
             self.now = t
 
-    def _share(self) -> None:
-        """Each flow's rate: max-min fair shares of its links (progressive filling)."""
-        self._next = None
+    def _refresh(self) -> None:
+        """Each flow's rate, if flows started or ended since: max-min fair shares of its links (progressive
+        filling). Flows that start or end at one time are shared out once."""
+        if not self._dirty:
+            return
+        self._dirty, self._next = False, None
         flows = self._flows
         if not flows:
             return
@@ -162,9 +176,12 @@ class Flows:
             if not flow.links:
                 flow.rate = _INF
                 unset.discard(flow.key)
-        while unset:
-            i = min((i for i in count if count[i] > 0), key=lambda i: capacity[i] / count[i])
-            share = capacity[i] / count[i]
+        narrowest = [(capacity[i] / n, i) for i, n in count.items()]  # each link's share, the least first
+        heapq.heapify(narrowest)
+        while unset and narrowest:
+            share, i = heapq.heappop(narrowest)
+            if not count[i] or share != capacity[i] / count[i]:
+                continue  # (a share since changed: its newer entry is in the heap)
             for key in sorted(self._by_link[i] & unset):
                 flow = flows[key]
                 flow.rate = share if share > 0 else _TINY
@@ -172,3 +189,5 @@ class Flows:
                 for j in flow.links:
                     capacity[j] -= share
                     count[j] -= 1
+                    if count[j] and j != i:
+                        heapq.heappush(narrowest, (capacity[j] / count[j], j))

@@ -27,9 +27,8 @@ def ends(flows: Flows) -> dict[int, float]:
     """Run ``flows`` to the end: each flow's end."""
     got = {}
     while flows:
-        t, key, ended = flows.next_event()
-        assert ended
-        got[key] = flows.end(key)[1]
+        assert flows.next_event()[2]
+        got.update((key, end) for key, _, end in flows.end_due())
     return got
 
 

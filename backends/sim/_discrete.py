@@ -181,7 +181,7 @@ class Exchange:
         lines: dict[tuple[int, int], deque[int]] = {}  # (sender, receiver) -> keys of its sends, the moving one first
         kept = self.topology.send_buffer  # bytes of a send the sender's kernel keeps: the send completes before
         while heap or flows:
-            t, key, ends = flows.next_event()
+            t, key, ends = (flows.now, None, True) if heap and heap[0][0] <= flows.now else flows.next_event()
             if heap and heap[0][0] <= t:
                 ready, key, s = pop(heap)
                 line = lines.get((s.src, s.dst))
@@ -201,15 +201,15 @@ class Exchange:
             elif not ends:
                 self._written(self.inflight[key], flows.marked(key))
             else:
-                start, end = flows.end(key)
-                s = self.inflight.pop(key)
-                line = lines[(s.src, s.dst)]
-                line.popleft()
-                if line:
-                    push(heap, (end, line[0], self.inflight[line[0]]))
-                else:
-                    del lines[(s.src, s.dst)]
-                self._arrived(s, start, end)
+                for key, start, end in flows.end_due():
+                    s = self.inflight.pop(key)
+                    line = lines[(s.src, s.dst)]
+                    line.popleft()
+                    if line:
+                        push(heap, (end, line[0], self.inflight[line[0]]))
+                    else:
+                        del lines[(s.src, s.dst)]
+                    self._arrived(s, start, end)
 
     def _written(self, s: Message, t: float) -> None:
         """Send ``s`` completes at ``t``: what is left of it fits in its sender's kernel buffer
