@@ -60,7 +60,7 @@ class Flows:
         self._flows: dict[Any, _Flow] = {}
         self._by_link: dict[int, set[Any]] = {}  # link -> keys of the flows crossing it
         self._rates: dict[int, tuple[float, float]] = {}  # link -> (bandwidth, burst)
-        self._next: tuple[float, Any, bool] | None = None
+        self._next: tuple[float, int, bool] | None = None
         self._dirty = False  # flows started or ended since the shares were computed
 
     def __bool__(self) -> bool:
@@ -96,12 +96,12 @@ class Flows:
         self._dirty, self._next = True, None
         return None
 
-    def next_event(self) -> tuple[float, Any, bool]:
+    def next_event(self) -> tuple[float, int, bool]:
         """``(time, key, ends)`` of the first thing to happen in flight at the present rates: flow ``key`` ends
-        (``ends``) or reaches its mark; ``(inf, None, True)`` with none in flight."""
+        (``ends``) or reaches its mark; ``(inf, -1, True)`` with none in flight."""
         self._refresh()
         if self._next is None:
-            best, key, ends = _INF, None, True
+            best, key, ends = _INF, -1, True
             for flow in self._flows.values():
                 left, rate = flow.remaining, flow.rate
                 mark = flow.mark
@@ -116,7 +116,7 @@ class Flows:
             self._next = (best, key, ends)
         return self._next
 
-    def marked(self, key: Any) -> float:
+    def marked(self, key: int) -> float:
         """Flow ``key`` has reached its mark (:meth:`next_event`): the time; it goes on to its end."""
         t, _, _ = self.next_event()
         self._advance(t)
@@ -124,7 +124,7 @@ class Flows:
         self._next = None
         return t
 
-    def end_due(self) -> list[tuple[Any, float, float]]:
+    def end_due(self) -> list[tuple[int, float, float]]:
         """End the flow that :meth:`next_event` gave and every other whose bytes have all passed by then:
         ``(key, start, end)`` of each, by key; links left without flows fall idle."""
         t, first, _ = self.next_event()

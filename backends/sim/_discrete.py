@@ -181,7 +181,7 @@ class Exchange:
         lines: dict[tuple[int, int], deque[int]] = {}  # (sender, receiver) -> keys of its sends, the moving one first
         kept = self.topology.send_buffer  # bytes of a send the sender's kernel keeps: the send completes before
         while heap or flows:
-            t, key, ends = (flows.now, None, True) if heap and heap[0][0] <= flows.now else flows.next_event()
+            t, key, ends = (flows.now, -1, True) if heap and heap[0][0] <= flows.now else flows.next_event()
             if heap and heap[0][0] <= t:
                 ready, key, s = pop(heap)
                 line = lines.get((s.src, s.dst))
