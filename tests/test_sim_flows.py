@@ -158,3 +158,17 @@ def test_flows_keep_values_determinism_and_replay(strategy):
     assert a.trace.events == b.trace.events and len(a.trace.of_kind("message")) > 0
     again = simdist.simulate(ring_program, 4, topology=topo, schedule=a.schedule)
     assert again.time == a.time and again.trace.events == a.trace.events
+
+
+def test_flows_record_the_steps_the_visualizer_shows():
+    """With ``record_steps`` (the Collectives page's runs) a flows topology records each step and each receive,
+    as the default one does: the same rows but for their times."""
+    kinds = ("step", "work", "received")
+
+    def rows(res):
+        return [(e.kind, e.rank, e.peer, e.step, e.snapshot) for e in res.trace.events if e.kind in kinds]
+
+    shared = simdist.simulate(ring_program, 4, topology=hosts(4, send_buffer=N), record_steps=True)
+    plain = simdist.simulate(ring_program, 4, topology=hosts(4, flows=False), record_steps=True)
+    assert shared.values == plain.values
+    assert len(rows(shared)) > 40 and sorted(rows(shared), key=repr) == sorted(rows(plain), key=repr)
