@@ -97,7 +97,7 @@ def start_collective(
             run.t += setup
     if len(inst.runs) == group.size:
         del gs.instances[seq]
-        started = time.thread_time()
+        started = time.thread_time() if engine.cpu_time else 0.0
         if at_once:
             _complete_at_once(engine, inst, instant)
         else:

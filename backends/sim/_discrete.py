@@ -120,7 +120,7 @@ class Exchange:
         if m.kind == "send":
             if 0 < self.eager and m.nbytes <= self.eager:  # buffered: the send completes at once
                 m.data = A.empty(m.buf, A.numel(m.buf))
-                A.copy_(m.data, m.buf)
+                self.copy_(m.data, m.buf)
                 m.done, m.t_done = True, m.t_post
             waiting, mine = self.recvs, self.sends
             if self.flows is not None:  # its bytes leave now, matched or not (the receiver keeps them until then)
@@ -252,7 +252,7 @@ class Exchange:
             try:
                 handles = next(gen)
             except StopIteration:
-                run.waiting = []
+                run.waiting, run.gen = [], None  # (a finished part keeps none of its buffers)
                 end_run(self.engine, run, run.t)
                 return
             except Exception as exc:  # noqa: BLE001 - an algorithm's failure belongs to its rank (Abort is no Exception)
