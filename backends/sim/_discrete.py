@@ -119,8 +119,7 @@ class Exchange:
         key = (m.src, m.dst, m.tag)
         if m.kind == "send":
             if 0 < self.eager and m.nbytes <= self.eager:  # buffered: the send completes at once
-                m.data = A.empty(m.buf, A.numel(m.buf))
-                self.copy_(m.data, m.buf)
+                self._keep(m)
                 m.done, m.t_done = True, m.t_post
             waiting, mine = self.recvs, self.sends
             if self.flows is not None:  # its bytes leave now, matched or not (the receiver keeps them until then)
@@ -190,13 +189,12 @@ class Exchange:
                 elif line[0] != key:  # one connection a pair: its messages move one after another
                     line.append(key)
                     continue
-                mark = kept if kept and not s.done else None
-                later = flows.start(
-                    key, s.src, s.dst, s.nbytes, ready, None if mark is None or s.nbytes <= mark else mark
-                )
+                fits = kept and not s.done and s.nbytes <= kept  # the kernel takes it all: done at once
+                mark = kept if kept and not s.done and not fits else None
+                later = flows.start(key, s.src, s.dst, s.nbytes, ready, mark)
                 if later is not None:
                     push(heap, (later, key, s))
-                elif mark is not None and s.nbytes <= mark:
+                elif fits:
                     self._written(s, ready)
             elif not ends:
                 self._written(self.inflight[key], flows.marked(key))
@@ -215,9 +213,13 @@ class Exchange:
         """Send ``s`` completes at ``t``: what is left of it fits in its sender's kernel buffer
         (``Topology.send_buffer``); its bytes are kept as they are if its receive is not posted yet."""
         if s.partner is None:
-            s.data = A.empty(s.buf, A.numel(s.buf))
-            A.copy_(s.data, s.buf)
+            self._keep(s)
         self._complete(s, t)
+
+    def _keep(self, s: Message) -> None:
+        """Keep a copy of send ``s``'s bytes as they are now: its sender may reuse the buffer before they move."""
+        s.data = A.empty(s.buf, A.numel(s.buf))
+        self.copy_(s.data, s.buf)
 
     def _arrived(self, s: Message, start: float, end: float) -> None:
         """The last byte of send ``s``, which left at ``start``, passed its route's links at ``end``."""
