@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from simdist import _arrays as A
 from simdist import algorithms as alg
 from simdist._reduce_op import ReduceOp
-from simdist.algorithms import oneshot
+from simdist.algorithms import oneshot, pipelined, together
+from simdist.algorithms._chunks import PIECES
 
 R = ReduceOp
 FLOATS = ["float32", "float64", "float16", "bfloat16"]
@@ -300,19 +301,75 @@ def test_hierarchical_on_machines(layout: str) -> None:
     hosts = LAYOUTS[layout]
     size = len(hosts)
     for i, n in enumerate([1, size - 1, 5 * size + 3, 101]):
-        fn = on_machines(hosts, segment_bytes=8 if i % 2 else 1 << 20, window=1 + i % 3)
-        for kind, dtype in combos(dtypes=["float32", "float64", "bfloat16", "int8", "bool"]):
-            for rop in (R.SUM, R.MAX, R.PRODUCT, R.BXOR) if dtype in INTS else (R.SUM, R.MIN):
-                check_case("all_reduce", "hierarchical", size, n, kind, dtype, rop, seed=i or None, fn=fn)
+        for piece_bytes in (1 << 20, 3):  # one piece; as many pieces as there are bytes (up to PIECES)
+            fn = on_machines(hosts, segment_bytes=8 if i % 2 else 1 << 20, window=1 + i % 3, piece_bytes=piece_bytes)
+            for kind, dtype in combos(dtypes=["float32", "float64", "bfloat16", "int8", "bool"]):
+                for rop in (R.SUM, R.MAX, R.PRODUCT, R.BXOR) if dtype in INTS else (R.SUM, R.MIN):
+                    check_case("all_reduce", "hierarchical", size, n, kind, dtype, rop, seed=i or None, fn=fn)
 
 
+def steps(name: str, count: int):
+    """An algorithm of ``count`` steps that each wait for one handle, ``name`` and the step's number."""
+    for i in range(count):
+        yield [f"{name}{i}"]
+
+
+def test_together_runs_algorithms_in_lockstep_until_the_last_ends() -> None:
+    """Each step is the union of every unfinished algorithm's step; one algorithm alone keeps its own steps."""
+    assert list(together([steps("a", 3), steps("b", 1)])) == [["a0", "b0"], ["a1"], ["a2"]]
+
+    def with_empty():
+        yield []
+        yield ["x"]
+
+    assert list(together([with_empty()])) == [[], ["x"]]
+    assert list(together([])) == []
+
+
+def test_pipelined_runs_each_pieces_next_phase_beside_the_next_pieces_phase_before() -> None:
+    """Stage ``s`` holds phase ``i`` of piece ``s - i``; a stage ends with its longest phase."""
+    pieces = [[steps(f"{c}{ph}.", n) for ph, n in zip("RXG", (1, 2, 1))] for c in "ab"]
+    assert list(pipelined(pieces)) == [
+        ["aR.0"],  # stage 0: a's first phase alone
+        ["aX.0", "bR.0"],  # stage 1: a across, b's first phase beside it
+        ["aX.1"],
+        ["aG.0", "bX.0"],  # stage 2
+        ["bX.1"],
+        ["bG.0"],  # stage 3: b's last phase alone
+    ]
+    assert list(pipelined([[steps("x", 2), steps("y", 1)]])) == [["x0"], ["x1"], ["y0"]]
+
+
+def test_hierarchical_pieces_overlap_the_phases_within_and_across_machines() -> None:
+    """With pieces, some step of a rank sends both to its own machine (a piece's reduce-scatter or
+    all-gather) and to another machine (the piece before it, across): the phases overlap. In one piece
+    they never do."""
+    hosts = LAYOUTS["4x2"]
+    size, n = len(hosts), 1024
+
+    def mixed_steps(piece_bytes: int) -> int:
+        bufs = [np.ones(n, dtype=np.float32) for _ in range(size)]
+        lb = run(size, lambda t: on_machines(hosts, piece_bytes=piece_bytes)(t, bufs[t.rank], R.SUM))
+        assert all((b == size).all() for b in bufs)
+        kinds: dict[tuple[int, int], set[bool]] = {}
+        for m in lb.messages:
+            kinds.setdefault((m.src, m.step), set()).add(hosts[m.src] == hosts[m.dst])
+        return sum(len(k) == 2 for k in kinds.values())
+
+    assert mixed_steps(1 << 20) == 0
+    assert mixed_steps(4 * n // PIECES) > 0
+
+
+@pytest.mark.parametrize("piece_bytes", [1 << 20, 64])
 @pytest.mark.parametrize(
     ("layout", "ring_bytes", "ours"), [("2x2", 1.5, 1.0), ("4x2", 1.75, 1.5), ("2x4-interleaved", 7.0, 1.0)]
 )
-def test_hierarchical_puts_less_on_each_machines_link(layout: str, ring_bytes: float, ours: float) -> None:
+def test_hierarchical_puts_less_on_each_machines_link(
+    layout: str, ring_bytes: float, ours: float, piece_bytes: int
+) -> None:
     """Bytes each machine sends to the others per all_reduce, over the buffer: ``2 (H-1)/H`` on ``H`` machines,
     counted message by message, against the ring over all ranks in rank order (which crosses machines at
-    every step where they interleave)."""
+    every step where they interleave); in one piece or in several."""
     hosts = LAYOUTS[layout]
     size, n = len(hosts), 4096 * len(hosts)
     bufs = [np.ones(n, dtype=np.float32) for _ in range(size)]
@@ -324,7 +381,7 @@ def test_hierarchical_puts_less_on_each_machines_link(layout: str, ring_bytes: f
                 sent[hosts[m.src]] += m.nbytes
         return {b / (4 * n) for b in sent.values()}
 
-    lb = run(size, lambda t: on_machines(hosts)(t, bufs[t.rank], R.SUM))
+    lb = run(size, lambda t: on_machines(hosts, piece_bytes=piece_bytes)(t, bufs[t.rank], R.SUM))
     assert out_of_each_machine(lb) == {ours} and all((b == size).all() for b in bufs)
     ring = run(size, lambda t: alg.get("all_reduce", "ring_pipelined")(t, bufs[t.rank], R.SUM))
     assert max(out_of_each_machine(ring)) == ring_bytes

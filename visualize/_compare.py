@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from simdist._topology import as_topology
 from simdist.algorithms import ALGORITHMS, FORMULAS, cost, machines
-from simdist.algorithms._chunks import CHAIN_SEGMENT_BYTES, SEGMENT_BYTES, ceil_log2, floor_log2
+from simdist.algorithms._chunks import CHAIN_SEGMENT_BYTES, SEGMENT_BYTES, ceil_log2, floor_log2, pieces
 
 from ._runs import collective_run
 
@@ -46,6 +46,7 @@ SYMBOLS: dict[str, str] = {
     "C": "segments of the pipelined chain: max(1, ⌈n / c⌉)",
     "k": "ranks on each machine (hierarchical; 1 where the topology has no machines)",
     "H": "machines (hierarchical; p where the topology has no machines)",
+    "P": "pieces of the hierarchical all_reduce: one a MiB, 1 to 4 (1 where the topology has no machines)",
 }
 """Every symbol of the cost formulas (``simdist.algorithms.FORMULAS``) -> what it stands for."""
 
@@ -327,6 +328,7 @@ def symbol_table(cmp: Comparison, slowest: bool = False) -> list[dict[str, str]]
              f"(c = {size_label(CHAIN_SEGMENT_BYTES)})",
         "k": str(cmp.per_machine or 1) + ("" if cmp.per_machine else " (no machines of equal size here)"),
         "H": str(p // (cmp.per_machine or 1)),
+        "P": f"{_spread([pieces(n) for n in cmp.sizes])} at these sizes" if cmp.per_machine else "1 (no machines)",
     }  # fmt: skip
     return [{"symbol": k, "meaning": SYMBOLS[k], "value here": values[k]} for k in SYMBOLS if k in used]
 

@@ -53,6 +53,8 @@ from ._transport import Timed as Timed
 from ._transport import Transport as Transport
 from ._transport import machines as machines
 from ._transport import run_blocking as run_blocking
+from ._transport import pipelined as pipelined
+from ._transport import together as together
 
 __all__ = [
     "ACROSS_MACHINES_BYTES",
@@ -71,4 +73,6 @@ __all__ = [
     "machines",
     "oneshot",
     "run_blocking",
+    "pipelined",
+    "together",
 ]

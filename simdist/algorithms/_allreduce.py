@@ -14,6 +14,7 @@ from .. import _arrays as A
 from .._reduce_op import ReduceOp
 from ._broadcast import binomial_tree_bcast
 from ._chunks import (
+    PIECE_BYTES,
     SEGMENT_BYTES,
     WINDOW,
     ceil_log2,
@@ -23,6 +24,7 @@ from ._chunks import (
     copy,
     floor_log2,
     fold,
+    pieces,
     real_of,
     recv,
     scratch,
@@ -31,7 +33,7 @@ from ._chunks import (
     send,
 )
 from ._rooted import binomial_tree_reduce
-from ._transport import Algorithm, Subgroup, Transport, machines
+from ._transport import Algorithm, Subgroup, Transport, machines, pipelined
 
 __all__ = ["ring", "ring_pipelined", "recursive_doubling", "rabenseifner", "binomial", "hierarchical"]
 
@@ -273,19 +275,29 @@ def binomial(t: Transport, buf: Any, op: ReduceOp) -> Algorithm:
 
 
 def hierarchical(
-    t: Transport, buf: Any, op: ReduceOp, *, segment_bytes: int = SEGMENT_BYTES, window: int = WINDOW
+    t: Transport,
+    buf: Any,
+    op: ReduceOp,
+    *,
+    segment_bytes: int = SEGMENT_BYTES,
+    window: int = WINDOW,
+    piece_bytes: int = PIECE_BYTES,
 ) -> Algorithm:
     """Two levels: a ring reduce-scatter among the ranks of each machine, an all_reduce of each
     rank's share across the machines (:func:`ring_pipelined` among the ranks with the same place
-    on their machines), then a ring all-gather within each machine.
+    on their machines), then a ring all-gather within each machine; the buffer cut into
+    :func:`~._chunks.pieces` that go through these phases one after another, overlapping.
 
     On ``H`` machines of ``k`` ranks, a machine's link carries ``2 (H-1)/H`` of the buffer each
     way, where a ring over all ``p = k·H`` ranks in rank order carries ``2 (p-1)/p`` (1.0 against
     1.5 times the buffer at 2 machines of 2): the ``k`` shares cross it at once, one per rank.
-    Every rank still sends ``2 (p-1)/p`` of the buffer in all. The machines are the transport's
-    ``hosts`` (see :func:`machines`); where it gives none, or machines of unequal size or of one
-    rank, this is :func:`ring_pipelined` over the whole group. Each element's result is computed
-    on one rank and copied to the others, so every rank gets the same bits.
+    Every rank still sends ``2 (p-1)/p`` of the buffer in all. Piece ``i + 1``'s reduce-scatter and
+    piece ``i - 1``'s all-gather run beside piece ``i``'s phase across the machines
+    (:func:`pipelined`), so the links between machines are not left idle while the ranks of a machine
+    exchange (only the first piece's reduce-scatter and the last one's all-gather run alone). The machines are the
+    transport's ``hosts`` (see :func:`machines`); where it gives none, or machines of unequal size
+    or of one rank, this is :func:`ring_pipelined` over the whole group. Each element's result is
+    computed on one rank and copied to the others, so every rank gets the same bits.
     """
     n = A.numel(buf)
     if t.size == 1 or n == 0:
@@ -296,10 +308,18 @@ def hierarchical(
         return
     mine = next(g for g in groups if t.rank in g)
     k, place = len(mine), mine.index(t.rank)
-    inside = Subgroup(t, mine)
-    blocks, lengths = _ring_blocks(buf, n, k)
-    yield from _ring_reduce_scatter(inside, buf, blocks, lengths, op)
     share = (place + 1) % k  # the block this rank finished, as did the rank at its place on every machine
-    across = Subgroup(t, [g[place] for g in groups], tag_base=2 * k)
-    yield from ring_pipelined(across, blocks[share], op, segment_bytes=segment_bytes, window=window)
-    yield from _ring_all_gather(inside, blocks, lengths)
+    tags = 2 * k + 2 * (len(groups) - 1)  # a piece's: within the machines from 0, across them from 2k
+
+    def phases(view: Any, first_tag: int) -> list[Algorithm]:
+        inside = Subgroup(t, mine, tag_base=first_tag)
+        across = Subgroup(t, [g[place] for g in groups], tag_base=first_tag + 2 * k)
+        blocks, lengths = _ring_blocks(view, A.numel(view), k)
+        return [
+            _ring_reduce_scatter(inside, view, blocks, lengths, op),
+            ring_pipelined(across, blocks[share], op, segment_bytes=segment_bytes, window=window),
+            _ring_all_gather(inside, blocks, lengths),
+        ]
+
+    views = [A.narrow(buf, start, m) for start, m in chunk_bounds(n, pieces(A.nbytes(buf), piece_bytes))]
+    yield from pipelined([phases(v, i * tags) for i, v in enumerate(views)])

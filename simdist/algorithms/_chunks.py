@@ -29,6 +29,9 @@ __all__ = [
     "SEGMENT_BYTES",
     "WINDOW",
     "CHAIN_SEGMENT_BYTES",
+    "PIECE_BYTES",
+    "PIECES",
+    "pieces",
     "segment_grid",
     "segment",
 ]
@@ -41,6 +44,23 @@ against 70-78 ms with 1 MiB)."""
 
 WINDOW = 2
 """Segments a pipelined algorithm receives ahead into rotating scratch slots."""
+
+PIECE_BYTES = 1 << 20
+"""The least bytes of a piece of the hierarchical all_reduce (see :func:`pieces`)."""
+
+PIECES = 4
+"""The most pieces of the hierarchical all_reduce: with ``P`` pieces, one piece's phases within the machines
+run beside another's across them, and a ``1/P`` share of the time within the machines shows."""
+
+
+def pieces(nbytes: int, piece_bytes: int = PIECE_BYTES) -> int:
+    """Pieces of a hierarchical all_reduce of ``nbytes``: one per ``piece_bytes``, 1 to :data:`PIECES`.
+
+    >>> pieces(256 << 10), pieces(2 << 20), pieces(64 << 20)
+    (1, 2, 4)
+    """
+    return max(1, min(PIECES, nbytes // max(piece_bytes, 1)))
+
 
 CHAIN_SEGMENT_BYTES = 2 << 20
 """Bytes per segment of the pipelined chain broadcast. A chain fills in ``p - 2`` segment

@@ -18,7 +18,9 @@ segments per block of the pipelined algorithms: ``max(1, ⌈n/(p·s)⌉)`` with 
 reduction shows; with ``S = 1`` they cost what the plain ring does), and ``C = max(1, ⌈n/c⌉)``
 the segments of the pipelined chain, ``c`` = ``CHAIN_SEGMENT_BYTES``, ``k`` ranks on each of
 ``H`` machines (``hierarchical`` only; ``k = 1``, ``H = p`` where the machines are not known or
-differ in size, as there the algorithm is the pipelined ring). Costs
+differ in size, as there the algorithm is the pipelined ring), and ``P`` the pieces of the
+hierarchical all_reduce: ``min(PIECES, max(1, ⌊n/q⌋))`` with ``q`` = ``PIECE_BYTES`` where machines
+hold several ranks, else 1 (each piece's ``⌈S/P⌉`` segments a block). Costs
 count the critical path of the algorithm as implemented here, assuming every rank can
 send and receive one message at a time; on one rank every cost is 0.
 """
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from . import _allgather, _allreduce, _alltoall, _barrier, _broadcast, _reduce_scatter, _rooted
-from ._chunks import CHAIN_SEGMENT_BYTES, SEGMENT_BYTES, ceil_log2, floor_log2
+from ._chunks import CHAIN_SEGMENT_BYTES, SEGMENT_BYTES, ceil_log2, floor_log2, pieces
 from ._transport import machines
 
 __all__ = ["ALGORITHMS", "FORMULAS", "ACROSS_MACHINES_BYTES", "DEFAULT_ALPHA", "DEFAULT_BETA", "get", "choose", "cost"]
@@ -52,6 +54,7 @@ class _Terms(NamedTuple):
     c: int  # C, segments of the whole buffer
     k: int = 1  # ranks a machine
     h: int = 1  # machines
+    pieces: int = 1  # P, the hierarchical all_reduce's pieces
 
 
 @dataclass(frozen=True)
@@ -120,12 +123,11 @@ _ENTRIES: tuple[Algorithm, ...] = (
         "all_reduce",
         "hierarchical",
         _allreduce.hierarchical,
-        "2(k-1)·α + 2(H-1)·S·α + 2(p-1)/p·n·β + ((k-1)/k + (H-1)/(H·k)/S)·n·γ",
+        "P·(2(k-1) + 2(H-1)·⌈S/P⌉)·α + 2(p-1)/p·n·β + ((k-1)/k + (H-1)/(H·k)/⌈S/P⌉)·n·γ",
         lambda x: (
-            2 * (x.k - 1) * x.a
-            + 2 * (x.h - 1) * x.s * x.a
+            x.pieces * (2 * (x.k - 1) + 2 * (x.h - 1) * -(-x.s // x.pieces)) * x.a
             + 2 * x.spread * x.n * x.b
-            + ((x.k - 1) / x.k + (x.h - 1) / (x.h * x.k) / x.s) * x.n * x.g
+            + ((x.k - 1) / x.k + (x.h - 1) / (x.h * x.k) / -(-x.s // x.pieces)) * x.n * x.g
         ),
     ),
     Algorithm(
@@ -362,7 +364,7 @@ def cost(
         c=max(1, -(-nbytes // CHAIN_SEGMENT_BYTES)),
     )
     if per_machine is not None and 1 < per_machine < size and size % per_machine == 0:
-        terms = terms._replace(k=per_machine, h=size // per_machine)
+        terms = terms._replace(k=per_machine, h=size // per_machine, pieces=pieces(nbytes))
     else:
         terms = terms._replace(h=size)
     return float(_BY_KEY[op, name].cost(terms))

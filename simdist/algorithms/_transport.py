@@ -30,7 +30,19 @@ from __future__ import annotations
 
 from typing import Any, Generator, Hashable, Iterable, Protocol, Sequence
 
-__all__ = ["Handle", "Transport", "Algorithm", "Observer", "Timed", "Subgroup", "machines", "observe", "run_blocking"]
+__all__ = [
+    "Handle",
+    "Transport",
+    "Algorithm",
+    "Observer",
+    "Timed",
+    "Subgroup",
+    "machines",
+    "observe",
+    "run_blocking",
+    "pipelined",
+    "together",
+]
 
 Handle = Any
 """An opaque token for one posted send or receive."""
@@ -154,6 +166,36 @@ def observe(t: Transport, buf: Any, offset: int = 0) -> None:
     """
     if isinstance(t, Observer):
         t.observe(buf, offset)
+
+
+def together(algorithms: Sequence[Algorithm]) -> Algorithm:
+    """One algorithm of several run side by side: each step waits for the handles of every unfinished
+    algorithm's next step (lockstep); it ends when the last of them does. One algorithm alone gives its
+    own steps."""
+    running = list(algorithms)
+    while running:
+        handles: list = []
+        for alg in list(running):
+            try:
+                handles += next(alg)
+            except StopIteration:
+                running.remove(alg)
+        if running:
+            yield handles
+
+
+def pipelined(pieces: Sequence[Sequence[Algorithm]]) -> Algorithm:
+    """One algorithm of pieces that each go through the same phases in order: stage ``s`` runs phase ``i``
+    of piece ``s - i`` for every phase ``i`` :func:`together`, and ends when all of them have.
+
+    So the first phase of piece ``j + 1`` runs beside the second of piece ``j``: with phases on different
+    links, no link waits for another's phase. Every rank runs the same pieces and phases in every stage,
+    whatever their step counts, so a message of a stage meets its partner in the same stage. One piece
+    gives its phases one after another.
+    """
+    phases = max((len(piece) for piece in pieces), default=0)
+    for stage in range(len(pieces) + phases - 1):
+        yield from together([piece[stage - j] for j, piece in enumerate(pieces) if 0 <= stage - j < len(piece)])
 
 
 def run_blocking(algorithm: Algorithm, transport: Transport) -> None:
