@@ -45,8 +45,11 @@ against 70-78 ms with 1 MiB)."""
 WINDOW = 2
 """Segments a pipelined algorithm receives ahead into rotating scratch slots."""
 
-PIECE_BYTES = 1 << 20
-"""The least bytes of a piece of the hierarchical all_reduce (see :func:`pieces`)."""
+PIECE_BYTES = 8 << 20
+"""The least bytes of a piece of the hierarchical all_reduce (see :func:`pieces`). Each piece costs every
+rank its messages again: between namespace hosts on 1 Gbit/s links, 16 MiB in 2 pieces took 0.93-0.96x
+the time of 1 piece and 32 MiB in 4 0.88-0.93x, but on unshaped links, where 8 ranks on 2 cores make the
+time, 16 MiB in 2 pieces took 0.97-1.11x and 4 MiB in 4 1.33-1.85x (BENCHMARKS.md, section (n2))."""
 
 PIECES = 4
 """The most pieces of the hierarchical all_reduce: with ``P`` pieces, one piece's phases within the machines
@@ -56,7 +59,7 @@ run beside another's across them, and a ``1/P`` share of the time within the mac
 def pieces(nbytes: int, piece_bytes: int = PIECE_BYTES) -> int:
     """Pieces of a hierarchical all_reduce of ``nbytes``: one per ``piece_bytes``, 1 to :data:`PIECES`.
 
-    >>> pieces(256 << 10), pieces(2 << 20), pieces(64 << 20)
+    >>> pieces(4 << 20), pieces(16 << 20), pieces(64 << 20)
     (1, 2, 4)
     """
     return max(1, min(PIECES, nbytes // max(piece_bytes, 1)))
