@@ -32,7 +32,7 @@ machine (loopback) and measures, in the ranks themselves, the terms of the topol
   buffer from ``fresh_from`` (out of cache, as the staging of large lists copies).
 - **check_overhead, call_overhead**: a 4-byte all_gather after a barrier (as a program
   calls a collective), timed with the socket backend's cross-rank check of every collective
-  on and off (``SIMDIST_CHECK_COLLECTIVES``) at worlds 2 and 4. ``check_overhead`` is the
+  on and off, the two interleaved in one job, at worlds 2 and 4. ``check_overhead`` is the
   difference over the check's ``ceil(log2 p)`` rounds (the median of the two worlds); at
   world 2 the unchecked all_gather is one exchange, so what it takes beyond one shift of 8
   bytes after a barrier is ``call_overhead``.
@@ -130,11 +130,38 @@ def _gamma(reps: int) -> float:
     return statistics.median(per_byte)
 
 
-def _rank(
-    rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], reps: int, checked: bool = True
-) -> dict[str, Any]:
+def _gathers(reps: int) -> dict[str, list[float]]:
+    """Seconds of ``reps`` 4-byte all_gathers after a barrier with the socket backend's cross-rank check
+    (``"checked"``) and as many without it (``"unchecked"``), interleaved in one job (after one of each
+    untimed): every rank turns its default group's check on and off at the same calls, so both see the
+    machine in the same state."""
+    import torch
+
+    import simdist as d
+
+    from ._world import current_world
+
+    group = current_world().default_group
+    one, every = torch.ones(1), torch.zeros(d.get_world_size())
+    times: dict[str, list[float]] = {"checked": [], "unchecked": []}
+    saved = group.checked
+    try:
+        for i in range(reps + 1):
+            for checked in (True, False) if i % 2 else (False, True):
+                group.checked = checked
+                d.barrier()
+                t0 = time.perf_counter()
+                d.all_gather_into_tensor(every, one)
+                if i:
+                    times["checked" if checked else "unchecked"].append(time.perf_counter() - t0)
+    finally:
+        group.checked = saved
+    return times
+
+
+def _rank(rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], reps: int) -> dict[str, Any]:
     """One rank's part: ping-pong, gamma and copies (world 2), its times of a shift around the ring of each
-    size, and of a 4-byte all_gather (``checked``: with the cross-rank check of every collective)."""
+    size, and of a 4-byte all_gather with the cross-rank check of every collective and without it."""
     import torch
 
     import simdist as d
@@ -142,12 +169,11 @@ def _rank(
     from .backends.socket import CHECK_ENV
 
     torch.set_num_threads(1)  # one intra-op thread per rank, as torchrun gives several ranks of one node
-    os.environ[CHECK_ENV] = "1" if checked else "0"
+    os.environ[CHECK_ENV] = "1"
     d.init_process_group("socket")
     out: dict[str, Any] = {"one_way": {}, "shift": {}}
     try:
-        one, every = torch.ones(1), torch.zeros(world)
-        out["all_gather"] = _timed(lambda: d.all_gather_into_tensor(every, one), reps * 5, d.barrier)
+        out["all_gather"] = _gathers(reps * 5)
         right, left = (rank + 1) % world, (rank - 1) % world
         if world == 2:
             for n in ping:
@@ -236,13 +262,13 @@ def calibrate(path: str | Path | None = None, *, quick: bool = False, name: str 
     two, four = ranks2[0], {"shift": {n: _slowest_median([r["shift"][n] for r in ranks4]) for n in shifts}}
     two["shift"] = {n: _slowest_median([r["shift"][n] for r in ranks2]) for n in shifts}
     terms = fit(two["one_way"], two["shift"], four["shift"])
-    gathers: dict[int, tuple[float, float]] = {}  # world -> (seconds with the check, seconds without)
-    for world, ranks in ((2, ranks2), (4, ranks4)):
-        unchecked = spawn(_rank, args=(world, (), (), reps, False), nprocs=world, backend="socket")
-        gathers[world] = (
-            _slowest_median([r["all_gather"] for r in ranks]),
-            _slowest_median([r["all_gather"] for r in unchecked]),
+    gathers = {  # world -> (seconds with the check, seconds without)
+        world: (
+            _slowest_median([r["all_gather"]["checked"] for r in ranks]),
+            _slowest_median([r["all_gather"]["unchecked"] for r in ranks]),
         )
+        for world, ranks in ((2, ranks2), (4, ranks4))
+    }
     single = _slowest_median([r["single"] for r in ranks2])  # one small shift after a barrier
     memory = fit_memory(two["copies"]["fresh"], two["copies"]["used"])
     spec = {
@@ -308,7 +334,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="P",
-        help="the jobs use ports P to P+3 on node 0 (default 29500)",
+        help="the job uses ports P and P+1 on node 0 (default 29500)",
     )
     hosts.add_argument(
         "--nproc-per-node", type=int, default=1, metavar="N", help="ranks per host, sharing its link (default 1)"

@@ -1,9 +1,9 @@
 """Calibration across hosts: ``simdist calibrate --nnodes N`` run on each of N hosts, as ``simdist run`` is.
 
 Each host's ``simdist calibrate`` starts its ranks with ``simdist run``'s launcher (socket backend, the
-same ``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port`` and ``SIMDIST_SECRET``), twice:
-once with the socket backend's cross-rank check of every collective, once without it (ports ``P``,
-``P + 1``, then ``P + 2``, ``P + 3``). The ranks measure, between hosts (the first rank of each host):
+same ``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port`` and ``SIMDIST_SECRET``; ports
+``P`` and ``P + 1``), with the socket backend's cross-rank check of every collective. The ranks measure,
+between hosts (the first rank of each host):
 
 - **inter_bandwidth, inter_burst**: ping-pong between hosts 0 and 1, each message after both links have
   rested :data:`IDLE` seconds, at sizes from 256 KiB doubling until a one-way trip takes
@@ -18,8 +18,9 @@ once with the socket backend's cross-rank check of every collective, once withou
 - **inter_alpha**: 8-byte shifts around the ring of hosts, :data:`STEPS` back to back (as in the
   calibration on one host); ``inter_alpha`` is what each of the two uplinks of a route must add for the
   model's shift to take the measured time.
-- **check_overhead**: a 4-byte all_gather of every rank after a barrier, with the check and without it,
-  the difference over the check's ``ceil(log2 p)`` rounds (here they cross the hosts' links).
+- **check_overhead**: a 4-byte all_gather of every rank after a barrier, with the check and without it
+  (the two interleaved, every rank turning its check on and off at the same calls), the difference over
+  the check's ``ceil(log2 p)`` rounds (here they cross the hosts' links).
 - and, kept in the file's ``measured`` with the model's figure beside it: every rank of host 0 sending
   to the first rank of each other host at once (how the host's link is shared), and a large shift around
   the ring of hosts (both directions of each link at once).
@@ -47,7 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._calibrate import STEPS, _slowest_median, _timed
+from ._calibrate import STEPS, _gathers, _slowest_median, _timed
 
 __all__ = ["IDLE", "TARGET", "calibrate_hosts", "fit_hosts", "job"]
 
@@ -77,7 +78,7 @@ def _exchange(d: Any, sends: list, recvs: list) -> None:
             w.wait()
 
 
-def _measure(rank: int, world: int, per_host: int, reps: int, target: float, checked: bool) -> dict[str, Any]:
+def _measure(rank: int, world: int, per_host: int, reps: int, target: float) -> dict[str, Any]:
     """One rank's figures (see the module doc); the same decisions on every rank."""
     import torch
 
@@ -85,12 +86,7 @@ def _measure(rank: int, world: int, per_host: int, reps: int, target: float, che
 
     hosts = world // per_host
     leaders = [h * per_host for h in range(hosts)]
-    out: dict[str, Any] = {}
-    one = torch.ones(1)
-    every = torch.zeros(world)
-    out["all_gather"] = _timed(lambda: d.all_gather_into_tensor(every, one), reps * 5, d.barrier)
-    if not checked:
-        return out
+    out: dict[str, Any] = {"all_gather": _gathers(reps * 5)}
     # 8-byte shifts around the ring of hosts, back to back
     small_a, small_b = torch.zeros(2), torch.zeros(2)
     me = leaders.index(rank) if rank in leaders else None
@@ -166,18 +162,18 @@ def _measure(rank: int, world: int, per_host: int, reps: int, target: float, che
 
 
 def job(argv: Sequence[str] | None = None) -> None:
-    """A rank of the calibration job: ``RESULTS PER_HOST REPS TARGET CHECKED``; rank 0 writes every rank's
-    figures to ``RESULTS`` (a JSON list by rank)."""
+    """A rank of the calibration job: ``RESULTS PER_HOST REPS TARGET``; rank 0 writes every rank's figures to
+    ``RESULTS`` (a JSON list by rank)."""
     import torch
 
     import simdist as d
 
-    results, per_host, reps, target, checked = list(sys.argv[1:] if argv is None else argv)
+    results, per_host, reps, target = list(sys.argv[1:] if argv is None else argv)
     torch.set_num_threads(1)
     d.init_process_group("socket")
     try:
         rank, world = d.get_rank(), d.get_world_size()
-        mine = _measure(rank, world, int(per_host), int(reps), float(target), checked == "1")
+        mine = _measure(rank, world, int(per_host), int(reps), float(target))
         every: list[Any] = [None] * world
         d.all_gather_object(every, mine)
         if rank == 0:
@@ -187,19 +183,19 @@ def job(argv: Sequence[str] | None = None) -> None:
         d.destroy_process_group()
 
 
-def _launch(opts: Any, port: int, checked: bool, folder: Path, reps: int, target: float) -> list[dict]:
+def _launch(opts: Any, port: int, folder: Path, reps: int, target: float) -> list[dict]:
     """Run the job on this node with ``simdist run``'s launcher; node 0 returns every rank's figures."""
     from .backends.socket import CHECK_ENV
     from .run import main as run
 
-    script, results = folder / "calibrate_rank.py", folder / f"results-{int(checked)}.json"
+    script, results = folder / "calibrate_rank.py", folder / "results.json"
     script.write_text(RANK_SCRIPT, encoding="utf-8")
     argv = ["--backend", "socket", "--nnodes", str(opts.nnodes), "--node-rank", str(opts.node_rank)]
     argv += ["--master-addr", opts.master_addr, "--master-port", str(port), "--store-port", str(port + 1)]
     argv += ["--nproc-per-node", str(opts.nproc_per_node), str(script)]
-    argv += [str(results), str(opts.nproc_per_node), str(reps), str(target), "1" if checked else "0"]
+    argv += [str(results), str(opts.nproc_per_node), str(reps), str(target)]
     saved = os.environ.get(CHECK_ENV)
-    os.environ[CHECK_ENV] = "1" if checked else "0"
+    os.environ[CHECK_ENV] = "1"
     try:
         status = run(argv)
     finally:
@@ -293,8 +289,7 @@ def calibrate_hosts(opts: Any) -> dict[str, Any] | None:
     target = TARGET / 2 if opts.quick else TARGET
     port = opts.master_port or 29500
     with tempfile.TemporaryDirectory(prefix="simdist-calibrate-") as folder:
-        checked = _launch(opts, port, True, Path(folder), reps, target)
-        unchecked = _launch(opts, port + 2, False, Path(folder), reps, target)
+        ranks = _launch(opts, port, Path(folder), reps, target)
     if opts.node_rank != 0:
         return None
     host = read_topology_file(opts.host_file) if opts.host_file else calibrate(quick=opts.quick, name=opts.name)
@@ -303,22 +298,22 @@ def calibrate_hosts(opts: Any) -> dict[str, Any] | None:
             f"simdist calibrate: --host-file={opts.host_file!r} describes several hosts; give one host's file"
         )
     per_host, hosts = opts.nproc_per_node, opts.nnodes
-    pair = (checked[0], checked[per_host])
+    pair = (ranks[0], ranks[per_host])
     one_way = {
         int(n): statistics.median(max(ts) for ts in zip(*(r["one_way"][n] for r in pair))) for n in pair[0]["one_way"]
     }
-    leaders = [checked[h * per_host] for h in range(hosts)]
+    leaders = [ranks[h * per_host] for h in range(hosts)]
     shift8 = _slowest_median([r["shift8"] for r in leaders])
     gathers = (
-        _slowest_median([r["all_gather"] for r in checked]),
-        _slowest_median([r["all_gather"] for r in unchecked]),
+        _slowest_median([r["all_gather"]["checked"] for r in ranks]),
+        _slowest_median([r["all_gather"]["unchecked"] for r in ranks]),
     )
     spec = fit_hosts(host, per_host, hosts, one_way, shift8, gathers)
-    sent = checked[0]["send_returns"]
+    sent = ranks[0]["send_returns"]
     spec["send_buffer"] = fit_send_buffer(sent["bytes"], statistics.median(sent["seconds"]), spec)
     world = per_host * hosts
-    fan, large = checked[0]["fan_out"], checked[0]["shift_large"]
-    fan_seconds = _slowest_median([r["fan_out"]["seconds"] for r in checked[:per_host] + leaders[1:]])
+    fan, large = ranks[0]["fan_out"], ranks[0]["shift_large"]
+    fan_seconds = _slowest_median([r["fan_out"]["seconds"] for r in ranks[:per_host] + leaders[1:]])
     large_seconds = _slowest_median([r["shift_large"]["seconds"] for r in leaders])
     topo = topology_from_spec(spec, world)
     fan_model = _fan_out_model(topo, per_host, hosts, fan["bytes"])
