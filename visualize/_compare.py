@@ -46,7 +46,7 @@ SYMBOLS: dict[str, str] = {
     "C": "segments of the pipelined chain: max(1, ⌈n / c⌉)",
     "k": "ranks on each machine (hierarchical; 1 where the topology has no machines)",
     "H": "machines (hierarchical; p where the topology has no machines)",
-    "P": "pieces of the hierarchical all_reduce: one a MiB, 1 to 4 (1 where the topology has no machines)",
+    "P": "pieces of the hierarchical all_reduce: one per 8 MiB, 1 to 4 (1 where the topology has no machines)",
 }
 """Every symbol of the cost formulas (``simdist.algorithms.FORMULAS``) -> what it stands for."""
 
