@@ -33,6 +33,11 @@ Every algorithm works for any group size and element count, never writes an inpu
 that is not also its output, and leaves bit-identical results on every rank that
 holds one. ``op`` is never ``ReduceOp.AVG``: callers sum, then divide.
 :mod:`simdist.algorithms.oneshot` computes the same results for all ranks at once.
+
+Algorithms compose: :class:`Subgroup` runs one on some of a transport's ranks (the phases of
+the two-level ``hierarchical``), :func:`together` runs several side by side in lockstep, and
+:func:`pipelined` runs pieces through the same phases with each piece's next phase beside the
+next piece's phase before it (``hierarchical``'s pieces from 16 MiB).
 """
 
 from __future__ import annotations
