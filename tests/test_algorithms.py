@@ -724,6 +724,19 @@ def test_cost_latency_term_counts_the_messages(size: int) -> None:
             assert alg.cost(op, name, 0, size, alpha=1.0, beta=0.0) == busiest, (op, name, alg.FORMULAS[op][name])
 
 
+def test_hierarchical_cost_counts_the_messages_of_its_pieces() -> None:
+    """From 16 MiB the hierarchical all_reduce goes in pieces; its formula's α coefficient is still the
+    busiest rank's message count (2 machines of 2 ranks, 2 pieces of 8 MiB: 4 messages each)."""
+    hosts = LAYOUTS["2x2"]
+    size, nbytes = len(hosts), 16 << 20
+    bufs = [np.ones(nbytes // 4, dtype=np.float32) for _ in range(size)]
+    lb = run(size, lambda t: on_machines(hosts)(t, bufs[t.rank], R.SUM))
+    assert all((b == size).all() for b in bufs)
+    busiest = max(sum(m.src == r for m in lb.messages) for r in range(size))
+    assert busiest == 8
+    assert alg.cost("all_reduce", "hierarchical", nbytes, size, alpha=1.0, beta=0.0, per_machine=2) == busiest
+
+
 def trace(op: str, name: str, size: int, n: int) -> Loopback:
     """Run ``op`` with ``n`` float32 elements per rank (per block where there are blocks)."""
     fn = alg.get(op, name)
