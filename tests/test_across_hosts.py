@@ -41,6 +41,9 @@ dist.all_reduce(t)
 big = torch.full((1 << 18,), float(rank + 1))
 dist.all_reduce(big)
 ok = bool((big == world * (world + 1) / 2).all())
+huge = torch.arange(1 << 22, dtype=torch.float32) % 7 + rank  # 16 MiB: the hierarchical all_reduce in 2 pieces
+dist.all_reduce(huge)
+ok = ok and bool((huge == world * (torch.arange(1 << 22, dtype=torch.float32) % 7) + world * (world - 1) / 2).all())
 world_ = current_world()
 shm = sorted(p.rank for p in getattr(world_.network, "_peers", []) if isinstance(p.ring, Ring))
 from simdist._group import Options
