@@ -139,9 +139,9 @@ def _gathers(reps: int) -> dict[str, list[float]]:
 
     import simdist as d
 
-    from ._world import current_world
+    from ._world import require_world
 
-    group = current_world().default_group
+    group: Any = require_world("simdist calibrate").default_group  # the socket backend's group: its ``checked``
     one, every = torch.ones(1), torch.zeros(d.get_world_size())
     times: dict[str, list[float]] = {"checked": [], "unchecked": []}
     saved = group.checked
