@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from ._reduce_op import ReduceOp
 from ._work import Work
@@ -12,8 +11,7 @@ from ._work import Work
 __all__ = ["ProcessGroup", "Options", "GroupMember", "group"]
 
 
-@dataclass(frozen=True)
-class Options:
+class Options(NamedTuple):
     """Per-call options of one operation, built fresh for every call.
 
     Attributes:

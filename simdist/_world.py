@@ -148,18 +148,22 @@ class ProcessWorld(World):
         return spawn(fn, args, nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
 
 
-_local = threading.local()
+class _Local(threading.local):
+    world: World | None = None  # a class default: reading it where no thread world was set raises nothing
+
+
+_local = _Local()
 _process_world: World | None = None
 
 
 def current_world() -> World | None:
     """The calling thread's world, else the process world, else ``None``."""
-    return getattr(_local, "world", None) or _process_world
+    return _local.world or _process_world
 
 
 def thread_world() -> World | None:
     """The calling thread's own world (a simulated rank's), ignoring the process world."""
-    return getattr(_local, "world", None)
+    return _local.world
 
 
 def require_world(fn: str) -> World:

@@ -231,3 +231,32 @@ def test_send_frame_times_out_when_nothing_is_read(pair) -> None:
     payload = memoryview(bytearray(16 << 20))
     with pytest.raises(DistTimeoutError, match="took nothing"):
         F.send_frame(a, F.encode_header(F.DATA, 0, 0, len(payload), 0), payload, peer=1)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("sock_timeout", [None, 30.0])
+def test_send_parts_with_a_stall_returns_the_rest_once_the_peer_takes_nothing(sock_timeout) -> None:
+    """A peer that reads nothing holds the writer up for ``stall``, not for the socket's own timeout, and
+    a frame that fits goes out whole (in order, after what went before)."""
+    writer, reader = socket.socketpair()
+    try:
+        writer.settimeout(sock_timeout)
+        small = F.frame_parts(F.encode_header(F.DATA, 1, 2, 3, 0), b"abc")
+        assert F.send_parts(writer, small, stall=0.2) == []
+        payload = memoryview(bytes(range(256)) * (64 << 12))  # 16 MiB: more than the socket buffers hold
+        start = time.monotonic()
+        rest = F.send_parts(writer, [payload], stall=0.2)
+        waited = time.monotonic() - start
+        assert 0 < sum(map(len, rest)) < len(payload) and 0.2 <= waited < 5
+        reader.settimeout(5)
+        head = bytearray(F.HEADER_SIZE + 3)
+        F.recv_exact_into(reader, memoryview(head))
+        assert F.decode_header(bytes(head[: F.HEADER_SIZE])) == F.Header(F.DATA, 1, 2, 3, 0)
+        assert bytes(head[F.HEADER_SIZE :]) == b"abc"
+        taken = len(payload) - sum(map(len, rest))
+        got = bytearray(taken)
+        F.recv_exact_into(reader, memoryview(got))
+        assert got == payload[:taken]
+    finally:
+        writer.close()
+        reader.close()

@@ -43,10 +43,10 @@ class FlightRecorder:
         self.store = store
         self.rank = rank
         self.entries: deque[dict] = deque(maxlen=size)
-        self.latest: dict[str, dict] = {}
+        self.latest: dict[int, dict] = {}  # by group (JSON writes the keys as strings)
         self.interval = interval
         self.lock = threading.Lock()
-        self.dirty = threading.Event()
+        self.dirty = False  # changed since the last publication (a flag: setting it must cost a collective nothing)
         self.closed = threading.Event()
         self.trace_dir = os.environ.get(TRACE_ENV) or None
         self.events: list | None = None
@@ -78,8 +78,8 @@ class FlightRecorder:
         }
         with self.lock:
             self.entries.append(entry)
-            self.latest[str(group)] = entry
-        self.dirty.set()
+            self.latest[group] = entry
+        self.dirty = True
         return entry
 
     def complete(self, entry: dict, algorithm: str | None = None) -> None:
@@ -102,7 +102,7 @@ class FlightRecorder:
                         algorithm=algorithm,
                     )
                 )
-        self.dirty.set()
+        self.dirty = True
 
     @property
     def tracing(self) -> bool:
@@ -138,11 +138,10 @@ class FlightRecorder:
             return [dict(e) for e in self.entries]
 
     def _publish_loop(self) -> None:
-        while not self.closed.is_set():
-            if self.dirty.wait(self.interval) and not self.closed.is_set():
-                self.dirty.clear()
+        while not self.closed.wait(self.interval):
+            if self.dirty:
+                self.dirty = False
                 self._publish()
-                self.closed.wait(self.interval)
 
     def _publish(self) -> None:
         with self.lock:
@@ -154,15 +153,14 @@ class FlightRecorder:
 
     def flush(self) -> None:
         """Publish the latest state now, in the calling thread, if it changed since the last publication."""
-        if self.dirty.is_set() and not self.closed.is_set():
-            self.dirty.clear()
+        if self.dirty and not self.closed.is_set():
+            self.dirty = False
             self._publish()
 
     def close(self) -> None:
         if self.closed.is_set():
             return
         self.closed.set()
-        self.dirty.set()
         self.thread.join(2)
         if self.events is not None:
             self.write_trace()

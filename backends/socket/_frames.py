@@ -22,6 +22,7 @@ allocates nothing whatever the claimed length.
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import struct
@@ -177,6 +178,8 @@ def recv_exact_into(
         got += k
 
 
+_WRITEV = hasattr(os, "writev")  # not on Windows
+
 _SEND_SLICE = 1 << 20
 """Payload bytes handed to one ``sendmsg`` call. On loopback, 1 MiB calls move a 16 MiB
 payload about 1.5x faster than one call for all of it (2.0 -> 3.1 GB/s, measured): a long
@@ -225,21 +228,30 @@ def send_parts(
     Otherwise as :func:`send_frame`, with the same errors.
     """
     parts = list(parts)
-    writable, stall_ms = None, 0
-    if stall is not None:
-        writable, stall_ms = select.poll(), int(stall * 1000)
-        writable.register(sock, select.POLLOUT)
-    flags = 0 if writable is None else socket.MSG_DONTWAIT
+    writable = None  # with ``stall``: a poll for room on ``sock``, made once a write took nothing
+    flags = 0 if stall is None else socket.MSG_DONTWAIT
     scatter = hasattr(sock, "sendmsg")  # not on Windows
+    # With ``stall``, a socket with a timeout (non-blocking underneath) is written by ``os.writev`` on its
+    # descriptor: one system call, where ``sendmsg`` polls first (and would wait out the timeout, not ``stall``)
+    fd = sock.fileno() if stall is not None and _WRITEV and sock.gettimeout() is not None else -1
     try:
         while parts:
-            if writable is not None and not writable.poll(stall_ms):
-                break
             window = _window(parts, HEADER_SIZE + _SEND_SLICE)
             try:
-                n = sock.sendmsg(window, [], flags) if scatter else sock.send(window[0], flags)
+                if fd >= 0:
+                    n = os.writev(fd, window)
+                else:
+                    n = sock.sendmsg(window, [], flags) if scatter else sock.send(window[0], flags)
             except BlockingIOError:
-                break
+                n = 0
+            if n == 0:  # the connection took nothing (its buffer is full): wait up to ``stall`` for room
+                if stall is None:
+                    break
+                if writable is None:
+                    writable = select.poll()
+                    writable.register(sock, select.POLLOUT)
+                if not writable.poll(int(stall * 1000)):
+                    break
             while n:  # drop the n bytes written from the front
                 if n >= len(parts[0]):
                     n -= len(parts.pop(0))

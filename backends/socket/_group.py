@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import threading
+import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
@@ -12,7 +12,7 @@ from simdist import algorithms
 from simdist._algorithmic import AlgorithmicGroup, CollectiveCall
 from simdist._errors import DistTimeoutError
 from simdist._group import Options
-from simdist._work import DeferredWork, Work
+from simdist._work import CompletedWork, DeferredWork, Work
 
 from ._checked import check_collective
 
@@ -24,10 +24,6 @@ _P2P = 0
 def _ctx(group_id: int, seq: int) -> int:
     """The context of collective ``seq`` of a group (``seq`` 0 is the group's point-to-point traffic)."""
     return (group_id << 40) | seq
-
-
-def _completed(outputs: list) -> DeferredWork:
-    return DeferredWork(lambda timeout: None, lambda: True, outputs)
 
 
 class SocketGroup(AlgorithmicGroup):
@@ -56,8 +52,7 @@ class SocketGroup(AlgorithmicGroup):
         self.peers = peers
         self.recorder = recorder
         self.timeout = timeout
-        self.seq = 0
-        self.lock = threading.Lock()
+        self._seqs = itertools.count(1)  # the number of each collective call (next() is atomic)
         self.worker: ThreadPoolExecutor | None = None
         self._machines: tuple[str, ...] | None = None  # the machine of each group rank, once asked
 
@@ -67,41 +62,41 @@ class SocketGroup(AlgorithmicGroup):
             self._machines = tuple(self.peers.hosts(self.ranks))
         return self._machines
 
-    def _next_seq(self) -> int:
-        with self.lock:
-            self.seq += 1
-            return self.seq
-
     def _run_collective(self, call: CollectiveCall, opts: Options) -> Work:
-        seq = self._next_seq()
+        seq = next(self._seqs)
         hosts = self._hosts() if call.algorithm == "hierarchical" else None
         transport = self.peers.transport(self.ranks, self.rank, _ctx(self.group_id, seq), self.timeout, hosts)
         recorder = self.recorder
-        entry = None
-        if recorder is not None:
-            entry = recorder.start(self.group_id, seq, call.op, call.signature.get("shape"), call.call_site)
-
-        def run() -> None:
-            try:
-                if self.checked:
-                    check_collective(transport, self, seq, call)
-                algorithms.run_blocking(call.start(transport), transport)
-            except DistTimeoutError as exc:
-                if recorder is None:
-                    raise
-                report = recorder.report(self.group_id, self.ranks, seq, call.op)
-                raise DistTimeoutError(f"{report}\n({exc})") from exc
-            call.complete()
-            if entry is not None:
-                recorder.complete(entry, call.algorithm)
-
+        entry = (
+            None
+            if recorder is None
+            else recorder.start(self.group_id, seq, call.op, call.signature.get("shape"), call.call_site)
+        )
         if not opts.async_op:
-            run()
-            return _completed(call.outputs)
+            self._run(call, transport, seq, entry)
+            return CompletedWork(call.outputs)
         if self.worker is None:
             self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"simdist-group-{self.group_id}")
-        future = self.worker.submit(run)
+        future = self.worker.submit(self._run, call, transport, seq, entry)
         return DeferredWork(future.result, future.done, call.outputs)
+
+    def _run(self, call: CollectiveCall, transport: Any, seq: int, entry: dict | None) -> None:
+        """Run collective ``seq`` on ``transport`` to its end (checked first where the check is on); ``entry``:
+        its flight-recorder entry, completed at the end."""
+        recorder = self.recorder
+        try:
+            if self.checked:
+                check_collective(transport, self, seq, call)
+            algorithms.run_blocking(call.start(transport), transport)
+            transport.give_back()
+        except DistTimeoutError as exc:
+            if recorder is None:
+                raise
+            report = recorder.report(self.group_id, self.ranks, seq, call.op)
+            raise DistTimeoutError(f"{report}\n({exc})") from exc
+        call.complete()
+        if entry is not None:
+            recorder.complete(entry, call.algorithm)
 
     def send(self, tensor: Any, dst: int, opts: Options) -> Work:
         buf = A.stage_in(tensor)

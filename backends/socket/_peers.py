@@ -65,6 +65,7 @@ from typing import Any
 from simdist import _arrays as A
 from simdist._checks import check_int
 from simdist._errors import DistError, DistTimeoutError, PeerLostError, ProtocolError
+from simdist.algorithms import Lender
 
 from . import _links, _shm
 from ._accept import Acceptor
@@ -73,6 +74,7 @@ from ._frames import CLOSE, encode_header
 from ._links import hung_up, read_hello
 from ._matching import Mailbox, Message, mismatch
 from ._receiving import Receiver
+from ._scratch import ScratchPool
 from ._sending import RESUME, STOP, Sender
 
 __all__ = ["Handle", "PeerNetwork", "PeerTransport"]
@@ -93,6 +95,9 @@ _PEEK_BYTES = 1 << 16  # what a probe peeks at: more than the credits a ring can
 
 def _byte_view(buf: Any, argname: str = "buf") -> memoryview:
     """A 1-D byte view of flat host buffer ``buf``, sharing its memory."""
+    view = A.plain_bytes(buf)
+    if view is not None:
+        return view
     A.check_array(buf, argname)
     try:
         flat = A.flat(buf)
@@ -219,6 +224,7 @@ class PeerNetwork:
         self._peers = [_Peer(p) for p in range(world_size)]
         self._senders = [Sender(self, p) for p in self._peers]
         self._mail = Mailbox(world_size)  # the posted and unexpected tables, guarded by ``_cond``
+        self.scratch = ScratchPool()  # the scratch buffers of finished collectives (``PeerTransport.lend``)
         self._closed = False
         self._farewell = 0  # the tag of the goodbye (CLOSE) frames: FAILING when this rank failed
         self._threads: list[threading.Thread] = []
@@ -665,10 +671,11 @@ class PeerNetwork:
                 p.reader.close()
 
 
-class PeerTransport:
-    """The :class:`~simdist.algorithms.Transport` of one collective call: group ranks, one ctx."""
+class PeerTransport(Lender):
+    """The :class:`~simdist.algorithms.Transport` of one collective call: group ranks, one ctx. Its
+    scratch buffers come from the network's pool, and go back to it by :meth:`give_back`."""
 
-    __slots__ = ("_ctx", "_net", "_ranks", "_timeout", "hosts", "rank", "size")
+    __slots__ = ("_ctx", "_lent", "_net", "_ranks", "_timeout", "hosts", "rank", "size")
 
     def __init__(
         self,
@@ -686,6 +693,7 @@ class PeerTransport:
         self._timeout = timeout
         self.rank = group_rank
         self.size = len(self._ranks)
+        self._lent: list = []
         if not 0 <= group_rank < self.size or self._ranks[group_rank] != network.rank:
             raise ValueError(f"group rank {group_rank} of {self._ranks} is not global rank {network.rank}")
 
@@ -700,3 +708,15 @@ class PeerTransport:
 
     def wait(self, handles: Iterable[Handle]) -> None:
         self._net.wait(handles, self._timeout, group=self._ranks)
+
+    def lend(self, like: Any, numel: int) -> Any:
+        key, buf = self._net.scratch.take(like, numel)
+        self._lent.append((key, buf))
+        return buf
+
+    def give_back(self) -> None:
+        """Return the scratch buffers this call was lent, once every message of the call has completed
+        (not after a failure: a message may still read or write them)."""
+        for key, buf in self._lent:
+            self._net.scratch.give(key, buf)
+        self._lent.clear()

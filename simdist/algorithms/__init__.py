@@ -52,6 +52,7 @@ from ._select import cost as cost
 from ._select import get as get
 from ._transport import Algorithm as Algorithm
 from ._transport import Handle as Handle
+from ._transport import Lender as Lender
 from ._transport import Observer as Observer
 from ._transport import Subgroup as Subgroup
 from ._transport import Timed as Timed
@@ -67,6 +68,7 @@ __all__ = [
     "FORMULAS",
     "Algorithm",
     "Handle",
+    "Lender",
     "Observer",
     "Subgroup",
     "Timed",

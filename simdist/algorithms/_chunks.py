@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from .. import _arrays as A
 from .._reduce_op import ReduceOp
-from ._transport import Handle, Timed, Transport
+from ._transport import Handle, Lender, Timed, Transport
 
 __all__ = [
     "chunk_bounds",
@@ -216,7 +216,10 @@ def copy(t: Transport, dst: Any, src: Any) -> None:
 
 
 def scratch(t: Transport, like: Any, numel: int) -> Any:
-    """A new flat buffer of ``numel`` elements of ``like``'s kind; a :class:`Timed` transport charges its bytes."""
+    """A flat buffer of ``numel`` elements of ``like``'s kind, its contents undefined: lent by a :class:`Lender`
+    transport, else new; a :class:`Timed` transport charges its bytes."""
+    if isinstance(t, Lender):
+        return t.lend(like, numel)
     buf = A.empty(like, numel)
     if isinstance(t, Timed):
         t.allocated(numel * A.itemsize(like))

@@ -36,6 +36,7 @@ __all__ = [
     "Algorithm",
     "Observer",
     "Timed",
+    "Lender",
     "Subgroup",
     "machines",
     "observe",
@@ -93,6 +94,15 @@ class Timed:
 
     def copied(self, nbytes: int) -> None:
         """Charge this rank for copying ``nbytes`` between its own buffers (see :func:`~._chunks.copy`)."""
+        raise NotImplementedError
+
+
+class Lender:
+    """A transport that lends scratch buffers kept from earlier collectives (declared by subclassing): the
+    socket backend's. :func:`~._chunks.scratch` asks it instead of allocating."""
+
+    def lend(self, like: Any, numel: int) -> Any:
+        """A flat buffer of ``numel`` elements of ``like``'s kind, dtype and device; its contents are undefined."""
         raise NotImplementedError
 
 
