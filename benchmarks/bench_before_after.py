@@ -18,6 +18,9 @@ every repetition), and reports one figure; the table gives the median of ``--rep
 - ``explore`` of the 48-point program of ``bench_testing.py``, 200 runs, random and pct:
   schedules per second (target >= 3x before).
 - World 4096 at ``detail="collectives"``: one whole ``simulate`` call (target <= 0.5x before).
+- The socket backend's per-call overhead, as ``bench_socket_shm.py`` measures it (two processes,
+  checks of collectives off): an all_reduce of one float against the same exchange posted on the
+  ``PeerNetwork``, and a send/recv ping-pong against the raw one (target: halved).
 """
 
 from __future__ import annotations
@@ -93,6 +96,11 @@ sdt.explore(exchange_program, 4, args=(2,), strategy={strategy!r}, max_runs={run
 print(json.dumps({{"rate": {runs} / (time.perf_counter() - t0)}}))
 """
 
+OVERHEAD = """
+from bench_socket_shm import measure_overhead
+print(json.dumps(measure_overhead({iters})))
+"""
+
 KIB = 1024
 CASES = {  # name -> (child code, the figure it reports, its unit)
     **{
@@ -113,8 +121,9 @@ CASES = {  # name -> (child code, the figure it reports, its unit)
     "explore random": (EXPLORE.format(strategy="random", runs=200), "rate", "schedules/s"),
     "explore pct": (EXPLORE.format(strategy="pct", runs=200), "rate", "schedules/s"),
     "world 4096, collectives": (SCALE.format(ring=False, world=4096, options={"detail": "collectives"}), "wall", "s"),
+    "socket per-call overhead": (OVERHEAD.format(iters=4000), "all_reduce_overhead_s", "µs/call"),
 }
-QUICK = ("all_reduce 4 KiB", "world 1024 ring, collectives", "explore random")
+QUICK = ("all_reduce 4 KiB", "world 1024 ring, collectives", "explore random", "socket per-call overhead")
 
 
 def run_case(python: str, code: str) -> dict:
@@ -145,13 +154,21 @@ def report(raw: dict, reps: int) -> tuple[str, list[dict]]:
     rows, verdicts = [], []
     for name, sides in raw.items():
         _, field, unit = CASES[name]
-        scale = 1e3 if unit == "ms/op" else 1.0
+        scale = {"ms/op": 1e3, "µs/call": 1e6}.get(unit, 1.0)
         b, a = _median(sides["before"], field) * scale, _median(sides["after"], field) * scale
         ref = ""
         if name.startswith("all_reduce"):
             tb, ta = (_median(sides[s], "torch") * 1e3 for s in ("before", "after"))
             ref = f"torch threaded {tb:.3f} / {ta:.3f} ms/op: ours/torch {b / tb:.2f}x / {a / ta:.2f}x"
             verdicts.append({"case": name, "ratio_to_torch": a / ta, "target": 1.0, "met": a / ta <= 1.0})
+        if name == "socket per-call overhead":
+            ab, aa, pb, pa = (
+                _median(sides[side], field) * 1e6
+                for field in ("api_all_reduce", "p2p_overhead_s")
+                for side in ("before", "after")
+            )
+            ref = f"all_reduce {ab:.0f} / {aa:.0f} µs a call; send/recv overhead {pb:.1f} / {pa:.1f} µs a call"
+            verdicts.append({"case": name, "after_before": a / b, "target": 0.5, "met": a / b <= 0.5})
         if name.startswith("world 1024 ring, messages") and "world 1024 ring, collectives" in raw:
             coll = _median(raw["world 1024 ring, collectives"]["after"], "wall")
             peak = _median(sides["after"], "peak_mb")
