@@ -375,7 +375,7 @@ def plain_bytes(x: Any) -> memoryview | None:
         and x.layout is torch.strided
         and x.is_contiguous()
     ):
-        return memoryview(x.numpy()).cast("B")
+        return x.numpy().data.cast("B")
     return None
 
 
