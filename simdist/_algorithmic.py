@@ -97,31 +97,16 @@ class AlgorithmicGroup(ProcessGroup):
 
     network: dict[str, float] = {}
 
-    def __init__(self, rank: int, ranks: Sequence[int], group_id: int = 0):
-        super().__init__(rank, ranks, group_id)
-        self._chosen: dict[tuple, str] = {}  # the automatic choice by (op, bytes, equal counts): see _pick
-
     @abstractmethod
     def _run_collective(self, call: CollectiveCall, opts: Options) -> Work:
         """Start ``call`` on this rank and return its Work."""
 
     def _pick(self, op: str, opts: Options, nbytes: int, equal_counts: bool = True) -> str:
         name = opts.algorithm or self.default_algorithms.get(op)
-        if name is not None:
-            algorithms.get(op, name)
-            return name
-        if op == "all_reduce" and nbytes >= algorithms.ACROSS_MACHINES_BYTES:
-            return algorithms.choose(
-                op, nbytes, self.size, equal_counts=equal_counts, hosts=self._hosts(), **self.network
-            )
-        key = (op, nbytes, equal_counts)
-        name = self._chosen.get(key)
-        if name is None:  # (the choice for a size is asked again at every call: kept per group, a few hundred sizes)
-            if len(self._chosen) >= 512:
-                self._chosen.clear()
-            name = self._chosen[key] = algorithms.choose(
-                op, nbytes, self.size, equal_counts=equal_counts, **self.network
-            )
+        if name is None:
+            hosts = self._hosts() if op == "all_reduce" and nbytes >= algorithms.ACROSS_MACHINES_BYTES else None
+            return algorithms.choose(op, nbytes, self.size, equal_counts=equal_counts, hosts=hosts, **self.network)
+        algorithms.get(op, name)
         return name
 
     def _hosts(self) -> tuple | None:
