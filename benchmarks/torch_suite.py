@@ -451,6 +451,8 @@ def run_isolated(side: str, name: str, timeout: float, seed: int, logdir: str) -
             rec = json.load(f)
         if rec.get("error", "").startswith("Expected exit code"):  # a rank failed outside the test method
             rec.update(_logged_failure(log_path))
+        elif rec["outcome"] == "fail" and side != "sim":
+            rec.update(_failed_outside(log_path))
     else:
         rec = {"outcome": "fail", "error": f"harness error (exit code {os.WEXITSTATUS(status)}): {_log_tail(log_path)}"}
     rec["seconds"] = seconds
@@ -481,6 +483,23 @@ def _logged_failure(log_path: str) -> dict[str, str]:
     text = _read_log(log_path)
     m = re.search(r"^Traceback \(most recent call last\):\n((?:[ \t].*\n)+)(\S.*)", text, re.M)
     return {"error": m.group(2).strip(), **_where(_text_frames(m.group(1)))} if m else {}
+
+
+def _failed_outside(log_path: str) -> dict[str, str]:
+    """``{"outside": ...}``: the rank processes that failed outside the test method besides the one torch
+    reports (torch names only those that exited with its error code: the first of them caused the rest)."""
+    text = _read_log(log_path)
+    found = re.findall(
+        r"^Process process (\d+):\nTraceback \(most recent call last\):\n((?:[ \t].*\n)+)(\S.*)", text, re.M
+    )
+    if not found:
+        return {}
+    said = []
+    for rank, frames, error in found:
+        where = _where(_text_frames(frames))
+        line = where.get("test_line") or where.get("deepest") or ""
+        said.append(f"rank {rank}: {error.strip()}" + (f" ({line})" if line else ""))
+    return {"outside": "; ".join(said)}
 
 
 def _kill_group(pgid: int) -> None:

@@ -89,6 +89,7 @@ def _run_sample(side: str, sample: list[str], tmp_path: Path, timeout: float, li
     failed = {name: rec[side] for name, rec in tests.items() if rec[side]["outcome"] != "pass"}
     assert not failed, "\n".join(
         f"{name}: {r['outcome']} {r.get('error') or r.get('reason', '')} ({r.get('test_line', '')})"
+        + (f"; failed outside the test method: {r['outside']}" if "outside" in r else "")
         for name, r in failed.items()
     )
     assert len(tests) >= len(sample) - max(1, len(sample) // 6), (
@@ -106,3 +107,32 @@ def test_sample_of_torchs_distributed_tests_passes_on_socket_processes(tmp_path)
     _run_sample(
         "socket", SOCKET_SAMPLE, tmp_path, timeout=SOCKET_TIMEOUT_S, limit=len(SOCKET_SAMPLE) * SOCKET_TIMEOUT_S - 30
     )
+
+
+def test_a_rank_that_failed_outside_the_test_method_is_named_beside_the_one_torch_reports(tmp_path):
+    """torch's parent reports only the ranks that exited with its error code; a rank that failed first,
+    outside the test method (here torch's barrier file, while the other rank was still starting), is
+    read from the test's log."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("torch_suite_for_test", HARNESS)
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    log = tmp_path / "socket-test.log"
+    log.write_text(
+        "I1128 09:24:12.478000 30054 torch/testing/_internal/common_distributed.py:866] Started process 0\n"
+        "Process process 0:\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3.11/multiprocessing/process.py", line 314, in _bootstrap\n'
+        "    self.run()\n"
+        '  File "/site-packages/torch/testing/_internal/distributed/distributed_test.py", line 564, in sync\n'
+        '    raise RuntimeError("barrier timeout")\n'
+        "RuntimeError: barrier timeout\n"
+        "[rank1]:E1128 09:24:32.464000 30057 common_distributed.py:952] Caught exception: \n"
+    )
+    assert harness._failed_outside(str(log)) == {
+        "outside": "rank 0: RuntimeError: barrier timeout "
+        "(torch/testing/_internal/distributed/distributed_test.py:564 in sync)"
+    }
+    log.write_text("[rank1]:E1128 Caught exception: \n")
+    assert harness._failed_outside(str(log)) == {}

@@ -10,7 +10,7 @@ import sys
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
-from simdist._errors import DistError, DistTimeoutError
+from simdist._errors import DistError, DistTimeoutError, PeerLostError
 from simdist._group import GroupMember
 from simdist._world import ProcessWorld, set_process_world
 
@@ -160,12 +160,54 @@ class SocketWorld(ProcessWorld):
             timeout=self.timeout,
             monitor=FailureMonitor(self.store, self.recorder),
         )
+        self._await_ranks(rank, world_size)
         self.rank, self.size, self.backend = rank, world_size, backend or "socket"
         self._hook, sys.excepthook = sys.excepthook, self._excepthook
         atexit.register(self._at_exit)
         self.default_group = group = self._group(list(range(world_size)), 0)
         self.groups = [group]
         set_process_world(self)
+
+    def _await_ranks(self, rank: int, world_size: int) -> None:
+        """Return once every rank of the job has joined (its address is in the store), as torch's
+        ``init_process_group`` returns once every rank has reached it.
+
+        Raises:
+            PeerLostError: a rank failed first (named, with its error).
+            DistTimeoutError: some ranks (named) had not joined within the timeout.
+        """
+        keys = {r: f"peer/{r}" for r in range(world_size) if r != rank}
+        if not keys:
+            return
+        try:
+            self.store.wait(list(keys.values()), self.timeout)
+        except DistTimeoutError:
+            try:
+                present = self.store.multi_get(list(keys.values()), timeout=5.0)
+                missing: Any = [r for r, key in keys.items() if key not in present]
+            except DistError:
+                missing = "some"
+            error = DistTimeoutError(
+                f"init_process_group: rank {rank} waited {self.timeout:g} s for every rank of {world_size} to "
+                f"join; rank(s) {missing} did not (their processes did not reach init_process_group, or reach "
+                "another store)"
+            )
+            self._abandon(error)
+            raise error from None
+        except PeerLostError as exc:  # it names the failed rank and its error
+            self._abandon(exc)
+            raise
+        except DistError as exc:
+            error = DistError(f"init_process_group: rank {rank}, waiting for every rank of {world_size} to join: {exc}")
+            self._abandon(error)
+            raise error from exc
+
+    def _abandon(self, error: DistError) -> None:
+        """A failed ``init``: record ``error`` for the other ranks and close this rank's network."""
+        self.store.record_failure(f"{type(error).__name__}: {error}", caused_by(error))
+        self.recorder.close()
+        self.network.close(failed=True)
+        self.heartbeat.stop()
 
     def connect_store(self, init_method: str | None, rank: int, world_size: int) -> tuple[str, int, int, int, bytes]:
         """Rendezvous: rank 0 serves the store (unless the launcher does, see ``SERVED_ENV``), every
