@@ -8,7 +8,7 @@ from simdist import visualize as V
 from simdist.algorithms import ALGORITHMS
 
 OPS = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"]
-SIZES = {"128 B": 128, "512 B": 512, "4 KiB": 4096, "64 KiB": 64 << 10, "1 MiB": 1 << 20}
+SIZES = {"64 B": 64, "128 B": 128, "512 B": 512, "4 KiB": 4096, "64 KiB": 64 << 10, "1 MiB": 1 << 20}
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -32,18 +32,24 @@ trace, token = run(op, algorithm, world, SIZES[size], topology)
 last = len(V.steps(trace))  # rounds 1 .. last; last + 1 shows the result
 if st.session_state.get("config") != (op, algorithm, world, size, topology):
     st.session_state.config = (op, algorithm, world, size, topology)
-    st.session_state.step = max(1, last // 2)  # the first screen shows the run mid-flight
+    st.session_state.step = 1  # a new run opens at its first round
     st.session_state.playing = False
 
-c1, c2, c3, c4 = st.columns([1, 1, 1, 4])
-if c1.button("◀ previous", disabled=st.session_state.step <= 1):
-    st.session_state.step -= 1
-if c2.button("next ▶", disabled=st.session_state.step > last):
-    st.session_state.step += 1
-if c3.button("▶ play", disabled=st.session_state.playing):
+
+def move(by: int) -> None:  # a button's callback: runs before the page, so every button is drawn for the new round
+    st.session_state.step += by
+
+
+def play() -> None:
     st.session_state.step, st.session_state.playing = 1, True
+
+
+c1, c2, c3, c4 = st.columns([1, 1, 1, 4])
+c1.button("◀ previous", disabled=st.session_state.step <= 1, on_click=move, args=(-1,))
+c2.button("next ▶", disabled=st.session_state.step > last, on_click=move, args=(1,))
+c3.button("▶ play", disabled=st.session_state.playing, on_click=play)
 step = st.session_state.step
-c4.progress(min(step, last) / max(last, 1), text=f"step {step} of {last}" if step <= last else "result")
+c4.progress(min(step, last) / max(last, 1), text=f"round {step} of {last}" if step <= last else "result")
 
 table = V.buffer_table(trace, step if step <= last else None)
 scratch = any(r.source == "work" for r in V.buffer_table(trace, last).rows)
@@ -74,9 +80,13 @@ with right:
             if op == "reduce_scatter"
             else "Until the end, rows show the blocks in the order the rank holds them (scratch). "
         )
+    if V.shows_numbers(table):
+        text = "text: how many ranks' inputs it sums, or the rank it came from. "
+    else:
+        text = f"numbers appear in the cells where a row holds at most {V.NUMBERS_UP_TO} values (try 64 B). "
     st.caption(
-        note + "Colour: the chunk a value belongs to; text (small buffers): how many ranks' inputs it "
-        "sums, or the rank it came from. Hover a cell for its origin. Only the first 64 values are recorded."
+        note + "Colour: the chunk a value belongs to; " + text + "Hover a cell for its origin. "
+        "Only the first 64 values are recorded."
     )
 
 tl = V.timeline(trace, topology=topology)
@@ -85,8 +95,8 @@ m1.metric("virtual time", f"{tl.duration * 1e6:.2f} µs")
 m2.metric("messages", len(tl.arrows))
 m3.caption("replay token (copy it to rerun this interleaving)")
 m3.code(token, language=None, wrap_lines=True)
-st.subheader("Timeline (virtual time; arrows are messages)")
-st.plotly_chart(V.timeline_figure(tl), key="timeline")
+st.subheader("Timeline (virtual time; arrows are messages; the shaded band is the round shown)")
+st.plotly_chart(V.timeline_figure(tl, round=step if step <= last else None), key="timeline")
 if tl.contention:
     st.caption(f"{len(tl.contention)} pairs of messages shared a link at the same time (contention).")
 

@@ -41,7 +41,7 @@ if not uniform:
 st.plotly_chart(V.comparison_figure(cmp, slowest=slowest), key="comparison")
 notes = [
     (
-        "Markers and thick lines: simulated. Thin dashed lines: the α-β formula of the same colour "
+        "Markers and thick solid lines: simulated. Thin dashed lines: the α-β formula of the same colour "
         "(symbols defined below)."
     )
 ]

@@ -5,6 +5,8 @@ A real browser visits every page in tests/test_browser.py.
 
 from __future__ import annotations
 
+import json
+
 import os
 import re
 
@@ -44,15 +46,47 @@ def ok(at: AppTest) -> AppTest:
 # -- Collectives ----------------------------------------------------------------------------------------------
 
 
-def test_first_screen_shows_a_ring_all_reduce_mid_flight():
+def test_first_screen_shows_a_ring_all_reduce_at_its_first_round():
     at = page()
     assert at.sidebar.selectbox(key="op").value == "all_reduce"
     assert at.sidebar.selectbox(key="algorithm").value == "ring"
-    assert at.session_state.step == len(V.steps(V.collective_run("all_reduce", "ring", 8, 4096).trace)) // 2
+    assert at.session_state.step == 1
     assert int(metric(at, "messages")) == 2 * 7 * 8  # ring: 2(p-1) rounds, p messages each
-    assert "Round 7 of 14: 8 messages" in [s.value for s in at.subheader]
-    assert at.get("progress")[0].proto.text == "step 7 of 14"  # numbered from 1
+    assert "Round 1 of 14: 8 messages" in [s.value for s in at.subheader]
+    assert at.get("progress")[0].proto.text == "round 1 of 14"  # numbered from 1, as the subheader
     assert any("a message's round is one more than" in c.value for c in at.caption)
+    assert "round 1 marked" in timeline_chart(at)["layout"]["title"]["text"]
+
+
+def timeline_chart(at: AppTest) -> dict:
+    """The timeline's plotly figure as the page sent it."""
+    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    return next(c for c in charts if c["layout"]["title"]["text"].startswith("timeline on"))
+
+
+def test_the_timeline_marks_the_round_shown_and_the_caption_says_when_cells_carry_numbers():
+    at = page()
+    button(at, "next ▶").click()
+    ok(at)
+    fig = timeline_chart(at)
+    assert "round 2 marked" in fig["layout"]["title"]["text"]
+    band = fig["layout"]["shapes"][0]
+    trace = V.collective_run("all_reduce", "ring", 8, 512).trace
+    arrows = [a for a in V.timeline(trace).arrows if a.round == 2]
+    assert {(a.src, a.dst) for a in arrows} == set(V.step_graph(trace, 2).edges())  # counted another way
+    assert band["x0"] == pytest.approx(min(a.t_start for a in arrows) * 1e6)
+    assert band["x1"] == pytest.approx(max(a.t_end for a in arrows) * 1e6)
+    marked = next(t for t in fig["data"] if t.get("name") == "round 2")
+    assert sum(x is not None for x in marked["x"]) == 2 * len(arrows)
+    captions = " ".join(c.value for c in at.caption)
+    assert "try 64 B" in captions and "text: how many ranks" not in captions  # 512 B: 64 values a row, no text
+    at.sidebar.select_slider(key="size").set_value("64 B")
+    ok(at)
+    captions = " ".join(c.value for c in at.caption)
+    assert "text: how many ranks' inputs it sums" in captions
+    buffers = next(json.loads(c.proto.spec) for c in at.get("plotly_chart") if "after round" in
+                   json.loads(c.proto.spec)["layout"]["title"]["text"])  # fmt: skip
+    assert buffers["data"][0]["texttemplate"] == "%{text}"
 
 
 def test_previous_next_and_play_walk_through_every_step():

@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("plotly", reason="the app extra (plotly) is not installed")
 
 from simdist.visualize import (
+    CONSTANTS,
     SYMBOLS,
     coincident,
     collective_run,
@@ -34,6 +35,7 @@ from simdist.visualize import (
 
 from simdist._topology import two_level
 from simdist.algorithms import ALGORITHMS, FORMULAS, cost
+from simdist.algorithms._chunks import SEGMENT_BYTES
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -181,3 +183,32 @@ def test_on_the_ring_topology_the_algorithms_off_their_line_send_between_non_nei
             far = [e for e in res.trace if e.kind == "message" and (e.peer - e.rank) % world not in (1, world - 1)]
             if max(abs(lo - 1), abs(hi - 1)) > 0.01:
                 assert far, f"{op}/{algorithm} is off its line but only talks to neighbours"
+
+
+@pytest.mark.parametrize("op", PAGE_OPS)
+def test_every_letter_a_meaning_names_has_a_row_of_its_own(op):
+    """A symbol's meaning may name a constant (S: ``⌈n / (p·s)⌉``): the table gives it a row with its value,
+    and no value hides one in parentheses."""
+    cmp = compare_algorithms(op, 8, [16, 1 << 20, 4 << 20], "switch")
+    rows = {r["symbol"]: r for r in symbol_table(cmp)}
+    for symbol, row in rows.items():
+        formulas = " ".join(re.findall(r"⌈([^⌉]*)⌉", row["meaning"]))  # the meaning's formulas: ⌈n / (p·s)⌉
+        named = set(re.findall(r"(?<![A-Za-z])([a-z])(?![A-Za-z])", formulas))
+        assert named <= set(rows) | {"p", "n"}, (symbol, row["meaning"], sorted(rows))
+        assert " = " not in row["value here"], row
+    for constant, (user, _) in CONSTANTS.items():
+        assert (constant in rows) == (user in rows)
+    if "S" in rows:
+        assert rows["s"]["value here"] == size_label(SEGMENT_BYTES)
+
+
+def test_simulated_curves_are_solid_and_only_the_model_lines_dashed():
+    """The legend's "model (thin dashed)" is the only dashed kind of line: simulated curves differ by colour and
+    marker, drawn solid and thicker."""
+    fig = comparison_figure(compare_algorithms("all_reduce", 8, [16, 1 << 20], "switch"))
+    simulated = [t for t in fig.data if t.mode == "lines+markers"]
+    model = [t for t in fig.data if t.mode == "lines"]
+    assert simulated and {t.line.dash for t in simulated} == {"solid"}
+    assert {t.line.dash for t in model} == {"dash"} and "model (thin dashed)" in [t.name for t in model]
+    assert min(t.line.width for t in simulated) > max(t.line.width for t in model)
+    assert len({t.marker.symbol for t in simulated}) == len(simulated)

@@ -23,6 +23,7 @@ from ._buffers import buffer_table as buffer_table
 from ._colors import PALETTE as PALETTE
 from ._colors import chunk_colors as chunk_colors
 from ._colors import rank_colors as rank_colors
+from ._compare import CONSTANTS as CONSTANTS
 from ._compare import SYMBOLS as SYMBOLS
 from ._compare import Comparison as Comparison
 from ._compare import Crossover as Crossover
@@ -47,6 +48,8 @@ from ._figures import comparison_figure as comparison_figure
 from ._figures import ddp_figure as ddp_figure
 from ._figures import ddp_lanes as ddp_lanes
 from ._figures import graph_figure as graph_figure
+from ._figures import NUMBERS_UP_TO as NUMBERS_UP_TO
+from ._figures import shows_numbers as shows_numbers
 from ._figures import timeline_figure as timeline_figure
 from ._figures import wait_for_figure as wait_for_figure
 from ._graph import collectives as collectives
@@ -87,7 +90,9 @@ from ._traces import trace_figure as trace_figure
 __all__ = [
     "Arrow",
     "Blocked",
+    "CONSTANTS",
     "CodeResult",
+    "NUMBERS_UP_TO",
     "SCENARIOS",
     "SYMBOLS",
     "BufferTable",
@@ -145,6 +150,7 @@ __all__ = [
     "symbol_table",
     "timeline",
     "topology_choices",
+    "shows_numbers",
     "timeline_figure",
     "trace_clock",
     "trace_figure",

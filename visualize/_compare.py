@@ -50,6 +50,12 @@ SYMBOLS: dict[str, str] = {
 }
 """Every symbol of the cost formulas (``simdist.algorithms.FORMULAS``) -> what it stands for."""
 
+CONSTANTS = {
+    "s": ("S", "bytes per segment of the pipelined rings (a constant of simdist's algorithms)"),
+    "c": ("C", "bytes per segment of the pipelined chain (a constant of simdist's algorithms)"),
+}
+"""The constants that symbols' meanings name -> (the symbol that uses it, what it stands for)."""
+
 _TOKEN = re.compile("|".join(re.escape(k) for k in sorted(SYMBOLS, key=len, reverse=True)) + r"|[A-Za-zα-ω]+")
 
 
@@ -288,7 +294,8 @@ def segments(cmp: Comparison) -> list[int]:
 
 
 def symbol_table(cmp: Comparison, slowest: bool = False) -> list[dict[str, str]]:
-    """One row per symbol that ``cmp``'s formulas use (α, β, p and n always): symbol, meaning, value here.
+    """One row per symbol that ``cmp``'s formulas use (α, β, p and n always), then one per constant those
+    symbols' meanings name (:data:`CONSTANTS`): symbol, meaning, value here.
 
     Values are those the model lines use at ``cmp``'s world and sizes: α, β of ranks 0
     and 1, or of the slowest pair with ``slowest``; γ is 0 because the simulator charges
@@ -322,15 +329,19 @@ def symbol_table(cmp: Comparison, slowest: bool = False) -> list[dict[str, str]]
         "⌊lg p⌋": str(down),
         "p'": str(1 << down),
         "e": str(0 if 1 << down == p else 1),
-        "S": f"{_spread(segments(cmp))} at these sizes "
-             f"(s = {size_label(SEGMENT_BYTES)})",
-        "C": f"{_spread([max(1, -(-n // CHAIN_SEGMENT_BYTES)) for n in cmp.sizes])} at these sizes "
-             f"(c = {size_label(CHAIN_SEGMENT_BYTES)})",
+        "S": f"{_spread(segments(cmp))} at these sizes",
+        "C": f"{_spread([max(1, -(-n // CHAIN_SEGMENT_BYTES)) for n in cmp.sizes])} at these sizes",
         "k": str(cmp.per_machine or 1) + ("" if cmp.per_machine else " (no machines of equal size here)"),
         "H": str(p // (cmp.per_machine or 1)),
         "P": f"{_spread([pieces(n) for n in cmp.sizes])} at these sizes" if cmp.per_machine else "1 (no machines)",
     }  # fmt: skip
-    return [{"symbol": k, "meaning": SYMBOLS[k], "value here": values[k]} for k in SYMBOLS if k in used]
+    constants = {"s": size_label(SEGMENT_BYTES), "c": size_label(CHAIN_SEGMENT_BYTES)}
+    rows = [{"symbol": k, "meaning": SYMBOLS[k], "value here": values[k]} for k in SYMBOLS if k in used]
+    return rows + [
+        {"symbol": k, "meaning": meaning, "value here": constants[k]}
+        for k, (user, meaning) in CONSTANTS.items()
+        if user in used
+    ]
 
 
 def coincident(cmp: Comparison, rel: float = 1e-9) -> list[tuple[str, ...]]:

@@ -166,6 +166,28 @@ def _cell_text(cell: Any, encoding: str, world: int) -> str:
     return f"{cell.value:g}"
 
 
+NUMBERS_UP_TO = 24
+"""A buffer figure writes each cell's number where a row holds at most this many values (else hover only)."""
+
+
+def shows_numbers(table: BufferTable) -> bool:
+    """Whether :func:`buffer_figure` writes a number in each cell of ``table`` (rows of at most
+    :data:`NUMBERS_UP_TO` values).
+
+    Args:
+        table: a :func:`buffer_table`.
+
+    Returns:
+        ``True`` where every row holds at most :data:`NUMBERS_UP_TO` values.
+
+    Example:
+        >>> from simdist.visualize import buffer_table, collective_run, shows_numbers
+        >>> shows_numbers(buffer_table(collective_run("all_reduce", "ring", 4, 64).trace, 1))
+        True
+    """
+    return max((len(r.cells) for r in table.rows), default=0) <= NUMBERS_UP_TO
+
+
 def buffer_figure(table: BufferTable) -> Any:
     """A plotly Figure of :func:`buffer_table`: one row per rank, one cell per leading value.
 
@@ -217,7 +239,7 @@ def buffer_figure(table: BufferTable) -> Any:
     fig = go.Figure(
         go.Heatmap(
             z=zz, x=list(range(width)), y=labels, colorscale=scale, zmin=0, zmax=k, showscale=False,
-            text=text, texttemplate="%{text}" if width <= 24 else "", textfont=dict(size=12), hovertext=hover,
+            text=text, texttemplate="%{text}" if shows_numbers(table) else "", textfont=dict(size=12), hovertext=hover,
             hoverinfo="text",
             xgap=1, ygap=1,
         )
@@ -236,14 +258,17 @@ def buffer_figure(table: BufferTable) -> Any:
     return fig
 
 
-def timeline_figure(tl: Timeline) -> Any:
+def timeline_figure(tl: Timeline, round: int | None = None) -> Any:
     """A plotly Figure of :func:`timeline`: a lane per rank (µs), each message an arrow from sender to receiver.
 
     Span bars are coloured by rank; messages in their sender's colour; messages that
-    shared a link in flight (contention) are drawn thick and red.
+    shared a link in flight (contention) are drawn thick and red. With ``round``, that
+    communication round is marked: a shaded band over its messages' time and the messages
+    themselves drawn over in black (the legend's ``round k``).
 
     Args:
         tl: a :func:`timeline`.
+        round: the round to mark (as :func:`step_graph` numbers them), or ``None``.
 
     Returns:
         A ``plotly.graph_objects.Figure``: a bar trace per rank, then a scatter trace of
@@ -266,7 +291,7 @@ def timeline_figure(tl: Timeline) -> Any:
                 base=[s.t_start * US for s in spans], x=[(s.t_end - s.t_start) * US for s in spans],
                 y=[r] * len(spans), orientation="h", width=0.5, marker=dict(color=colors[r], opacity=0.35),
                 hovertext=[f"rank {r}: {s.label}<br>{s.t_start * US:.3f}–{s.t_end * US:.3f} µs" for s in spans],
-                hoverinfo="text", name=f"rank {r}",
+                hoverinfo="text", name=f"rank {r}", showlegend=False,
             )
         )  # fmt: skip
     contended = {c.first for c in tl.contention} | {c.second for c in tl.contention}
@@ -288,20 +313,36 @@ def timeline_figure(tl: Timeline) -> Any:
                 name="contention" if hot else f"from rank {src}", showlegend=hot,
             )
         )  # fmt: skip
+    marked = [a for a in tl.arrows if round is not None and a.round == round]
+    if marked:
+        start, end = min(a.t_start for a in marked) * US, max(a.t_end for a in marked) * US
+        fig.add_vrect(x0=start, x1=end, fillcolor="#FFE08A", opacity=0.45, layer="below", line_width=0)
+        xs, ys = [], []
+        for a in marked:
+            xs += [a.t_start * US, a.t_end * US, None]
+            ys += [a.src, a.dst, None]
+        fig.add_trace(
+            go.Scatter(
+                x=xs, y=ys, mode="lines+markers", hoverinfo="skip", name=f"round {round}",
+                line=dict(color=INK, width=3),
+                marker=dict(symbol="arrow", angleref="previous", size=[0, 11, 0] * len(marked)),
+            )
+        )  # fmt: skip
     fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=list(range(tl.world)),
                      ticktext=[f"rank {r}" for r in range(tl.world)])  # fmt: skip
     fig.update_xaxes(title="virtual time (µs)")
     title = f"timeline on {tl.topology}: {len(tl.arrows)} messages"
     if tl.contention:
         title += f", {len(tl.contention)} link conflicts"
+    if marked:
+        title += f"; round {round} marked"
     _projected(fig)
     fig.update_layout(title=title, barmode="overlay", plot_bgcolor="white", height=max(250, 26 * tl.world + 100),
-                      margin=dict(l=10, r=10, t=40, b=10), showlegend=bool(tl.contention))  # fmt: skip
+                      margin=dict(l=10, r=10, t=40, b=10), showlegend=bool(tl.contention or marked))  # fmt: skip
     return fig
 
 
 MARKERS = ("circle", "square", "diamond", "triangle-up", "x", "star", "triangle-down", "cross")
-DASHES = ("solid", "dot", "dashdot", "longdash", "longdashdot")
 COINCIDENT_SHIFT = 2**0.18  # the x offset (a factor) between curves that coincide
 
 
@@ -331,9 +372,9 @@ def _size_ticks(sizes: tuple[int, ...]) -> tuple[list[int], list[str]]:
 def comparison_figure(cmp: Comparison, slowest: bool = False) -> Any:
     """A plotly Figure of :func:`compare_algorithms`: time against size, both axes logarithmic.
 
-    Each algorithm has its own colour, marker and line dash: the simulated curve (markers,
-    thick line; in the legend) and the alpha-beta formula's prediction (thin dashed line in
-    the same colour, no markers; one legend entry stands for all of them), with
+    Each algorithm has its own colour and marker: the simulated curve (markers, thick solid
+    line; in the legend) and the alpha-beta formula's prediction (thin dashed line in the
+    same colour, no markers; one legend entry stands for all of them), with
     ranks 0 and 1's α, β, or the slowest pair's with ``slowest``. Curves that
     :func:`coincident` finds identical are shifted sideways by a factor of
     ``COINCIDENT_SHIFT`` each, so every one shows (the hover gives the true size). Sizes are
@@ -365,7 +406,7 @@ def comparison_figure(cmp: Comparison, slowest: bool = False) -> Any:
         fig.add_trace(
             go.Scatter(
                 x=xs, y=[t * US for t in c.simulated], mode="lines+markers", name=c.algorithm,
-                legendgroup=c.algorithm, line={"color": color, "width": 2.5, "dash": DASHES[i % len(DASHES)]},
+                legendgroup=c.algorithm, line={"color": color, "width": 2.5, "dash": "solid"},
                 marker={"symbol": MARKERS[i % len(MARKERS)], "size": 10, "color": color},
                 customdata=labels, hovertemplate=f"{c.algorithm}, simulated<br>%{{customdata}}: %{{y:.4g}} µs"
                                                  "<extra></extra>",
@@ -379,7 +420,7 @@ def comparison_figure(cmp: Comparison, slowest: bool = False) -> Any:
                                                  "%{y:.4g} µs<extra></extra>",
             )
         )  # fmt: skip
-    fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="model (dashed)",
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="model (thin dashed)",
                              line={"color": "#555555", "width": 1.5, "dash": "dash"}))  # fmt: skip
     for x in cmp.crossovers:
         at = (x.below * x.above) ** 0.5 if x.below > 0 else x.above
