@@ -50,6 +50,20 @@ def test_the_quick_start_prints_what_its_comments_say(tmp_path):
     assert (tmp_path / "all_reduce.json").stat().st_size > 1000
 
 
+def test_the_exercises_example_runs_and_grades_the_starter(tmp_path):
+    """The starter of the ring exercise sums nothing: its verdict is a wrong result, shown as the README says."""
+    script = tmp_path / "exercises.py"
+    script.write_text(_section_code(README.read_text(), "## Exercises: simdist.exercises"))
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=110, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("Write `my_all_reduce(tensor)`")
+    assert "wrong result world 2: wrong result: rank 0 holds [0.0, 1.0, 2.0, 3.0]" in proc.stdout
+    assert lines[-1] == "choices:0@world=2 ()"
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_link_leads_somewhere(doc):
     text = doc.read_text()
