@@ -18,6 +18,7 @@ pages = [
     st.Page("app_pages/compare.py", title="Compare algorithms", icon=":material/stacked_line_chart:"),
     st.Page("app_pages/deadlocks.py", title="Deadlock lab", icon=":material/block:"),
     st.Page("app_pages/ddp.py", title="DDP", icon=":material/model_training:"),
+    st.Page("app_pages/exercises.py", title="Exercises", icon=":material/school:"),
     st.Page("app_pages/traces.py", title="Traces", icon=":material/timeline:"),
     st.Page("app_pages/your_code.py", title="Your code", icon=":material/code:"),
 ]

@@ -266,3 +266,49 @@ def test_your_code_runs_pasted_code_in_a_separate_process(monkeypatch):
     at.button(key="run_code").click()
     ok(at)
     assert "ValueError" in at.code[0].value
+
+
+# -- Exercises ----------------------------------------------------------------------------------------------------
+
+
+def test_exercises_show_the_task_hints_and_numbered_code_but_no_submit_without_the_opt_in(monkeypatch):
+    monkeypatch.delenv("SIMDIST_ALLOW_CODE", raising=False)
+    at = page("exercises")
+    names = at.selectbox(key="exercise").options
+    assert len(names) == 6 and names[0] == "Ring all-reduce from send and recv"
+    assert any("my_all_reduce(tensor)" in m.value for m in at.markdown)
+    assert "def my_all_reduce(tensor):" in at.text_area(key="code_01_ring_all_reduce").value
+    numbered = [c for c in at.code if c.proto.show_line_numbers]
+    assert numbered and numbered[0].value.startswith("import torch")
+    assert "SIMDIST_ALLOW_CODE=1" in at.warning[0].value
+    assert not [b for b in at.button if b.key == "submit"]
+    from simdist.exercises import load_all
+
+    solution = {e.name: e.solution.strip() for e in load_all()}["01_ring_all_reduce"]
+    shown = [m.value for m in at.markdown] + [c.value for c in at.code] + [t.value for t in at.text_area]
+    assert all(solution not in text for text in shown)  # the model solution is never shown
+    at.button(key="hint").click()
+    ok(at)
+    assert at.info[0].value.startswith("Hint 1: In world - 1 steps")
+
+
+def test_a_submission_is_graded_in_a_separate_process_and_a_rare_mistake_is_explained(monkeypatch):
+    monkeypatch.setenv("SIMDIST_ALLOW_CODE", "1")
+    at = page("exercises")
+    at.selectbox(key="exercise").select("A parameter server: receive from any source")
+    ok(at)
+    from simdist.exercises import load_all
+
+    server = {e.name: e for e in load_all()}["05_parameter_server"]
+    at.text_area(key="code_05_parameter_server").input(server.solution)
+    at.button(key="submit").click()
+    ok(at)
+    assert at.success[0].value.startswith("Passed: passed")
+    assert any("network" in c.value.lower() for c in at.caption)
+    wrong = server.solution.replace("        grads[sender - 1] = grad\n", "        grads[_] = grad\n")
+    at.text_area(key="code_05_parameter_server").input(wrong)
+    at.button(key="submit").click()
+    ok(at)
+    assert at.error[0].value.startswith("Wrong result (world size 3): rank 0 returned")
+    assert any("solution.py:9" in m.value for m in at.markdown)  # the decision, at the student's line
+    assert any(c.value.startswith("choices:") for c in at.code)  # the replay token

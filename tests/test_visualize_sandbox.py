@@ -183,3 +183,39 @@ def test_no_network_where_isolation_is_reported(record_property):
         assert got != "connected"
     else:
         assert got == "connected"
+
+
+def test_grading_runs_in_the_same_contained_child():
+    """A submission to an exercise is graded in the contained child: the model solution passes there, code that
+    opens a socket finds no network, one that reads the parent's environment finds nothing, one that runs
+    forever is stopped, and no process of it is left."""
+    from simdist.exercises import load_all
+    from simdist.visualize import grade_code
+
+    server = {e.name: e for e in load_all()}["05_parameter_server"]
+    text = server.path.read_text(encoding="utf-8")
+    passed = grade_code(text, server.name, server.solution)
+    assert passed.ok and passed.verdict["kind"] == "passed" and passed.verdict["complete"], passed
+    net = grade_code(text, server.name, "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\n")
+    if net.network_isolated:
+        assert net.verdict["kind"] == "exception" and "OSError" in net.verdict["summary"], net
+    os.environ["SIMDIST_GRADING_SECRET"] = "s3cret"
+    try:
+        leak = grade_code(text, server.name, "import os\nassert 'SIMDIST_GRADING_SECRET' not in os.environ\n")
+    finally:
+        del os.environ["SIMDIST_GRADING_SECRET"]
+    assert leak.ok and leak.verdict["kind"] == "missing function", leak  # the assertion held: nothing inherited
+    before = set(os.listdir("/proc"))
+    forever = grade_code(text, server.name, "def collect(world_size):\n    while True:\n        pass\n", timeout=8)
+    assert not forever.ok and "did not finish within 8 s" in forever.error
+    time.sleep(0.5)
+    left = [p for p in set(os.listdir("/proc")) - before if p.isdigit() and _is_python_child(p)]
+    assert not left, left
+
+
+def _is_python_child(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"@@SIMDIST" in f.read()
+    except OSError:
+        return False

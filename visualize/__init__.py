@@ -63,7 +63,9 @@ from ._rounds import message_rounds as message_rounds
 from ._rounds import round_of as round_of
 from ._runs import collective_run as collective_run
 from ._sandbox import CodeResult as CodeResult
+from ._sandbox import GradeResult as GradeResult
 from ._sandbox import code_allowed as code_allowed
+from ._sandbox import grade_code as grade_code
 from ._sandbox import run_code as run_code
 from ._scenarios import PROGRAM as PROGRAM
 from ._scenarios import SCENARIOS as SCENARIOS
@@ -92,6 +94,7 @@ __all__ = [
     "Blocked",
     "CONSTANTS",
     "CodeResult",
+    "GradeResult",
     "NUMBERS_UP_TO",
     "SCENARIOS",
     "SYMBOLS",
@@ -139,6 +142,7 @@ __all__ = [
     "positions",
     "rank_colors",
     "round_of",
+    "grade_code",
     "run_code",
     "run_scenario",
     "scenario_source",

@@ -37,7 +37,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-__all__ = ["ALLOW_ENV", "CodeResult", "code_allowed", "run_code"]
+__all__ = ["ALLOW_ENV", "CodeResult", "GradeResult", "code_allowed", "grade_code", "run_code"]
 
 ALLOW_ENV = "SIMDIST_ALLOW_CODE"
 _NET = "@@SIMDIST-NET@@"
@@ -46,8 +46,9 @@ _CLEANUP_S = 10.0  # how long the supervisor may take to kill what the code star
 
 _WORKER = r"""
 import ctypes, json, os, resource, sys
-source = sys.stdin.read()
+payload = json.loads(sys.stdin.read())
 sys.stdin.close()
+source, exercise = payload["source"], payload.get("exercise")
 memory_mb, world, cpu_s, fsize_mb, nofile = (int(a) for a in sys.argv[1:6])
 libc = ctypes.CDLL(None, use_errno=True)
 NEWUSER, NEWNET = 0x10000000, 0x40000000
@@ -144,6 +145,12 @@ resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
 for what, value in ((resource.RLIMIT_FSIZE, fsize_mb << 20), (resource.RLIMIT_NOFILE, nofile),
                     (resource.RLIMIT_NPROC, nproc)):
     resource.setrlimit(what, (value, value))
+if exercise is not None:  # grade the code as a submission to the exercise (simdist.exercises)
+    import dataclasses
+    from simdist.exercises import grade, parse
+    verdict = grade(parse(exercise["text"], exercise["name"]), source)
+    print("\n@@SIMDIST@@" + json.dumps({"ok": True, "verdict": dataclasses.asdict(verdict)}), flush=True)
+    raise SystemExit(0)
 namespace = {"__name__": "pasted"}
 exec(compile(source, "<pasted code>", "exec"), namespace)
 main = namespace.get("main")
@@ -266,6 +273,17 @@ def run_code(
         _positive(name, value)
     cpu = max(10, int(2 * timeout)) if cpu_seconds is None else cpu_seconds
     _positive("cpu_seconds", cpu)
+    code, stdout, stderr = _contained(
+        {"source": source}, world, timeout=timeout, memory_mb=memory_mb, cpu=cpu, file_mb=file_mb, open_files=open_files
+    )
+    return _result(code, stdout, stderr, timeout, cpu)
+
+
+def _contained(
+    payload: dict, world: int, *, timeout: float, memory_mb: int, cpu: int, file_mb: int, open_files: int
+) -> tuple[int | None, str, str]:
+    """Run the worker on ``payload`` in the contained child: its exit code (``None``: stopped at ``timeout``),
+    stdout and stderr."""
     outdir = tempfile.mkdtemp(prefix="simdist-out-")
     home = tempfile.mkdtemp(prefix="simdist-code-")
     if os.geteuid() == 0:
@@ -294,7 +312,7 @@ def run_code(
                 close_fds=True,
             )
             try:
-                proc.stdin.write(source)
+                proc.stdin.write(json.dumps(payload))
                 proc.stdin.close()
             except BrokenPipeError:
                 pass
@@ -316,26 +334,84 @@ def run_code(
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
         shutil.rmtree(home, ignore_errors=True)
-    return _result(code, stdout, stderr, timeout, cpu)
+    return code, stdout, stderr
 
 
-def _result(code: int | None, stdout: str, stderr: str, timeout: float, cpu: int) -> CodeResult:
+def _parsed(code: int | None, stdout: str, stderr: str, timeout: float, cpu: int) -> tuple[dict | str, bool]:
+    """``(what the worker sent back, or the text of what went wrong; whether it ran without network)``."""
     isolated = stdout.startswith(_NET + "1")
     if code is None:
-        return CodeResult(
-            False, error=f"the code did not finish within {timeout:g} s (it was stopped)", network_isolated=isolated
-        )
+        return f"the code did not finish within {timeout:g} s (it was stopped)", isolated
     if code == -signal.SIGXCPU:
-        return CodeResult(
-            False, error=f"the code used more than {cpu} s of CPU time (it was stopped)", network_isolated=isolated
-        )
+        return f"the code used more than {cpu} s of CPU time (it was stopped)", isolated
     _, sep, tail = stdout.rpartition(_MARK)
     if not sep:
         lines = (stderr or stdout).strip().splitlines()
-        return CodeResult(
-            False, error="\n".join(lines[-15:]) or f"the child process exited with {code}", network_isolated=isolated
-        )
+        return "\n".join(lines[-15:]) or f"the child process exited with {code}", isolated
     out = json.loads(tail)
-    if not out["ok"]:
-        return CodeResult(False, error=out["error"], network_isolated=isolated)
+    return (out if out["ok"] else out["error"]), isolated
+
+
+def _result(code: int | None, stdout: str, stderr: str, timeout: float, cpu: int) -> CodeResult:
+    out, isolated = _parsed(code, stdout, stderr, timeout, cpu)
+    if isinstance(out, str):
+        return CodeResult(False, error=out, network_isolated=isolated)
     return CodeResult(True, trace_json=out["trace"], values=tuple(out["values"]), network_isolated=isolated)
+
+
+@dataclass(frozen=True)
+class GradeResult:
+    """What grading a submission in the contained child gave: the verdict (``simdist.exercises.Verdict``'s
+    fields as a dict), or the text of what stopped it; ``network_isolated`` as for :class:`CodeResult`."""
+
+    ok: bool
+    verdict: dict | None = None
+    error: str | None = None
+    network_isolated: bool = False
+
+
+def grade_code(
+    exercise_text: str, name: str, source: str, *, timeout: float = 120.0, memory_mb: int = 2048
+) -> GradeResult:
+    """Grade ``source`` as a submission to the exercise whose TOML text is ``exercise_text``, in a contained child.
+
+    The child is the one :func:`run_code` starts (no environment, a private empty directory, limits,
+    no network where permitted, every process it started killed at the end); it runs
+    ``simdist.exercises.grade`` and sends the verdict back.
+
+    Args:
+        exercise_text: the exercise's TOML file, as text.
+        name: the exercise's name (its file's stem).
+        source: the student's code.
+        timeout: wall-clock seconds for the whole grading.
+        memory_mb: the child's address space in MiB.
+
+    Returns:
+        A :class:`GradeResult`.
+
+    Raises:
+        TypeError: ``exercise_text``, ``name`` or ``source`` is not a str.
+        ValueError: a limit is not positive.
+
+    Example:
+        >>> from simdist.exercises import load_all
+        >>> from simdist.visualize import grade_code
+        >>> server = {e.name: e for e in load_all()}["05_parameter_server"]
+        >>> res = grade_code(server.path.read_text(), server.name, server.solution)
+        >>> res.ok, res.verdict["kind"]
+        (True, 'passed')
+    """
+    for what, value in (("exercise_text", exercise_text), ("name", name), ("source", source)):
+        if not isinstance(value, str):
+            raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+    _positive("timeout", timeout)
+    _positive("memory_mb", memory_mb)
+    cpu = max(10, int(2 * timeout))
+    payload = {"source": source, "exercise": {"text": exercise_text, "name": name}}
+    code, stdout, stderr = _contained(
+        payload, 16, timeout=timeout, memory_mb=memory_mb, cpu=cpu, file_mb=64, open_files=256
+    )
+    out, isolated = _parsed(code, stdout, stderr, timeout, cpu)
+    if isinstance(out, str):
+        return GradeResult(False, error=out, network_isolated=isolated)
+    return GradeResult(True, verdict=out["verdict"], network_isolated=isolated)

@@ -6,7 +6,7 @@ teacher adds more by putting files in a folder named by ``$SIMDIST_EXERCISES``.
 schedules and explains the first failure.
 """
 
-from ._format import EXERCISES_ENV, Exercise, ExerciseError, exercise_folders, load, load_all
+from ._format import EXERCISES_ENV, Exercise, ExerciseError, exercise_folders, load, load_all, parse
 from ._grade import SOURCE_NAME, Verdict, grade
 
 __all__ = [
@@ -19,4 +19,5 @@ __all__ = [
     "grade",
     "load",
     "load_all",
+    "parse",
 ]

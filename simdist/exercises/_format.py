@@ -32,7 +32,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["EXERCISES_ENV", "Exercise", "ExerciseError", "exercise_folders", "load", "load_all"]
+__all__ = ["EXERCISES_ENV", "Exercise", "ExerciseError", "exercise_folders", "load", "load_all", "parse"]
 
 EXERCISES_ENV = "SIMDIST_EXERCISES"
 """A folder of a teacher's exercises (``*.toml``), read beside the shipped ones; ``os.pathsep`` separates several."""
@@ -81,32 +81,54 @@ def load(path: str | os.PathLike) -> Exercise:
     """
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ExerciseError(f"exercise {path}: cannot be read as TOML: {exc}") from None
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ExerciseError(f"exercise {path}: cannot be read: {exc}") from None
+    return parse(text, path.stem, path)
+
+
+def parse(text: str, name: str, path: Path | None = None) -> Exercise:
+    """The exercise in ``text`` (a TOML file's content), named ``name``.
+
+    Args:
+        text: TOML in the format of this module's docstring.
+        name: the exercise's name (its file's stem).
+        path: the file it came from, for messages.
+
+    Returns:
+        An :class:`Exercise`.
+
+    Raises:
+        ExerciseError: the text is not TOML, or a field is missing or of the wrong kind (named).
+    """
+    where = path if path is not None else name
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ExerciseError(f"exercise {where}: cannot be read as TOML: {exc}") from None
     for key in _TEXT:
         if not isinstance(data.get(key), str) or not data[key].strip():
-            raise ExerciseError(f"exercise {path}: {key!r} must be a non-empty string, got {data.get(key)!r:.60}")
+            raise ExerciseError(f"exercise {where}: {key!r} must be a non-empty string, got {data.get(key)!r:.60}")
     worlds = data.get("worlds")
     if not isinstance(worlds, list) or not worlds or not all(type(w) is int and 1 <= w <= 16 for w in worlds):
-        raise ExerciseError(f"exercise {path}: 'worlds' must be a list of world sizes from 1 to 16, got {worlds!r}")
+        raise ExerciseError(f"exercise {where}: 'worlds' must be a list of world sizes from 1 to 16, got {worlds!r}")
     numbers = {}
     for key, default in (("budget", 300), ("random_runs", 40), ("preemptions", 2)):
         value = data.get(key, default)
         if type(value) is not int or not 0 <= value <= 100_000:
-            raise ExerciseError(f"exercise {path}: {key!r} must be an int from 0 to 100000, got {value!r}")
+            raise ExerciseError(f"exercise {where}: {key!r} must be an int from 0 to 100000, got {value!r}")
         numbers[key] = value
     hints = data.get("hints", [])
     if not isinstance(hints, list) or not all(isinstance(h, str) for h in hints):
-        raise ExerciseError(f"exercise {path}: 'hints' must be a list of strings, got {hints!r:.60}")
+        raise ExerciseError(f"exercise {where}: 'hints' must be a list of strings, got {hints!r:.60}")
     eager = data.get("eager_limit")
     if eager is not None and (type(eager) is not int or eager < 0):
-        raise ExerciseError(f"exercise {path}: 'eager_limit' must be a non-negative int, got {eager!r}")
+        raise ExerciseError(f"exercise {where}: 'eager_limit' must be a non-negative int, got {eager!r}")
     unknown = set(data) - set(_TEXT) - {"worlds", "budget", "random_runs", "preemptions", "hints", "eager_limit"}
     if unknown:
-        raise ExerciseError(f"exercise {path}: unknown field(s) {sorted(unknown)}")
+        raise ExerciseError(f"exercise {where}: unknown field(s) {sorted(unknown)}")
     return Exercise(
-        name=path.stem,
+        name=name,
         title=data["title"],
         task=data["task"],
         function=data["function"],

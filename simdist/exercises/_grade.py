@@ -46,6 +46,7 @@ class Verdict:
     passed: bool
     kind: str
     summary: str  # one line for the student
+    explanation: str = ""  # a failure's own words: the check's explanation, or the error's first line
     world: int | None = None  # the world size of the failing run
     report: str = ""  # the error's full report
     token: str | None = None  # the minimal failing schedule's replay token
@@ -139,9 +140,9 @@ def grade(exercise: Exercise, source: str) -> Verdict:
             except DistError as exc:
                 token = exc.schedule
                 decisions = tuple(sdt.explain(main, world, token, args=(world,), **options)) if token else ()
-                kind = _kind(exc)
+                kind, why = _kind(exc), _first_line(exc)
                 return Verdict(
-                    False, kind, f"world {world}: {kind}: {_first_line(exc)}", world=world, report=str(exc),
+                    False, kind, f"world {world}: {kind}: {why}", explanation=why, world=world, report=str(exc),
                     token=token, decisions=decisions, complete=False, runs=runs, checks=(),
                 )  # fmt: skip
             runs += summary.runs
@@ -151,7 +152,8 @@ def grade(exercise: Exercise, source: str) -> Verdict:
         try:
             sdt.run(main, world, args=(world,), **{**options, "leaks": "error"})
         except DistError as exc:
-            return Verdict(False, "leak", f"world {world}: leak: {_first_line(exc)}", world=world, report=str(exc),
+            why = _first_line(exc)
+            return Verdict(False, "leak", f"world {world}: leak: {why}", explanation=why, world=world, report=str(exc),
                            token=exc.schedule, runs=runs, checks=checks[:3] + checks[4:])  # fmt: skip
     searched = f"every schedule with up to {exercise.preemptions} preemptions" if complete else "a bounded search"
     return Verdict(

@@ -1,0 +1,77 @@
+"""Exercises: read a task, write the code, submit it; simdist grades it under every schedule within a bound."""
+
+import streamlit as st
+
+from simdist import exercises
+from simdist import visualize as V
+
+
+@st.cache_data(show_spinner=False)
+def catalogue() -> dict:
+    """name -> (title, task, starter, hints, worlds, the file's text): what a student may see, and what grading reads."""
+    return {
+        e.name: (e.title, e.task, e.starter, e.hints, e.worlds, e.path.read_text(encoding="utf-8"))
+        for e in exercises.load_all()
+    }
+
+
+st.title("Exercises")
+shown = catalogue()
+name = st.selectbox("exercise", list(shown), format_func=lambda n: shown[n][0], key="exercise")
+title, task, starter, hints, worlds, text = shown[name]
+st.markdown(task)
+st.caption(f"Graded on world sizes {', '.join(map(str, worlds))}, under every schedule up to a bound, then more.")
+
+seen = st.session_state.setdefault("hints_seen", {}).get(name, 0)
+for i, hint in enumerate(hints[:seen]):
+    st.info(f"Hint {i + 1}: {hint}")
+if seen < len(hints) and st.button(f"show a hint ({seen + 1} of {len(hints)})", key="hint"):
+    st.session_state.hints_seen[name] = seen + 1
+    st.rerun()
+
+source = st.text_area("your code", starter.strip() + "\n", height=320, key=f"code_{name}")
+with st.expander("your code with line numbers (the verdict names these lines as solution.py:N)"):
+    st.code(source, language="python", line_numbers=True)
+
+if not V.code_allowed():
+    st.warning(
+        "Submitting is off: grading runs the submitted code, so it runs only when the app is started with "
+        "`SIMDIST_ALLOW_CODE=1 streamlit run app.py`, in a separate process with a bare environment, an empty "
+        "private directory, no network where the platform permits it, and limits on time, memory, CPU, files and "
+        "processes. That containment is not a full sandbox (the code can read what the app's user can read): "
+        "do not turn it on for an app served to others."
+    )
+    st.stop()
+
+if st.button("Submit", type="primary", key="submit"):
+    with st.spinner("grading under every schedule within the bound..."):
+        result = V.grade_code(text, name, source)
+    st.session_state.setdefault("verdicts", {})[name] = result
+
+result = st.session_state.get("verdicts", {}).get(name)
+if result is not None:
+    st.caption(
+        "Graded in a separate process: bare environment, empty private directory, limits on time, memory, CPU, "
+        "files and processes. "
+        + ("No network." if result.network_isolated else "Network NOT isolated on this platform.")
+    )
+    if not result.ok:
+        st.error("Grading stopped")
+        st.code(result.error, language="text")
+    else:
+        v = result.verdict
+        if v["passed"]:
+            st.success(f"Passed: {v['summary']}")
+            st.markdown("Held in every run: " + ", ".join(v["checks"]) + ".")
+        else:
+            where = f" (world size {v['world']})" if v["world"] else ""
+            st.error(f"{v['kind'].capitalize()}{where}: {v['explanation'] or v['summary']}")
+            if v["decisions"]:
+                st.markdown("**What the scheduler decided in the failing run** (at your lines):")
+                for line in v["decisions"]:
+                    st.markdown(f"- {line}")
+            if v["token"]:
+                st.caption("replay token of the smallest failing schedule")
+                st.code(v["token"], language=None)
+            with st.expander("the whole report", expanded=v["kind"] == "deadlock"):
+                st.code(v["report"] or v["summary"], language="text")
