@@ -1,7 +1,11 @@
 """Exercises: read a task, write the code, submit it; simdist grades it under every schedule within a bound."""
 
+from types import SimpleNamespace
+
+import networkx as nx
 import streamlit as st
 
+import simdist
 from simdist import exercises
 from simdist import visualize as V
 
@@ -73,5 +77,14 @@ if result is not None:
             if v["token"]:
                 st.caption("replay token of the smallest failing schedule")
                 st.code(v["token"], language=None)
+            if v["wait_for"]:
+                st.markdown("**Who waits for whom** (a → b: rank a waits for rank b; the cycle in red)")
+                found = SimpleNamespace(graph=nx.node_link_graph(v["wait_for"]["graph"], edges="links"),
+                                        cycle=v["wait_for"]["cycle"])  # fmt: skip
+                st.plotly_chart(V.wait_for_figure(V.wait_for(found)), key="verdict_wait_for")
+            trace = simdist.Trace.from_json(v["trace_json"]) if v["trace_json"] else None
+            if trace is not None and len(trace):
+                st.markdown("**The failing run** (virtual time; arrows are messages)")
+                st.plotly_chart(V.timeline_figure(V.timeline(trace)), key="verdict_timeline")
             with st.expander("the whole report", expanded=v["kind"] == "deadlock"):
                 st.code(v["report"] or v["summary"], language="text")

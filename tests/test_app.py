@@ -312,3 +312,12 @@ def test_a_submission_is_graded_in_a_separate_process_and_a_rare_mistake_is_expl
     assert at.error[0].value.startswith("Wrong result (world size 3): rank 0 returned")
     assert any("solution.py:9" in m.value for m in at.markdown)  # the decision, at the student's line
     assert any(c.value.startswith("choices:") for c in at.code)  # the replay token
+    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert any(c["layout"]["title"]["text"].startswith("timeline on") for c in charts)  # the failing run
+    at.selectbox(key="exercise").select("Fix a deadlock: trade with both neighbours on a ring")
+    ok(at)
+    at.button(key="submit").click()  # the starter as it is: it deadlocks
+    ok(at)
+    assert at.error[0].value.startswith("Deadlock (world size 3): no rank can proceed")
+    assert any(m.value.startswith("**Who waits for whom**") for m in at.markdown)
+    assert len(at.get("plotly_chart")) == 1  # the wait-for graph (no message moved: no timeline)

@@ -13,7 +13,10 @@ contained child process (:mod:`simdist.visualize._sandbox`).
 
 from __future__ import annotations
 
+import json
 import linecache
+import os
+import tempfile
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -54,6 +57,8 @@ class Verdict:
     complete: bool = False  # the exhaustive search covered every schedule at every world size
     runs: int = 0  # schedules run in all
     checks: tuple[str, ...] = ()  # what held in every run before the failure (or in all)
+    trace_json: str | None = None  # the failing run's trace (``simdist.Trace.from_json``), replayed from ``token``
+    wait_for: dict | None = None  # a deadlock's wait-for graph: ``{"graph": node-link data, "cycle": [...]}``
 
 
 def _compiled(source: str, name: str) -> Any:
@@ -83,6 +88,36 @@ def _kind(exc: BaseException) -> str:
     if isinstance(exc, RankError):
         return "exception"
     return "leak" if "leak" in str(exc).lower() or "never" in str(exc).lower() else "error"
+
+
+def _failing_run(main: Callable, world: int, token: str, options: dict) -> str | None:
+    """The trace of the run ``token`` replays, as JSON (``None`` if it could not be written)."""
+    import simdist.testing as sdt
+
+    with tempfile.TemporaryDirectory(prefix="simdist-grade-") as folder:
+        path = os.path.join(folder, "trace.json")
+        try:
+            sdt.replay(main, world, token, args=(world,), trace_file=path, record_steps=True, **options)
+        except DistError:
+            pass  # it fails, as it did: its trace is what the student is shown
+        except Exception:  # noqa: BLE001 - a replay that fails otherwise: no picture, the verdict stands
+            return None
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except OSError:
+            return None
+
+
+def _wait_for(exc: BaseException) -> dict | None:
+    """A deadlock's wait-for graph as JSON-ready data, else ``None``."""
+    graph = getattr(exc, "graph", None)
+    if not isinstance(exc, DeadlockError) or graph is None:
+        return None
+    import networkx as nx
+
+    data = {"graph": nx.node_link_data(graph, edges="links"), "cycle": list(exc.cycle or [])}
+    return json.loads(json.dumps(data, default=str))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -141,9 +176,11 @@ def grade(exercise: Exercise, source: str) -> Verdict:
                 token = exc.schedule
                 decisions = tuple(sdt.explain(main, world, token, args=(world,), **options)) if token else ()
                 kind, why = _kind(exc), _first_line(exc)
+                why = why[len(kind) + 2 :] if why.lower().startswith(f"{kind}: ") else why  # "deadlock: no rank ..."
                 return Verdict(
                     False, kind, f"world {world}: {kind}: {why}", explanation=why, world=world, report=str(exc),
                     token=token, decisions=decisions, complete=False, runs=runs, checks=(),
+                    trace_json=_failing_run(main, world, token, options) if token else None, wait_for=_wait_for(exc),
                 )  # fmt: skip
             runs += summary.runs
             if strategy == "exhaustive":
