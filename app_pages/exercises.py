@@ -1,5 +1,6 @@
 """Exercises: read a task, write the code, submit it; simdist grades it under every schedule within a bound."""
 
+import os
 from types import SimpleNamespace
 
 import networkx as nx
@@ -19,8 +20,23 @@ def catalogue() -> dict:
     }
 
 
+@st.cache_resource
+def tally() -> exercises.Tally:
+    """The submissions of every session since the app started (counts only)."""
+    return exercises.Tally()
+
+
 st.title("Exercises")
 shown = catalogue()
+if os.environ.get(exercises.TEACHER_ENV) == "1":
+    with st.expander("Teacher's view: submissions since the app started (no names are kept)", expanded=True):
+        rows = tally().rows()
+        for row in rows:
+            row["exercise"] = shown[row["exercise"]][0] if row["exercise"] in shown else row["exercise"]
+        if rows:
+            st.table(rows)
+        else:
+            st.caption("No submission yet.")
 name = st.selectbox("exercise", list(shown), format_func=lambda n: shown[n][0], key="exercise")
 title, task, starter, hints, worlds, text = shown[name]
 st.markdown(task)
@@ -50,6 +66,7 @@ if not V.code_allowed():
 if st.button("Submit", type="primary", key="submit"):
     with st.spinner("grading under every schedule within the bound..."):
         result = V.grade_code(text, name, source)
+    tally().add(name, result.verdict["kind"] if result.ok else "stopped")
     st.session_state.setdefault("verdicts", {})[name] = result
 
 result = st.session_state.get("verdicts", {}).get(name)

@@ -321,3 +321,35 @@ def test_a_submission_is_graded_in_a_separate_process_and_a_rare_mistake_is_expl
     assert at.error[0].value.startswith("Deadlock (world size 3): no rank can proceed")
     assert any(m.value.startswith("**Who waits for whom**") for m in at.markdown)
     assert len(at.get("plotly_chart")) == 1  # the wait-for graph (no message moved: no timeline)
+
+
+def test_the_teachers_view_counts_submissions_and_failure_kinds_without_names(monkeypatch):
+    """With SIMDIST_TEACHER=1 the page shows, per exercise, submissions, passes and the commonest failures of every
+    session since the app started (the tally is the process's: other tests' submissions count too)."""
+    monkeypatch.setenv("SIMDIST_ALLOW_CODE", "1")
+    monkeypatch.setenv("SIMDIST_TEACHER", "1")
+    from simdist.exercises import load_all
+
+    server = {e.name: e for e in load_all()}["05_parameter_server"]
+    title = "A parameter server: receive from any source"
+
+    def row(at: AppTest) -> dict:
+        table = at.table[0].value if at.table else None
+        if table is None or title not in list(table["exercise"]):
+            return {"submitted": 0, "passed": 0, "failures": ""}
+        i = list(table["exercise"]).index(title)
+        return {k: table[k].iloc[i] for k in ("submitted", "passed", "failures")}
+
+    at = page("exercises")
+    before = row(at)
+    at.selectbox(key="exercise").select(title)
+    ok(at)
+    for source in (server.solution, server.starter):  # passes; receives nothing, so the workers wait: a deadlock
+        at.text_area(key="code_05_parameter_server").input(source)
+        at.button(key="submit").click()
+        ok(at)
+    ok(at)  # the view is drawn before the submit of a run: one more run shows both
+    after = row(at)
+    assert after["submitted"] == before["submitted"] + 2 and after["passed"] == before["passed"] + 1
+    assert "deadlock" in after["failures"]
+    assert set(at.table[0].value.columns) == {"exercise", "submitted", "passed", "failures"}  # no one's name

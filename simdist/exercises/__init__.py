@@ -8,12 +8,15 @@ schedules and explains the first failure.
 
 from ._format import EXERCISES_ENV, Exercise, ExerciseError, exercise_folders, load, load_all, parse
 from ._grade import SOURCE_NAME, Verdict, grade
+from ._tally import TEACHER_ENV, Tally
 
 __all__ = [
     "EXERCISES_ENV",
     "Exercise",
     "ExerciseError",
     "SOURCE_NAME",
+    "TEACHER_ENV",
+    "Tally",
     "Verdict",
     "exercise_folders",
     "grade",
