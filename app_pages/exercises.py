@@ -53,15 +53,20 @@ source = st.text_area("your code", starter.strip() + "\n", height=320, key=f"cod
 with st.expander("your code with line numbers (the verdict names these lines as solution.py:N)"):
     st.code(source, language="python", line_numbers=True)
 
-if not V.code_allowed():
+walled = V.bubblewrap() is not None
+if not walled and not V.code_allowed():
     st.warning(
-        "Submitting is off: grading runs the submitted code, so it runs only when the app is started with "
-        "`SIMDIST_ALLOW_CODE=1 streamlit run app.py`, in a separate process with a bare environment, an empty "
-        "private directory, no network where the platform permits it, and limits on time, memory, CPU, files and "
-        "processes. That containment is not a full sandbox (the code can read what the app's user can read): "
-        "do not turn it on for an app served to others."
+        "Submitting is off: grading runs the submitted code. Install bubblewrap (`apt-get install bubblewrap`) "
+        "and restart the app to grade in its sandbox, or, on your own machine only, start the app with "
+        "`SIMDIST_ALLOW_CODE=1 streamlit run app.py`."
     )
     st.stop()
+if not walled:
+    st.warning(
+        "bubblewrap is not installed: submissions run in a separate process with a bare environment, an empty "
+        "private directory, no network where the platform permits it and limits, but they can read what the "
+        "app's user can read. This app must not be served to others."
+    )
 
 if st.button("Submit", type="primary", key="submit"):
     with st.spinner("grading under every schedule within the bound..."):
@@ -71,11 +76,18 @@ if st.button("Submit", type="primary", key="submit"):
 
 result = st.session_state.get("verdicts", {}).get(name)
 if result is not None:
-    st.caption(
-        "Graded in a separate process: bare environment, empty private directory, limits on time, memory, CPU, "
-        "files and processes. "
-        + ("No network." if result.network_isolated else "Network NOT isolated on this platform.")
-    )
+    if result.bubblewrap:
+        st.caption(
+            "Graded in bubblewrap's sandbox: no network, a private empty home and /tmp, read-only access to the "
+            "Python installation and simdist only, its own processes (none outlives it), and limits on time, "
+            "memory, CPU, files and processes."
+        )
+    else:
+        st.caption(
+            "Graded in a separate process: bare environment, empty private directory, limits on time, memory, CPU, "
+            "files and processes. "
+            + ("No network." if result.network_isolated else "Network NOT isolated on this platform.")
+        )
     if not result.ok:
         st.error("Grading stopped")
         st.code(result.error, language="text")

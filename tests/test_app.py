@@ -271,8 +271,11 @@ def test_your_code_runs_pasted_code_in_a_separate_process(monkeypatch):
 # -- Exercises ----------------------------------------------------------------------------------------------------
 
 
-def test_exercises_show_the_task_hints_and_numbered_code_but_no_submit_without_the_opt_in(monkeypatch):
+def test_exercises_show_the_task_hints_and_numbered_code_but_no_submit_without_a_sandbox_or_the_opt_in(monkeypatch):
+    from simdist.visualize import _sandbox
+
     monkeypatch.delenv("SIMDIST_ALLOW_CODE", raising=False)
+    monkeypatch.setattr(_sandbox, "_bubblewrap", lambda: None)  # as where bubblewrap is not installed
     at = page("exercises")
     names = at.selectbox(key="exercise").options
     assert len(names) == 6 and names[0] == "Ring all-reduce from send and recv"
@@ -280,7 +283,7 @@ def test_exercises_show_the_task_hints_and_numbered_code_but_no_submit_without_t
     assert "def my_all_reduce(tensor):" in at.text_area(key="code_01_ring_all_reduce").value
     numbered = [c for c in at.code if c.proto.show_line_numbers]
     assert numbered and numbered[0].value.startswith("import torch")
-    assert "SIMDIST_ALLOW_CODE=1" in at.warning[0].value
+    assert "SIMDIST_ALLOW_CODE=1" in at.warning[0].value and "apt-get install bubblewrap" in at.warning[0].value
     assert not [b for b in at.button if b.key == "submit"]
     from simdist.exercises import load_all
 
@@ -353,3 +356,27 @@ def test_the_teachers_view_counts_submissions_and_failure_kinds_without_names(mo
     assert after["submitted"] == before["submitted"] + 2 and after["passed"] == before["passed"] + 1
     assert "deadlock" in after["failures"]
     assert set(at.table[0].value.columns) == {"exercise", "submitted", "passed", "failures"}  # no one's name
+
+
+def test_with_bubblewrap_submitting_needs_no_opt_in_and_the_page_says_which_containment(monkeypatch):
+    from simdist.visualize import bubblewrap
+
+    if bubblewrap() is None:
+        pytest.skip("bubblewrap is not installed here (apt-get install bubblewrap)")
+    monkeypatch.delenv("SIMDIST_ALLOW_CODE", raising=False)
+    at = page("exercises")
+    assert not at.warning
+    at.button(key="submit").click()
+    ok(at)
+    assert at.error[0].value.startswith("Wrong result (world size 2)")  # the starter sums nothing
+    assert any(c.value.startswith("Graded in bubblewrap's sandbox: no network") for c in at.caption)
+
+
+def test_without_bubblewrap_but_with_the_opt_in_the_page_says_not_to_serve_it(monkeypatch):
+    from simdist.visualize import _sandbox
+
+    monkeypatch.setenv("SIMDIST_ALLOW_CODE", "1")
+    monkeypatch.setattr(_sandbox, "_bubblewrap", lambda: None)
+    at = page("exercises")
+    assert "must not be served to others" in at.warning[0].value
+    assert [b for b in at.button if b.key == "submit"]

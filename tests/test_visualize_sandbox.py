@@ -219,3 +219,83 @@ def _is_python_child(pid: str) -> bool:
             return b"@@SIMDIST" in f.read()
     except OSError:
         return False
+
+
+@pytest.fixture
+def walled():
+    """The exercise and its TOML text, where bubblewrap can make a sandbox here (else the test skips)."""
+    from simdist.exercises import load_all
+    from simdist.visualize import bubblewrap
+
+    if bubblewrap() is None:
+        pytest.skip("bubblewrap is not installed here (apt-get install bubblewrap)")
+    server = {e.name: e for e in load_all()}["05_parameter_server"]
+    return server, server.path.read_text(encoding="utf-8")
+
+
+def _graded(walled, body: str, **limits):
+    """The verdict on a submission to the parameter server whose ``collect`` runs ``body``."""
+    from simdist.visualize import grade_code
+
+    server, text = walled
+    source = "import os, socket, subprocess, sys, time\n\ndef collect(world_size):\n" + "".join(
+        f"    {line}\n" for line in body.strip().splitlines()
+    )
+    res = grade_code(text, server.name, source, **limits)
+    assert res.bubblewrap and res.network_isolated, res
+    return res
+
+
+def test_in_bubblewrap_a_submission_cannot_read_the_apps_files_or_the_users_home(walled, tmp_path):
+    secret = tmp_path / "secrets.toml"
+    secret.write_text("password = 'hunter2'\n")
+    app = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "app.py")
+    for path in (str(secret), app, os.path.expanduser("~/.bashrc"), "/etc/hostname"):
+        res = _graded(walled, f"return open({path!r}).read()")
+        assert res.verdict["kind"] == "exception" and "FileNotFoundError" in res.verdict["summary"], (path, res)
+    home = _graded(walled, "raise RuntimeError(repr((os.getcwd(), os.listdir('.'), os.getuid())))")
+    assert "('/home/student', [], 65534)" in home.verdict["summary"], home
+
+
+def test_in_bubblewrap_a_submission_has_no_network(walled):
+    """A server on this machine's loopback is out of reach (the sandbox's loopback is its own), and so is the
+    outside world."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(0.5)
+        port = server.getsockname()[1]
+        res = _graded(walled, f"socket.create_connection(('127.0.0.1', {port}), timeout=2)")
+        assert res.verdict["kind"] == "exception" and "ConnectionRefusedError" in res.verdict["summary"], res
+        with pytest.raises(TimeoutError):
+            server.accept()  # nothing came
+    res = _graded(walled, "socket.create_connection(('1.1.1.1', 53), timeout=2)")
+    assert res.verdict["kind"] == "exception" and "Network is unreachable" in res.verdict["summary"], res
+
+
+def test_in_bubblewrap_a_daemon_the_submission_forks_does_not_outlive_it(walled, tmp_path):
+    before = {p for p in os.listdir("/proc") if p.isdigit()}
+    res = _graded(
+        walled,
+        "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(120)\n    os._exit(0)\n"
+        "raise RuntimeError('forked')",
+    )
+    assert res.verdict["kind"] == "exception" and "forked" in res.verdict["summary"], res
+    time.sleep(1.0)
+    left = [p for p in {p for p in os.listdir("/proc") if p.isdigit()} - before if _is_python_child(p)]
+    assert not left, left
+
+
+def test_in_bubblewrap_filling_the_disk_stops_at_its_own_small_file_system(walled):
+    res = _graded(
+        walled,
+        "for i in range(400):\n    with open(f'fill{i}', 'wb') as f:\n        f.write(b'x' * (1 << 20))\n"
+        "raise RuntimeError('the disk took it all')",
+    )
+    assert res.verdict["kind"] == "exception" and "No space left on device" in res.verdict["summary"], res
+
+
+def test_in_bubblewrap_code_that_runs_forever_is_stopped(walled):
+    from simdist.visualize import grade_code
+
+    server, text = walled
+    res = grade_code(text, server.name, "def collect(world_size):\n    while True:\n        pass\n", timeout=8)
+    assert not res.ok and "did not finish within 8 s" in res.error and res.bubblewrap

@@ -64,6 +64,7 @@ from ._rounds import round_of as round_of
 from ._runs import collective_run as collective_run
 from ._sandbox import CodeResult as CodeResult
 from ._sandbox import GradeResult as GradeResult
+from ._sandbox import bubblewrap as bubblewrap
 from ._sandbox import code_allowed as code_allowed
 from ._sandbox import grade_code as grade_code
 from ._sandbox import run_code as run_code
@@ -117,6 +118,7 @@ __all__ = [
     "Span",
     "Timeline",
     "TraceSummary",
+    "bubblewrap",
     "buffer_figure",
     "buffer_table",
     "chunk_colors",

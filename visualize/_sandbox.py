@@ -28,6 +28,7 @@ process behind. The app offers this only when started with ``SIMDIST_ALLOW_CODE=
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -37,11 +38,12 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-__all__ = ["ALLOW_ENV", "CodeResult", "GradeResult", "code_allowed", "grade_code", "run_code"]
+__all__ = ["ALLOW_ENV", "CodeResult", "GradeResult", "bubblewrap", "code_allowed", "grade_code", "run_code"]
 
 ALLOW_ENV = "SIMDIST_ALLOW_CODE"
 _NET = "@@SIMDIST-NET@@"
 _MARK = "@@SIMDIST@@"
+_WALLED_HOME = "/home/student"  # the home (and working directory) of code in bubblewrap
 _CLEANUP_S = 10.0  # how long the supervisor may take to kill what the code started, after a timeout
 
 _WORKER = r"""
@@ -49,7 +51,7 @@ import ctypes, json, os, resource, sys
 payload = json.loads(sys.stdin.read())
 sys.stdin.close()
 source, exercise = payload["source"], payload.get("exercise")
-memory_mb, world, cpu_s, fsize_mb, nofile = (int(a) for a in sys.argv[1:6])
+memory_mb, world, cpu_s, fsize_mb, nofile, walled = (int(a) for a in sys.argv[1:7])
 libc = ctypes.CDLL(None, use_errno=True)
 NEWUSER, NEWNET = 0x10000000, 0x40000000
 def descendants(root):
@@ -118,7 +120,7 @@ def tasks_of(uid):
 def threads():
     with open("/proc/self/status") as f:
         return int(next(line for line in f if line.startswith("Threads:")).split()[1])
-isolated = os.geteuid() == 0 and libc.unshare(NEWNET) == 0
+isolated = walled or (os.geteuid() == 0 and libc.unshare(NEWNET) == 0)  # walled: bubblewrap cut the network
 if os.geteuid() == 0:  # become nobody, keeping only the capability to read (the stdlib may be under /root)
     libc.prctl(8, 1, 0, 0, 0)  # PR_SET_KEEPCAPS
     os.setgroups([])
@@ -279,35 +281,111 @@ def run_code(
     return _result(code, stdout, stderr, timeout, cpu)
 
 
+def bubblewrap() -> str | None:
+    """The path of bubblewrap (``bwrap``) where it is installed and can make a sandbox here, else ``None``.
+
+    Looked up once per process (a probe sandbox runs ``true``): install bubblewrap, then restart the app.
+
+    Returns:
+        The path of ``bwrap``, or ``None``.
+
+    Example:
+        >>> from simdist.visualize import bubblewrap
+        >>> bubblewrap() is None or bubblewrap().endswith("bwrap")
+        True
+    """
+    return _bubblewrap()
+
+
+@functools.cache
+def _bubblewrap() -> str | None:
+    path = shutil.which("bwrap")
+    if path is None:
+        return None
+    try:
+        probe = subprocess.run([path, *_walls(), "true"], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path if probe.returncode == 0 else None
+
+
+def _walls(file_mb: int = 64) -> list[str]:
+    """bubblewrap's arguments: every namespace new (no network, its own processes), the user ``nobody``, and of the
+    file system only the system's libraries, the Python installation and simdist's modules (read-only), an empty
+    /tmp and home of ``file_mb`` MiB each, /proc and a minimal /dev."""
+    import importlib.util
+    import site
+    import sysconfig
+
+    walls = ["--unshare-all", "--die-with-parent", "--new-session", "--uid", "65534", "--gid", "65534"]
+    walls += ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64"):
+        path = "/" + name
+        if os.path.islink(path):
+            walls += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            walls += ["--ro-bind", path, path]
+    walls += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    # the installation, not this process's sys.path (it starts with the app's own folder)
+    python = {sys.base_prefix, sys.prefix, *site.getsitepackages()}
+    python |= {p for p in sysconfig.get_paths().values() if os.path.isdir(p)}
+    for package in ("simdist", "simdist.backends", "simdist.visualize"):
+        spec = importlib.util.find_spec(package)
+        python |= set(spec.submodule_search_locations or []) if spec is not None else set()
+    plugin = importlib.util.find_spec("pytest_simdist")  # simdist.testing reads its options
+    if plugin is not None and plugin.origin:
+        python.add(plugin.origin)
+    for path in sorted({os.path.realpath(p) for p in python}):
+        walls += ["--ro-bind", path, path]
+    size = str(int(file_mb) << 20)
+    walls += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp"]
+    walls += ["--size", size, "--tmpfs", _WALLED_HOME, "--chdir", _WALLED_HOME]
+    return walls
+
+
 def _contained(
-    payload: dict, world: int, *, timeout: float, memory_mb: int, cpu: int, file_mb: int, open_files: int
+    payload: dict,
+    world: int,
+    *,
+    timeout: float,
+    memory_mb: int,
+    cpu: int,
+    file_mb: int,
+    open_files: int,
+    walled: bool = False,
 ) -> tuple[int | None, str, str]:
     """Run the worker on ``payload`` in the contained child: its exit code (``None``: stopped at ``timeout``),
-    stdout and stderr."""
+    stdout and stderr. ``walled``: inside bubblewrap (:func:`bubblewrap` must have found it)."""
     outdir = tempfile.mkdtemp(prefix="simdist-out-")
     home = tempfile.mkdtemp(prefix="simdist-code-")
     if os.geteuid() == 0:
         os.chown(home, 65534, 65534)
+    worker = [
+        sys.executable,
+        "-I",
+        "-c",
+        _WORKER,
+        str(int(memory_mb)),
+        str(world),
+        str(int(cpu)),
+        str(int(file_mb)),
+        str(int(open_files)),
+        "1" if walled else "0",
+    ]
+    command = [_bubblewrap() or "bwrap", *_walls(file_mb), *worker] if walled else worker
+    env = _child_env(_WALLED_HOME if walled else home)
+    if walled:
+        env["TMPDIR"] = "/tmp"
     try:
         with open(os.path.join(outdir, "out"), "w+") as out, open(os.path.join(outdir, "err"), "w+") as err:
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-I",
-                    "-c",
-                    _WORKER,
-                    str(int(memory_mb)),
-                    str(world),
-                    str(int(cpu)),
-                    str(int(file_mb)),
-                    str(int(open_files)),
-                ],
+                command,
                 stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=err,
                 text=True,
                 cwd=home,
-                env=_child_env(home),
+                env=env,
                 start_new_session=True,
                 close_fds=True,
             )
@@ -368,6 +446,7 @@ class GradeResult:
     verdict: dict | None = None
     error: str | None = None
     network_isolated: bool = False
+    bubblewrap: bool = False  # it ran in bubblewrap's sandbox (see :func:`bubblewrap`)
 
 
 def grade_code(
@@ -408,10 +487,11 @@ def grade_code(
     _positive("memory_mb", memory_mb)
     cpu = max(10, int(2 * timeout))
     payload = {"source": source, "exercise": {"text": exercise_text, "name": name}}
+    walled = bubblewrap() is not None
     code, stdout, stderr = _contained(
-        payload, 16, timeout=timeout, memory_mb=memory_mb, cpu=cpu, file_mb=64, open_files=256
+        payload, 16, timeout=timeout, memory_mb=memory_mb, cpu=cpu, file_mb=64, open_files=256, walled=walled
     )
     out, isolated = _parsed(code, stdout, stderr, timeout, cpu)
     if isinstance(out, str):
-        return GradeResult(False, error=out, network_isolated=isolated)
-    return GradeResult(True, verdict=out["verdict"], network_isolated=isolated)
+        return GradeResult(False, error=out, network_isolated=isolated, bubblewrap=walled)
+    return GradeResult(True, verdict=out["verdict"], network_isolated=isolated, bubblewrap=walled)
