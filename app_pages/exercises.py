@@ -49,12 +49,15 @@ if seen < len(hints) and st.button(f"show a hint ({seen + 1} of {len(hints)})", 
     st.session_state.hints_seen[name] = seen + 1
     st.rerun()
 
-source = st.text_area("your code", starter.strip() + "\n", height=320, key=f"code_{name}")
+walled = V.bubblewrap() is not None
+allowed = walled or V.code_allowed()
+with st.form(f"submission_{name}", border=False):  # the code reaches the server when submitted, not per edit
+    source = st.text_area("your code", starter.strip() + "\n", height=320, key=f"code_{name}")
+    submitted = st.form_submit_button("Submit", type="primary", key="submit", disabled=not allowed)
 with st.expander("your code with line numbers (the verdict names these lines as solution.py:N)"):
     st.code(source, language="python", line_numbers=True)
 
-walled = V.bubblewrap() is not None
-if not walled and not V.code_allowed():
+if not allowed:
     st.warning(
         "Submitting is off: grading runs the submitted code. Install bubblewrap (`apt-get install bubblewrap`) "
         "and restart the app to grade in its sandbox, or, on your own machine only, start the app with "
@@ -68,7 +71,7 @@ if not walled:
         "app's user can read. This app must not be served to others."
     )
 
-if st.button("Submit", type="primary", key="submit"):
+if submitted:
     with st.spinner("grading under every schedule within the bound..."):
         result = V.grade_code(text, name, source)
     tally().add(name, result.verdict["kind"] if result.ok else "stopped")

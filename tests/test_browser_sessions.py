@@ -226,3 +226,55 @@ def test_eight_sessions_use_every_page_at_once(app_url, chromium_path, tmp_path)
     assert not found, "\n".join(found[:20])
     assert len(urls) >= 5, urls  # the app's pages
     assert len(shots) == len(VIEWPORTS) * ((len(urls) + 1) // 2 + 1)
+
+
+async def submit_together(chromium: str, base: str, shots) -> list[str]:
+    """Eight sessions on the Exercises page, each with an exercise's model solution typed in, press Submit at the
+    same moment; what was wrong."""
+    from playwright.async_api import async_playwright
+
+    from simdist.exercises import load_all
+
+    shipped = load_all()
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
+        try:
+            sessions = [Session(i, base, shots) for i in range(SESSIONS)]
+
+            async def ready(s: Session) -> None:
+                exercise = shipped[s.index % len(shipped)]
+                s.context = await browser.new_context(viewport=s.viewport)
+                s.page = await s.context.new_page()
+                s.page.on("pageerror", lambda err: s.errors.append(str(err)))
+                await s.page.goto(base + "/exercises", wait_until="domcontentloaded", timeout=RUN_TIMEOUT_MS)
+                await settled(s.page, f"session {s.index}, opening Exercises", FIRST_OPEN_MS)
+                if exercise is not shipped[0]:
+                    await s.pick("exercise", exercise.title)
+                await s.page.get_by_label("your code").fill(exercise.solution)  # in a form: sent with Submit
+
+            async def submit(s: Session) -> None:
+                await s.page.evaluate(ARM)
+                await s.page.get_by_role("button", name="Submit").click()
+                await settled(s.page, f"session {s.index}, grading", FIRST_OPEN_MS)
+                passed = await s.page.locator('[data-testid="stAlertContentSuccess"]').all_inner_texts()
+                if not any(text.startswith("Passed: passed") for text in passed):
+                    s.found.append(f"session {s.index}: no passing verdict for {shipped[s.index % len(shipped)].name}")
+                await s.check("exercises, submitted")
+
+            await asyncio.gather(*(ready(s) for s in sessions))
+            await asyncio.gather(*(submit(s) for s in sessions))
+            return [p for s in sessions for p in s.found]
+        finally:
+            await browser.close()
+
+
+@pytest.mark.timeout(900)
+def test_eight_sessions_submit_exercises_at_the_same_moment(app_url, chromium_path, tmp_path):
+    """Each session's model solution is graded (in bubblewrap's sandbox) while the seven others' are, and passes."""
+    pytest.importorskip("playwright.async_api", reason="playwright is not installed (bash install.sh)")
+    from simdist.visualize import bubblewrap
+
+    if bubblewrap() is None:
+        pytest.skip("bubblewrap is not installed here (apt-get install bubblewrap): the page takes no submissions")
+    found = asyncio.run(submit_together(chromium_path, app_url, tmp_path))
+    assert not found, "\n".join(found[:20])
