@@ -317,7 +317,23 @@ def _walls(file_mb: int = 64) -> list[str]:
     import site
     import sysconfig
 
+    size = str(int(file_mb) << 20)
     walls = ["--unshare-all", "--die-with-parent", "--new-session", "--uid", "65534", "--gid", "65534"]
+    # the empty file systems first: a bind made after them may lie inside (a venv under /tmp), one before would be hidden
+    walls += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        size,
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        size,
+        "--tmpfs",
+        _WALLED_HOME,
+    ]
     walls += ["--ro-bind", "/usr", "/usr"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64"):
         path = "/" + name
@@ -337,9 +353,7 @@ def _walls(file_mb: int = 64) -> list[str]:
         python.add(plugin.origin)
     for path in sorted({os.path.realpath(p) for p in python}):
         walls += ["--ro-bind", path, path]
-    size = str(int(file_mb) << 20)
-    walls += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp"]
-    walls += ["--size", size, "--tmpfs", _WALLED_HOME, "--chdir", _WALLED_HOME]
+    walls += ["--chdir", _WALLED_HOME]
     return walls
 
 
