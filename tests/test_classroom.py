@@ -93,7 +93,7 @@ def test_the_app_listens_on_loopback_only_and_the_browser_stays_there(readme_ser
             page.goto(url + "/", wait_until="domcontentloaded", timeout=60_000)
             wait_for_run(page)
             links = page_links(page, url)
-            assert len(links) == 6, links  # every page of app.py
+            assert len(links) == 7, links  # every page of app.py
             for link in links[1:]:  # clicked, as a student moves between pages
                 page.locator(f'[data-testid="stSidebarNav"] a[href="{link}"]').click()
                 page.wait_for_url(link, timeout=60_000)
