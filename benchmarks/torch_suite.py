@@ -42,6 +42,7 @@ import argparse
 import datetime as _dt
 import faulthandler
 import functools
+import glob
 import json
 import linecache
 import os
@@ -105,6 +106,11 @@ def _gloo_case_class() -> type:
             self._spawn_processes()
             torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
+        @classmethod
+        def _run(cls, rank, test_name, file_name, pipe, **kwargs):
+            _dump_stacks_when_terminated(rank)
+            super()._run(rank, test_name, file_name, pipe, **kwargs)
+
     # the spawned rank processes unpickle the class by name from this script (see __getattr__)
     TorchSpawnCase.__module__ = __name__
     TorchSpawnCase.__qualname__ = "TorchSpawnCase"
@@ -142,6 +148,40 @@ def _socket_case_class() -> type:
     SocketSpawnCase.__module__ = __name__
     SocketSpawnCase.__qualname__ = "SocketSpawnCase"
     return SocketSpawnCase
+
+
+STACKS_ENV = "TORCH_SUITE_STACKS"
+"""Where a rank process writes every thread's stack when it is terminated (torch's parent terminates the
+ranks of a test that ran past its timeout): this path with ``.rank<N>`` appended."""
+
+
+def _dump_stacks_when_terminated(rank: int) -> None:
+    """In a rank process: on SIGTERM, write every thread's stack to ``$TORCH_SUITE_STACKS.rank<rank>``, then
+    end as SIGTERM would (torch's parent cannot ask a rank that left the test method for its stack)."""
+    path = os.environ.get(STACKS_ENV)
+    if path:
+        out = open(f"{path}.rank{rank}", "w", encoding="utf-8")  # noqa: SIM115 - open until the process ends
+        faulthandler.register(signal.SIGTERM, file=out, all_threads=True, chain=True)
+
+
+def _terminated_stacks(path: str) -> dict[str, str]:
+    """``{"terminated": ...}``: where each rank process was when it was terminated (the dumps at ``path``
+    by :func:`_dump_stacks_when_terminated`): its main thread, and each other thread that was in simdist."""
+    said = []
+    for dump in sorted(glob.glob(f"{glob.escape(path)}.rank*"), key=lambda p: int(p.rsplit("rank", 1)[1])):
+        blocks = re.findall(r"^(?:Current thread|Thread) [^\n]*\n((?:  File [^\n]*\n)+)", _read_log(dump), re.M)
+        main, others = [], []
+        for body in blocks:
+            frames = _text_frames(body, newest_first=True)
+            where = _where(frames)
+            line = " -> ".join(where[k] for k in ("test_line", "simdist_frame", "deepest") if k in where)
+            if frames and frames[0][0] == "<string>":  # the spawned process's main thread
+                main.append(f"main thread {line}")
+            elif "simdist_frame" in where:
+                others.append(f"thread {line}")
+        if main or others:
+            said.append(f"rank {dump.rsplit('rank', 1)[1]}: " + " | ".join(main + others))
+    return {"terminated": "; ".join(said)} if said else {}
 
 
 def case_class(side: str) -> type:
@@ -284,10 +324,15 @@ def _first_line(text: str) -> str:
 
 
 def _short_path(filename: str) -> str:
-    for marker in ("site-packages/", "wt-suite/", "/work/main/"):
-        if marker in filename:
-            return filename.split(marker, 1)[1]
+    """``filename`` from its package (``torch/...``) or from this checkout's root (``simdist/...``, ``backends/...``)."""
+    if filename.startswith(_CHECKOUT):
+        return filename[len(_CHECKOUT) :]
+    if "site-packages/" in filename:
+        return filename.split("site-packages/", 1)[1]
     return filename
+
+
+_CHECKOUT = str(Path(__file__).resolve().parents[1]) + os.sep
 
 
 def _where(frames: list[tuple[str, int, str]]) -> dict[str, str]:
@@ -402,6 +447,7 @@ def run_isolated(side: str, name: str, timeout: float, seed: int, logdir: str) -
     """Fork a child that runs one test on one side; its outcome, a crash or a kill after ``timeout`` + 60 s."""
     res_path = os.path.join(logdir, f"{side}-{name}.json")
     log_path = os.path.join(logdir, f"{side}-{name}.log")
+    stacks_path = os.path.join(logdir, f"{side}-{name}.stacks")
     t0 = time.perf_counter()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -414,6 +460,7 @@ def run_isolated(side: str, name: str, timeout: float, seed: int, logdir: str) -
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             faulthandler.enable()  # a crash leaves every thread's Python stack in the log
+            os.environ[STACKS_ENV] = stacks_path  # and so does a rank process that torch terminates
             rec = _run_case(side, name, timeout, seed)
             with open(res_path, "w", encoding="utf-8") as f:
                 json.dump(rec, f)
@@ -453,10 +500,13 @@ def run_isolated(side: str, name: str, timeout: float, seed: int, logdir: str) -
             rec.update(_logged_failure(log_path))
         elif rec["outcome"] == "fail" and side != "sim":
             rec.update(_failed_outside(log_path))
+        if rec["outcome"] == "fail" and side != "sim":
+            rec.update(_terminated_stacks(stacks_path))
     else:
         rec = {"outcome": "fail", "error": f"harness error (exit code {os.WEXITSTATUS(status)}): {_log_tail(log_path)}"}
     rec["seconds"] = seconds
-    for path in (res_path, log_path) if rec["outcome"] != "fail" else (res_path,):  # keep failures' logs
+    stacks = glob.glob(f"{glob.escape(stacks_path)}.rank*")
+    for path in (res_path, log_path, *stacks) if rec["outcome"] != "fail" else (res_path,):  # keep failures' logs
         if os.path.exists(path):
             os.remove(path)
     return rec

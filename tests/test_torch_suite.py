@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,7 @@ def _run_sample(side: str, sample: list[str], tmp_path: Path, timeout: float, li
     assert not failed, "\n".join(
         f"{name}: {r['outcome']} {r.get('error') or r.get('reason', '')} ({r.get('test_line', '')})"
         + (f"; failed outside the test method: {r['outside']}" if "outside" in r else "")
+        + (f"; where its ranks were when terminated: {r['terminated']}" if "terminated" in r else "")
         for name, r in failed.items()
     )
     assert len(tests) >= len(sample) - max(1, len(sample) // 6), (
@@ -113,11 +115,7 @@ def test_a_rank_that_failed_outside_the_test_method_is_named_beside_the_one_torc
     """torch's parent reports only the ranks that exited with its error code; a rank that failed first,
     outside the test method (here torch's barrier file, while the other rank was still starting), is
     read from the test's log."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("torch_suite_for_test", HARNESS)
-    harness = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(harness)
+    harness = _harness()
     log = tmp_path / "socket-test.log"
     log.write_text(
         "I1128 09:24:12.478000 30054 torch/testing/_internal/common_distributed.py:866] Started process 0\n"
@@ -136,3 +134,47 @@ def test_a_rank_that_failed_outside_the_test_method_is_named_beside_the_one_torc
     }
     log.write_text("[rank1]:E1128 Caught exception: \n")
     assert harness._failed_outside(str(log)) == {}
+
+
+def _harness():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("torch_suite_for_test", HARNESS)
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    return harness
+
+
+@pytest.mark.timeout(120)
+def test_a_terminated_rank_process_says_where_each_of_its_threads_was(tmp_path):
+    """torch's parent terminates the rank processes of a test past its timeout, and cannot ask a rank that
+    has left the test method for its stack: each rank process dumps its threads' stacks on SIGTERM, and the
+    harness reads where its main thread and its simdist threads were."""
+    import os
+    import signal
+
+    harness = _harness()
+    stacks = tmp_path / "socket-test.stacks"
+    child = (
+        "import sys, threading\n"
+        f"sys.path.insert(0, {str(HARNESS.parent)!r})\n"
+        "import torch_suite, simdist\n"
+        "torch_suite._dump_stacks_when_terminated(1)\n"
+        "print('ready', flush=True)\n"
+        "simdist.simulate(lambda *args: threading.Event().wait(600), 2)\n"
+    )
+    env = {**os.environ, harness.STACKS_ENV: str(stacks)}
+    proc = subprocess.Popen([sys.executable, "-c", child], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(2.0)  # the simulation's rank threads are asleep in the function
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == -signal.SIGTERM  # it still ends as SIGTERM ends it
+    finally:
+        proc.kill()
+    said = harness._terminated_stacks(str(stacks))["terminated"]
+    assert said.startswith("rank 1: main thread "), said
+    main, rank_thread = said.split(" | ")
+    assert "backends/sim/_engine.py" in main, said  # simdist.simulate waits for its rank threads
+    assert rank_thread.startswith("thread backends/sim/_engine.py") and "in _call_user" in rank_thread, said
+    assert harness._terminated_stacks(str(tmp_path / "none.stacks")) == {}
