@@ -248,15 +248,23 @@ def test_traces_page_offers_downloads_and_shows_a_timeline():
     assert int(metric(at, "messages")) == 7 * 8  # ring all_gather: p - 1 steps of p messages
 
 
-def test_your_code_needs_the_opt_in(monkeypatch):
+def test_your_code_needs_bubblewrap_or_the_opt_in(monkeypatch):
+    from simdist.visualize import _sandbox
+
     monkeypatch.delenv("SIMDIST_ALLOW_CODE", raising=False)
+    monkeypatch.setattr(_sandbox, "_bubblewrap", lambda: None)  # as where bubblewrap is not installed
     at = page("your_code")
-    assert "SIMDIST_ALLOW_CODE=1" in at.warning[0].value and not at.button
+    warning = at.warning[0].value
+    assert "SIMDIST_ALLOW_CODE=1" in warning and "apt-get install bubblewrap" in warning and not at.button
 
 
 def test_your_code_runs_pasted_code_in_a_separate_process(monkeypatch):
+    from simdist.visualize import _sandbox
+
     monkeypatch.setenv("SIMDIST_ALLOW_CODE", "1")
+    monkeypatch.setattr(_sandbox, "_bubblewrap", lambda: None)  # the contained process without bubblewrap
     at = page("your_code")
+    assert "must not be served" in at.warning[0].value
     at.slider(key="code_world").set_value(3)
     at.button(key="run_code").click()
     ok(at)
@@ -266,6 +274,22 @@ def test_your_code_runs_pasted_code_in_a_separate_process(monkeypatch):
     at.button(key="run_code").click()
     ok(at)
     assert "ValueError" in at.code[0].value
+
+
+def test_with_bubblewrap_your_code_runs_in_its_sandbox_without_the_opt_in(monkeypatch):
+    from simdist.visualize import bubblewrap
+
+    if bubblewrap() is None:
+        pytest.skip("bubblewrap is not installed here (apt-get install bubblewrap)")
+    monkeypatch.delenv("SIMDIST_ALLOW_CODE", raising=False)
+    at = page("your_code")
+    assert not at.warning
+    at.slider(key="code_world").set_value(2)
+    at.text_area(key="code").input("import os\n\ndef main(rank):\n    return [os.getcwd(), os.listdir('/tmp')]\n")
+    at.button(key="run_code").click()
+    ok(at)
+    assert [row for row in at.table[0].value["returned"]] == ["['/home/student', []]"] * 2
+    assert any("bubblewrap's sandbox" in c.value for c in at.caption)
 
 
 # -- Exercises ----------------------------------------------------------------------------------------------------

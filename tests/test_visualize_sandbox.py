@@ -13,6 +13,19 @@ pytestmark = pytest.mark.timeout(180)
 NOOP = "def main(rank):\n    return 0\n"
 
 
+@pytest.fixture(autouse=True, params=["process", "bubblewrap"])
+def containment(request, monkeypatch):
+    """Each test on each containment ``run_code`` may use: the contained process alone (as where bubblewrap is
+    not installed), and inside bubblewrap's sandbox where it is installed here."""
+    from simdist.visualize import _sandbox, bubblewrap
+
+    if request.param == "process":
+        monkeypatch.setattr(_sandbox, "_bubblewrap", lambda: None)
+    elif bubblewrap() is None:
+        pytest.skip("bubblewrap is not installed here (apt-get install bubblewrap)")
+    return request.param
+
+
 def _values(res):
     assert res.ok, res.error
     return [ast.literal_eval(v) for v in res.values]
@@ -32,7 +45,16 @@ def test_the_child_does_not_see_the_parents_environment(monkeypatch):
     res = run_code("import os\nENV = dict(os.environ)\ndef main(rank):\n    return ENV\n", 1)
     env = _values(res)[0]
     assert "SIMDIST_TEST_SECRET" not in env and "hunter2" not in repr(env)
-    assert set(env) <= {"PATH", "LANG", "HOME", "TMPDIR", "OMP_NUM_THREADS", "PYTHONDONTWRITEBYTECODE", "LC_CTYPE"}
+    assert set(env) <= {
+        "PATH",
+        "LANG",
+        "HOME",
+        "TMPDIR",
+        "OMP_NUM_THREADS",
+        "PYTHONDONTWRITEBYTECODE",
+        "LC_CTYPE",
+        "PWD",
+    }
 
 
 def test_the_working_directory_is_fresh_empty_and_removed_afterwards():
@@ -63,24 +85,39 @@ def test_a_fork_bomb_is_stopped_by_the_process_limit():
     )
     forked, err = _values(run_code(src, 1, timeout=120))[0]
     assert err == 11 and 0 < forked < 5000  # EAGAIN well before the loop ran out
+    assert _run_cgroups() == []  # in bubblewrap as root, the limit was a pids cgroup of the run's own, now gone
+
+
+def _run_cgroups():
+    from simdist.visualize import _sandbox
+
+    found = []
+    for hierarchy in _sandbox._PIDS_HIERARCHIES:
+        if os.path.isdir(hierarchy):
+            found += [name for name in os.listdir(hierarchy) if name.startswith("simdist-code-")]
+    return found
 
 
 @pytest.mark.parametrize("how", ["subprocess", "fork"])
 def test_a_sleeping_grandchild_is_killed_when_the_run_ends(how):
+    token = f"simdist-grandchild-{os.getpid()}-{how}"  # found by its command line: bubblewrap's pids are its own
     start = (
-        (
-            "import subprocess, sys\nPID = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
-            " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid\n"
-        )
+        "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', TOKEN],"
+        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
         if how == "subprocess"
-        else ("import os, time\nPID = os.fork()\nif PID == 0:\n    time.sleep(600)\n    os._exit(0)\n")
+        else "import os, sys\nif os.fork() == 0:\n"
+        "    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)', TOKEN])\n"
     )
-    res = run_code(start + "def main(rank):\n    return PID\n", 1, timeout=60)
-    pid = _values(res)[0]
-    deadline = time.monotonic() + 30
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(pid)
+    src = f"TOKEN = {token!r}\n" + start + "import time\ntime.sleep(1)\ndef main(rank):\n    return rank\n"
+    try:
+        assert _values(run_code(src, 1, timeout=60)) == [0]
+        deadline = time.monotonic() + 30
+        while _with_token(token) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _with_token(token) == []
+    finally:
+        for pid in _with_token(token):
+            os.kill(pid, 9)
 
 
 def _with_token(token):
@@ -120,7 +157,8 @@ def test_a_grandchild_that_left_the_session_is_killed_too(escape, ending):
             os.kill(pid, 9)
 
 
-def test_the_child_keeps_a_capability_only_where_nobody_could_not_read_python():
+def test_the_child_keeps_a_capability_only_where_nobody_could_not_read_python(containment):
+    """In bubblewrap the child holds no capability at all (the sandbox binds what it must read)."""
     import sysconfig
 
     def nobody_reads(path):  # from the mode bits of the path and each directory above it
@@ -134,7 +172,7 @@ def test_the_child_keeps_a_capability_only_where_nobody_could_not_read_python():
         "def main(rank):\n    return int(CAPS, 16)\n"
     )
     caps = _values(run_code(src, 1))[0]
-    needed = os.geteuid() == 0 and not nobody_reads(sysconfig.get_paths()["stdlib"])
+    needed = containment == "process" and os.geteuid() == 0 and not nobody_reads(sysconfig.get_paths()["stdlib"])
     assert caps == (1 << 2 if needed else 0)  # CAP_DAC_READ_SEARCH, or nothing
 
 

@@ -21,9 +21,16 @@ JSON. The child is contained as far as the platform allows:
   new user namespace otherwise). Where neither is permitted the run says so:
   ``CodeResult.network_isolated`` is ``False`` and the code can use the network.
 
-Pasted code can still read what its user may read (with the capability kept, any file),
-and where the app does not run as root, code that kills its own supervisor can leave a
-process behind. The app offers this only when started with ``SIMDIST_ALLOW_CODE=1``.
+Where bubblewrap is installed (:func:`bubblewrap`), the child runs in its sandbox as well: new
+namespaces of every kind (no network; its own processes, all gone when it ends), the user
+``nobody``, and of the file system only the system's libraries, the Python installation and
+simdist (read-only) and an empty home and /tmp of its own. There the task limit is a pids cgroup
+when the app runs as root (root outside the sandbox's user namespace is exempt from
+``RLIMIT_NPROC``), else ``RLIMIT_NPROC`` from the user's task count on the host.
+
+Without bubblewrap, pasted code can still read what its user may read (with the capability kept,
+any file), and where the app does not run as root, code that kills its own supervisor can leave a
+process behind. The app then offers this only when started with ``SIMDIST_ALLOW_CODE=1``.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 
 __all__ = ["ALLOW_ENV", "CodeResult", "GradeResult", "bubblewrap", "code_allowed", "grade_code", "run_code"]
@@ -51,7 +59,7 @@ import ctypes, json, os, resource, sys
 payload = json.loads(sys.stdin.read())
 sys.stdin.close()
 source, exercise = payload["source"], payload.get("exercise")
-memory_mb, world, cpu_s, fsize_mb, nofile, walled = (int(a) for a in sys.argv[1:7])
+memory_mb, world, cpu_s, fsize_mb, nofile, walled, host_tasks = (int(a) for a in sys.argv[1:8])
 libc = ctypes.CDLL(None, use_errno=True)
 NEWUSER, NEWNET = 0x10000000, 0x40000000
 def descendants(root):
@@ -131,7 +139,8 @@ if os.geteuid() == 0:  # become nobody, keeping only the capability to read (the
     data = (ctypes.c_uint32 * 6)(read, read, read, 0, 0, 0)
     if libc.capset(header, data) != 0 or libc.prctl(47, 2, 2, 0, 0) != 0:  # PR_CAP_AMBIENT_RAISE
         raise SystemExit("could not keep the capability to read files as nobody")
-others = tasks_of(os.getuid()) - threads()  # before a user namespace hides the real uid
+# before a user namespace hides the real uid; in bubblewrap its /proc shows only the sandbox: the app counted them
+others = host_tasks if walled else tasks_of(os.getuid()) - threads()
 if not isolated:
     isolated = libc.unshare(NEWUSER | NEWNET) == 0
 print("@@SIMDIST-NET@@" + ("1" if isolated else "0"), flush=True)
@@ -180,6 +189,7 @@ class CodeResult:
     values: tuple = ()
     error: str | None = None
     network_isolated: bool = False
+    bubblewrap: bool = False  # it ran in bubblewrap's sandbox (see :func:`bubblewrap`)
 
 
 def code_allowed() -> bool:
@@ -250,7 +260,8 @@ def run_code(
 
     Returns:
         A ``CodeResult``: ``ok``; ``values`` (each rank's return value as its ``repr``) and
-        ``trace_json``, or ``error`` (the text of what went wrong); ``network_isolated``.
+        ``trace_json``, or ``error`` (the text of what went wrong); ``network_isolated``; ``bubblewrap``
+        (it ran in bubblewrap's sandbox, which it does wherever :func:`bubblewrap` finds it).
 
     Raises:
         TypeError: ``source`` is not a str.
@@ -275,10 +286,18 @@ def run_code(
         _positive(name, value)
     cpu = max(10, int(2 * timeout)) if cpu_seconds is None else cpu_seconds
     _positive("cpu_seconds", cpu)
+    walled = bubblewrap() is not None
     code, stdout, stderr = _contained(
-        {"source": source}, world, timeout=timeout, memory_mb=memory_mb, cpu=cpu, file_mb=file_mb, open_files=open_files
+        {"source": source},
+        world,
+        timeout=timeout,
+        memory_mb=memory_mb,
+        cpu=cpu,
+        file_mb=file_mb,
+        open_files=open_files,
+        walled=walled,
     )
-    return _result(code, stdout, stderr, timeout, cpu)
+    return _result(code, stdout, stderr, timeout, cpu, walled)
 
 
 def bubblewrap() -> str | None:
@@ -385,8 +404,12 @@ def _contained(
         str(int(file_mb)),
         str(int(open_files)),
         "1" if walled else "0",
+        str(_tasks_of(os.getuid()) if walled else 0),
     ]
     command = [_bubblewrap() or "bwrap", *_walls(file_mb), *worker] if walled else worker
+    cgroup = _pids_cgroup(world + _SPARE_TASKS) if walled and os.geteuid() == 0 else None
+    if cgroup is not None:  # the shell joins it, then becomes bubblewrap: every task of the run is counted
+        command = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *command]
     env = _child_env(_WALLED_HOME if walled else home)
     if walled:
         env["TMPDIR"] = "/tmp"
@@ -426,7 +449,66 @@ def _contained(
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
         shutil.rmtree(home, ignore_errors=True)
+        if cgroup is not None:
+            _remove_cgroup(cgroup)
     return code, stdout, stderr
+
+
+_SPARE_TASKS = 64  # the tasks a run may have beyond one thread per rank (as the worker's RLIMIT_NPROC margin)
+_PIDS_HIERARCHIES = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")  # cgroup v1's pids hierarchy, cgroup v2's
+
+
+def _tasks_of(uid: int) -> int:
+    """The number of tasks (threads) of user ``uid`` on this host, as ``RLIMIT_NPROC`` counts them."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = dict(line.split(":", 1) for line in f if ":" in line)
+            if int(status["Uid"].split()[0]) == uid:
+                n += int(status["Threads"])
+        except (OSError, KeyError, ValueError):
+            pass
+    return n
+
+
+def _pids_cgroup(limit: int) -> str | None:
+    """A new cgroup whose tasks (processes and threads) may number at most ``limit``, as its directory;
+    ``None`` where none can be made here (not root, no writable pids controller).
+
+    Code that runs as root in bubblewrap runs as root outside its user namespace, which ``RLIMIT_NPROC``
+    exempts: this limit holds for root too.
+    """
+    for hierarchy in _PIDS_HIERARCHIES:
+        try:
+            path = tempfile.mkdtemp(prefix="simdist-code-", dir=hierarchy)
+        except OSError:
+            continue
+        try:  # no O_CREAT: only a cgroup with the pids controller has the file
+            fd = os.open(os.path.join(path, "pids.max"), os.O_WRONLY)
+            try:
+                os.write(fd, str(int(limit)).encode())
+            finally:
+                os.close(fd)
+            return path
+        except OSError:  # a plain directory, or cgroup v2 without the pids controller enabled for its children
+            _remove_cgroup(path)
+    return None
+
+
+def _remove_cgroup(path: str) -> None:
+    """Remove the (emptied) cgroup ``path``; its last tasks may take a moment to be reaped."""
+    for _ in range(100):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if not os.path.exists(os.path.join(path, "cgroup.procs")):  # a plain directory
+                shutil.rmtree(path, ignore_errors=True)
+                return
+            time.sleep(0.02)
 
 
 def _parsed(code: int | None, stdout: str, stderr: str, timeout: float, cpu: int) -> tuple[dict | str, bool]:
@@ -434,7 +516,7 @@ def _parsed(code: int | None, stdout: str, stderr: str, timeout: float, cpu: int
     isolated = stdout.startswith(_NET + "1")
     if code is None:
         return f"the code did not finish within {timeout:g} s (it was stopped)", isolated
-    if code == -signal.SIGXCPU:
+    if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):  # bubblewrap exits 128 + the signal that killed its child
         return f"the code used more than {cpu} s of CPU time (it was stopped)", isolated
     _, sep, tail = stdout.rpartition(_MARK)
     if not sep:
@@ -444,11 +526,12 @@ def _parsed(code: int | None, stdout: str, stderr: str, timeout: float, cpu: int
     return (out if out["ok"] else out["error"]), isolated
 
 
-def _result(code: int | None, stdout: str, stderr: str, timeout: float, cpu: int) -> CodeResult:
+def _result(code: int | None, stdout: str, stderr: str, timeout: float, cpu: int, walled: bool) -> CodeResult:
     out, isolated = _parsed(code, stdout, stderr, timeout, cpu)
     if isinstance(out, str):
-        return CodeResult(False, error=out, network_isolated=isolated)
-    return CodeResult(True, trace_json=out["trace"], values=tuple(out["values"]), network_isolated=isolated)
+        return CodeResult(False, error=out, network_isolated=isolated, bubblewrap=walled)
+    values = tuple(out["values"])
+    return CodeResult(True, trace_json=out["trace"], values=values, network_isolated=isolated, bubblewrap=walled)
 
 
 @dataclass(frozen=True)
