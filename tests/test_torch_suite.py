@@ -26,9 +26,10 @@ import pytest
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.torch_release]
 
-SOCKET_TIMEOUT_S = 150
+SOCKET_TIMEOUT_S = 300
 """A socket-side test's limit: its two rank processes import torch, and CI runs this file again at the
-lowest CPU priority beside the main suite, where a test that takes 12 s alone was measured at 60 s."""
+lowest CPU priority beside the main suite, where a test that takes 12 s alone was measured at 60 s and
+the two ranks of one took 88 s to import torch 2.14.1 (its 5.5 GB CUDA build) before the test began."""
 pytest.importorskip("expecttest", reason="torch.testing._internal (torch's distributed tests) needs expecttest")
 
 HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "torch_suite.py"
