@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+import simdist
 import simdist.testing as sdt
 from simdist.exercises import EXERCISES_ENV, ExerciseError, Verdict, grade, load, load_all
 from simdist.exercises._grade import _program
@@ -175,21 +176,46 @@ def test_a_typical_wrong_solution_fails_with_the_right_explanation(name, mistake
     assert verdict.token and f"@world={verdict.world}" in verdict.token
 
 
-def test_a_mistake_only_some_schedules_show_is_found_and_explained_at_the_students_lines():
-    """The server that keeps arrival order passes the plain schedule (workers in rank order) at every world
-    size; grading finds a schedule where rank 2's gradient arrives first, and its replay fails the same way."""
-    e = SHIPPED["05_parameter_server"]
-    source, _, _ = _wrong(e.name)["keeps the arrival order"]
+RARE = {
+    "04_halo_exchange": (
+        lambda s: edited(s, "dist.irecv(u[0:1], src=rank - 1)", "dist.irecv(u[0:1])"),
+        "deadlock",
+        "no rank can proceed",
+    ),
+    "05_parameter_server": (
+        lambda s: edited(s, "        grads[sender - 1] = grad\n", "        grads[_] = grad\n"),
+        "wrong result",
+        "in rank order",
+    ),
+}
+"""Mistakes that the plain schedule (each rank in turn, in rank order) does not show at any world size:
+the halo exchange whose left halo is received from any source (a right neighbour's message, sent
+first, takes it, and the receive from the right waits for ever); the server that keeps arrival order."""
+
+
+@pytest.mark.parametrize("name", sorted(RARE))
+def test_a_mistake_only_some_schedules_show_is_found_and_explained_at_the_students_lines(name):
+    """The mistake passes the plain schedule at every world size; grading finds a schedule that shows it,
+    explains its decisions at the student's lines, and its token replays the failure."""
+    e = SHIPPED[name]
+    mistake, kind, words = RARE[name]
+    source = mistake(e.solution)
     main, check = _program(e, source)
     for world in e.worlds:
         plain = sdt.run(main, world, args=(world,), schedule="choices:0")
         check(plain.values, world)  # no error: right under the plain schedule
     verdict = grade(e, source)
-    assert verdict.kind == "wrong result" and "in rank order" in verdict.summary
+    assert verdict.kind == kind and words in verdict.summary, verdict
+    assert verdict.token != f"choices:0@world={verdict.world}", verdict.token  # a schedule other than the plain one
     assert verdict.decisions and all("solution.py:" in d for d in verdict.decisions), verdict.decisions
-    replayed = sdt.replay(main, verdict.world, verdict.token, args=(verdict.world,))
-    with pytest.raises(AssertionError, match="in rank order"):
-        check(replayed.values, verdict.world)
+    if kind == "deadlock":
+        assert verdict.wait_for, verdict  # the wait-for graph of the deadlock
+        with pytest.raises(simdist.DeadlockError, match=words):
+            sdt.replay(main, verdict.world, verdict.token, args=(verdict.world,))
+    else:
+        replayed = sdt.replay(main, verdict.world, verdict.token, args=(verdict.world,))
+        with pytest.raises(AssertionError, match=words):
+            check(replayed.values, verdict.world)
 
 
 def test_code_that_does_not_compile_or_lacks_the_function_gets_a_verdict_naming_the_line():
