@@ -114,6 +114,15 @@ if result is not None:
                 found = SimpleNamespace(graph=nx.node_link_graph(v["wait_for"]["graph"], edges="links"),
                                         cycle=v["wait_for"]["cycle"])  # fmt: skip
                 st.plotly_chart(V.wait_for_figure(V.wait_for(found)), key="verdict_wait_for")
+            calls = v.get("calls") or []
+            if any(calls):
+                st.markdown(
+                    "**What each rank's calls held in the failing run**, in the order they completed (a receive "
+                    "when it was waited for): the values sent, and the values in the buffer once received"
+                )
+                rows = [{"rank": r, "#": i + 1, "call": text} for r, texts in enumerate(calls) for i, text in
+                        enumerate(texts)]  # fmt: skip
+                st.dataframe(rows, hide_index=True, key="verdict_calls")
             trace = simdist.Trace.from_json(v["trace_json"]) if v["trace_json"] else None
             if trace is not None and len(trace):
                 st.markdown("**The failing run** (virtual time; arrows are messages)")

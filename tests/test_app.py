@@ -341,6 +341,11 @@ def test_a_submission_is_graded_in_a_separate_process_and_a_rare_mistake_is_expl
     assert any(c.value.startswith("choices:") for c in at.code)  # the replay token
     charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     assert any(c["layout"]["title"]["text"].startswith("timeline on") for c in charts)  # the failing run
+    calls = at.dataframe[0].value  # what the failing run's receives held: rank 2's gradient came first
+    assert list(calls["call"]) == [
+        "solution.py:9 recv from any rank: [2, 2] (from rank 2)",
+        "solution.py:9 recv from any rank: [1, 1] (from rank 1)",
+    ] and list(calls["rank"]) == [0, 0]
     at.selectbox(key="exercise").select("Fix a deadlock: trade with both neighbours on a ring")
     ok(at)
     at.button(key="submit").click()  # the starter as it is: it deadlocks

@@ -208,6 +208,9 @@ def test_a_mistake_only_some_schedules_show_is_found_and_explained_at_the_studen
     assert verdict.kind == kind and words in verdict.summary, verdict
     assert verdict.token != f"choices:0@world={verdict.world}", verdict.token  # a schedule other than the plain one
     assert verdict.decisions and all("solution.py:" in d for d in verdict.decisions), verdict.decisions
+    assert len(verdict.calls) == verdict.world and any(verdict.calls), verdict.calls  # what the calls held
+    assert all(text.startswith("solution.py:") for texts in verdict.calls for text in texts), verdict.calls
+    assert any("from any rank" in text for texts in verdict.calls for text in texts), verdict.calls
     if kind == "deadlock":
         assert verdict.wait_for, verdict  # the wait-for graph of the deadlock
         with pytest.raises(simdist.DeadlockError, match=words):
@@ -216,6 +219,24 @@ def test_a_mistake_only_some_schedules_show_is_found_and_explained_at_the_studen
         replayed = sdt.replay(main, verdict.world, verdict.token, args=(verdict.world,))
         with pytest.raises(AssertionError, match=words):
             check(replayed.values, verdict.world)
+
+
+def test_the_failing_runs_calls_show_what_each_rank_sent_and_received_in_order():
+    """A broadcast that forwards before its receive completed: rank 1 sends zeros to rank 3, then its receive
+    from rank 0 completes with rank 0's values; the record says so, per rank, at the student's lines."""
+    e = SHIPPED["03_binomial_broadcast"]
+    source, _, _ = _wrong(e.name)["forwards before its receive completed"]
+    verdict = grade(e, source)
+    assert verdict.world == 4 and verdict.calls == (
+        ("solution.py:12 send to rank 1: [3, 1, 4]", "solution.py:12 send to rank 2: [3, 1, 4]"),
+        ("solution.py:12 send to rank 3: [0, 0, 0]", "solution.py:10 irecv from rank 0, waited: [3, 1, 4]"),
+        ("solution.py:10 irecv from rank 0, waited: [3, 1, 4]",),
+        ("solution.py:10 irecv from rank 1, waited: [0, 0, 0]",),
+    ), verdict.calls
+    gradient = SHIPPED["06_gradient_bucket"]
+    source, _, _ = _wrong(gradient.name)["reads the bucket before the work is waited for"]
+    calls = grade(gradient, source).calls
+    assert calls and all(texts and texts[0].startswith("solution.py:8 all_reduce, waited: [") for texts in calls)
 
 
 def test_code_that_does_not_compile_or_lacks_the_function_gets_a_verdict_naming_the_line():

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from simdist._errors import BufferRaceError, CollectiveMismatchError, DeadlockError, DistError, RankError
+from simdist.algorithms import ALGORITHMS
 
 from ._format import Exercise
 
@@ -59,6 +60,7 @@ class Verdict:
     checks: tuple[str, ...] = ()  # what held in every run before the failure (or in all)
     trace_json: str | None = None  # the failing run's trace (``simdist.Trace.from_json``), replayed from ``token``
     wait_for: dict | None = None  # a deadlock's wait-for graph: ``{"graph": node-link data, "cycle": [...]}``
+    calls: tuple[tuple[str, ...], ...] = ()  # per rank, in order: the failing run's communication calls with values
 
 
 def _compiled(source: str, name: str) -> Any:
@@ -66,15 +68,91 @@ def _compiled(source: str, name: str) -> Any:
     return compile(source, name, "exec")
 
 
-def _program(exercise: Exercise, source: str) -> tuple[Callable, Callable]:
-    """``(main, check)``: the submission with the exercise's harness and check, in one namespace."""
+def _program(exercise: Exercise, source: str, tap: dict[int, list[str]] | None = None) -> tuple[Callable, Callable]:
+    """``(main, check)``: the submission with the exercise's harness and check, in one namespace; with ``tap``,
+    what each rank's communication calls held is recorded there (see :class:`_Tapped`)."""
     namespace: dict[str, Any] = {"__name__": "solution"}
     exec(_compiled(source, SOURCE_NAME), namespace)
     if not callable(namespace.get(exercise.function)):
         raise LookupError(exercise.function)
     exec(_compiled(exercise.harness, "harness.py"), namespace)
     exec(_compiled(exercise.check, "check.py"), namespace)
-    return namespace["main"], namespace["check"]
+    main = namespace["main"]
+    if tap is not None and "dist" in namespace:  # the student's functions read ``dist`` from this namespace
+        namespace["dist"] = _Tapped(namespace["dist"], tap)
+
+        def main(rank: int, *args: Any) -> Any:  # each rank's record starts with its run (a replay may run again)
+            tap[rank] = []
+            return namespace["main"](rank, *args)
+
+    return main, namespace["check"]
+
+
+_TAPPED_SENDS = ("send", "isend")
+_TAPPED_RECEIVES = ("recv", "irecv")
+_TAPPED_COLLECTIVES = tuple(name for name in ALGORITHMS if name != "barrier")  # those that move values
+
+
+class _Tapped:
+    """``simdist`` as the student's code sees it in the failing run's replay: each communication call made from
+    the student's lines is recorded, per rank and in order, with the values it sent or received
+    (``"solution.py:12 recv from rank 2: [1.0, 2.0]"``); a receive or an asynchronous collective is recorded
+    when it completes (its wait), blocking ones when they return."""
+
+    def __init__(self, real: Any, log: dict[int, list[str]]):
+        self._real, self._log = real, log
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._real, name)
+        if name not in _TAPPED_SENDS + _TAPPED_RECEIVES + _TAPPED_COLLECTIVES:
+            return real
+        return lambda *args, **kwargs: self._call(name, real, args, kwargs)
+
+    def _call(self, name: str, real: Callable, args: tuple, kwargs: dict) -> Any:
+        import sys
+
+        caller = sys._getframe(2)
+        line = f"{SOURCE_NAME}:{caller.f_lineno}" if caller.f_code.co_filename == SOURCE_NAME else None
+        if line is None:  # the harness's own calls are not the student's
+            return real(*args, **kwargs)
+        rank = self._real.get_rank()
+        tensor = args[0] if args else kwargs.get("tensor")
+        if name in _TAPPED_SENDS:
+            peer = args[1] if len(args) > 1 else kwargs.get("dst")
+            self._add(rank, f"{line} {name} to rank {peer}: {_values(tensor)}")
+            return real(*args, **kwargs)
+        result = real(*args, **kwargs)
+        if name in _TAPPED_RECEIVES:
+            peer = args[1] if len(args) > 1 else kwargs.get("src")
+            what = f"{line} {name} from {'any rank' if peer is None else f'rank {peer}'}"
+        else:
+            what = f"{line} {name}"
+        if result is None or not hasattr(result, "wait") or name == "recv":
+            sender = f" (from rank {result})" if name == "recv" and "from any rank" in what else ""
+            self._add(rank, f"{what}: {_values(tensor)}{sender}")
+            return result
+        work, wait = result, result.wait
+
+        def waited(*a: Any, **k: Any) -> Any:
+            out = wait(*a, **k)
+            self._add(rank, f"{what}, waited: {_values(tensor)}")
+            return out
+
+        work.wait = waited
+        return work
+
+    def _add(self, rank: int, text: str) -> None:
+        self._log.setdefault(rank, []).append(text)
+
+
+def _values(tensor: Any, limit: int = 8) -> str:
+    """A tensor's leading values as a list (``[1.0, 2.0, ...]``), or its ``repr`` if it is none."""
+    try:
+        flat = tensor.detach().reshape(-1).tolist()
+    except AttributeError:
+        return repr(tensor)[:60]
+    shown = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in flat[:limit])
+    return f"[{shown}{', ...' if len(flat) > limit else ''}]"
 
 
 def _kind(exc: BaseException) -> str:
@@ -90,10 +168,16 @@ def _kind(exc: BaseException) -> str:
     return "error"  # leaks are found by the run after the search (``leaks="error"``), not guessed from text
 
 
-def _failing_run(main: Callable, world: int, token: str, options: dict) -> str | None:
-    """The trace of the run ``token`` replays, as JSON (``None`` if it could not be written)."""
+def _failing_run(
+    exercise: Exercise, source: str, world: int, token: str, options: dict
+) -> tuple[str | None, tuple[tuple[str, ...], ...]]:
+    """The run ``token`` replays: its trace as JSON (``None`` if it could not be written), and what each rank's
+    communication calls from the student's lines held, in order (see :class:`_Tapped`)."""
     import simdist.testing as sdt
 
+    tap: dict[int, list[str]] = {}
+    main, _ = _program(exercise, source, tap)
+    calls = lambda: tuple(tuple(tap.get(r, ())) for r in range(world))  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="simdist-grade-") as folder:
         path = os.path.join(folder, "trace.json")
         try:
@@ -101,12 +185,12 @@ def _failing_run(main: Callable, world: int, token: str, options: dict) -> str |
         except DistError:
             pass  # it fails, as it did: its trace is what the student is shown
         except Exception:  # noqa: BLE001 - a replay that fails otherwise: no picture, the verdict stands
-            return None
+            return None, calls()
         try:
             with open(path, encoding="utf-8") as f:
-                return f.read()
+                return f.read(), calls()
         except OSError:
-            return None
+            return None, calls()
 
 
 def _wait_for(exc: BaseException) -> dict | None:
@@ -177,10 +261,11 @@ def grade(exercise: Exercise, source: str) -> Verdict:
                 decisions = tuple(sdt.explain(main, world, token, args=(world,), **options)) if token else ()
                 kind, why = _kind(exc), _first_line(exc)
                 why = why[len(kind) + 2 :] if why.lower().startswith(f"{kind}: ") else why  # "deadlock: no rank ..."
+                trace_json, calls = _failing_run(exercise, source, world, token, options) if token else (None, ())
                 return Verdict(
                     False, kind, f"world {world}: {kind}: {why}", explanation=why, world=world, report=str(exc),
                     token=token, decisions=decisions, complete=False, runs=runs, checks=(),
-                    trace_json=_failing_run(main, world, token, options) if token else None, wait_for=_wait_for(exc),
+                    trace_json=trace_json, wait_for=_wait_for(exc), calls=calls,
                 )  # fmt: skip
             runs += summary.runs
             if strategy == "exhaustive":
