@@ -118,11 +118,17 @@ if result is not None:
             if any(calls):
                 st.markdown(
                     "**What each rank's calls held in the failing run**, in the order they completed (a receive "
-                    "when it was waited for): the values sent, and the values in the buffer once received"
+                    "when it was waited for): the values sent, the values in the buffer once received, and what "
+                    "never completed"
                 )
                 rows = [{"rank": r, "#": i + 1, "call": text} for r, texts in enumerate(calls) for i, text in
                         enumerate(texts)]  # fmt: skip
-                st.dataframe(rows, hide_index=True, key="verdict_calls")
+                widths = {"rank": st.column_config.NumberColumn(width="small"),
+                          "#": st.column_config.NumberColumn(width="small"),
+                          "call": st.column_config.TextColumn(width="large")}  # fmt: skip
+                height = 35 * (min(len(rows), 16) + 1) + 3  # every row in view, up to 16
+                st.dataframe(rows, hide_index=True, column_config=widths, height=height, width="content",
+                             key="verdict_calls")  # fmt: skip
             trace = simdist.Trace.from_json(v["trace_json"]) if v["trace_json"] else None
             if trace is not None and len(trace):
                 st.markdown("**The failing run** (virtual time; arrows are messages)")

@@ -213,6 +213,11 @@ def test_a_mistake_only_some_schedules_show_is_found_and_explained_at_the_studen
     assert any("from any rank" in text for texts in verdict.calls for text in texts), verdict.calls
     if kind == "deadlock":
         assert verdict.wait_for, verdict  # the wait-for graph of the deadlock
+        # rank 2's second halo took rank 1's left receive; the receive from rank 2 then waits for ever
+        assert verdict.calls[1][-2:] == (
+            "solution.py:9 irecv from any rank, waited: [108]",
+            "solution.py:12 irecv from rank 2: never completed",
+        ), verdict.calls
         with pytest.raises(simdist.DeadlockError, match=words):
             sdt.replay(main, verdict.world, verdict.token, args=(verdict.world,))
     else:

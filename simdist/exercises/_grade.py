@@ -13,6 +13,7 @@ contained child process (:mod:`simdist.visualize._sandbox`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import linecache
 import os
@@ -68,9 +69,9 @@ def _compiled(source: str, name: str) -> Any:
     return compile(source, name, "exec")
 
 
-def _program(exercise: Exercise, source: str, tap: dict[int, list[str]] | None = None) -> tuple[Callable, Callable]:
+def _program(exercise: Exercise, source: str, tap: _Tapped | None = None) -> tuple[Callable, Callable]:
     """``(main, check)``: the submission with the exercise's harness and check, in one namespace; with ``tap``,
-    what each rank's communication calls held is recorded there (see :class:`_Tapped`)."""
+    what each rank's communication calls held is recorded there."""
     namespace: dict[str, Any] = {"__name__": "solution"}
     exec(_compiled(source, SOURCE_NAME), namespace)
     if not callable(namespace.get(exercise.function)):
@@ -79,10 +80,10 @@ def _program(exercise: Exercise, source: str, tap: dict[int, list[str]] | None =
     exec(_compiled(exercise.check, "check.py"), namespace)
     main = namespace["main"]
     if tap is not None and "dist" in namespace:  # the student's functions read ``dist`` from this namespace
-        namespace["dist"] = _Tapped(namespace["dist"], tap)
+        tap.real, namespace["dist"] = namespace["dist"], tap
 
         def main(rank: int, *args: Any) -> Any:  # each rank's record starts with its run (a replay may run again)
-            tap[rank] = []
+            tap.start(rank)
             return namespace["main"](rank, *args)
 
     return main, namespace["check"]
@@ -96,14 +97,27 @@ _TAPPED_COLLECTIVES = tuple(name for name in ALGORITHMS if name != "barrier")  #
 class _Tapped:
     """``simdist`` as the student's code sees it in the failing run's replay: each communication call made from
     the student's lines is recorded, per rank and in order, with the values it sent or received
-    (``"solution.py:12 recv from rank 2: [1.0, 2.0]"``); a receive or an asynchronous collective is recorded
-    when it completes (its wait), blocking ones when they return."""
+    (``"solution.py:12 recv from rank 2: [1, 2]"``). A send is recorded when it is posted, a receive or a
+    collective when it completes (its wait, or its return), and one that never completed as such."""
 
-    def __init__(self, real: Any, log: dict[int, list[str]]):
-        self._real, self._log = real, log
+    def __init__(self) -> None:
+        self.real: Any = None
+        self._done: dict[int, list[str]] = {}
+        self._pending: dict[int, dict[int, str]] = {}
+        self._keys = itertools.count()  # next() is atomic: rank threads share it
+
+    def start(self, rank: int) -> None:
+        self._done[rank], self._pending[rank] = [], {}
+
+    def calls(self, world: int) -> tuple[tuple[str, ...], ...]:
+        """Per rank, what its calls held in order, then the receives and collectives that never completed."""
+        return tuple(
+            (*self._done.get(r, ()), *(f"{what}: never completed" for what in self._pending.get(r, {}).values()))
+            for r in range(world)
+        )
 
     def __getattr__(self, name: str) -> Any:
-        real = getattr(self._real, name)
+        real = getattr(self.real, name)
         if name not in _TAPPED_SENDS + _TAPPED_RECEIVES + _TAPPED_COLLECTIVES:
             return real
         return lambda *args, **kwargs: self._call(name, real, args, kwargs)
@@ -115,34 +129,37 @@ class _Tapped:
         line = f"{SOURCE_NAME}:{caller.f_lineno}" if caller.f_code.co_filename == SOURCE_NAME else None
         if line is None:  # the harness's own calls are not the student's
             return real(*args, **kwargs)
-        rank = self._real.get_rank()
+        rank = self.real.get_rank()
+        done, pending = self._done.setdefault(rank, []), self._pending.setdefault(rank, {})
         tensor = args[0] if args else kwargs.get("tensor")
         if name in _TAPPED_SENDS:
             peer = args[1] if len(args) > 1 else kwargs.get("dst")
-            self._add(rank, f"{line} {name} to rank {peer}: {_values(tensor)}")
+            done.append(f"{line} {name} to rank {peer}: {_values(tensor)}")
             return real(*args, **kwargs)
-        result = real(*args, **kwargs)
+        peer = None
         if name in _TAPPED_RECEIVES:
             peer = args[1] if len(args) > 1 else kwargs.get("src")
             what = f"{line} {name} from {'any rank' if peer is None else f'rank {peer}'}"
         else:
             what = f"{line} {name}"
+        key = next(self._keys)
+        pending[key] = what
+        result = real(*args, **kwargs)
         if result is None or not hasattr(result, "wait") or name == "recv":
-            sender = f" (from rank {result})" if name == "recv" and "from any rank" in what else ""
-            self._add(rank, f"{what}: {_values(tensor)}{sender}")
+            del pending[key]
+            sender = f" (from rank {result})" if name == "recv" and peer is None else ""
+            done.append(f"{what}: {_values(tensor)}{sender}")
             return result
-        work, wait = result, result.wait
+        wait = result.wait
 
         def waited(*a: Any, **k: Any) -> Any:
             out = wait(*a, **k)
-            self._add(rank, f"{what}, waited: {_values(tensor)}")
+            if pending.pop(key, None) is not None:
+                done.append(f"{what}, waited: {_values(tensor)}")
             return out
 
-        work.wait = waited
-        return work
-
-    def _add(self, rank: int, text: str) -> None:
-        self._log.setdefault(rank, []).append(text)
+        result.wait = waited
+        return result
 
 
 def _values(tensor: Any, limit: int = 8) -> str:
@@ -175,9 +192,9 @@ def _failing_run(
     communication calls from the student's lines held, in order (see :class:`_Tapped`)."""
     import simdist.testing as sdt
 
-    tap: dict[int, list[str]] = {}
+    tap = _Tapped()
     main, _ = _program(exercise, source, tap)
-    calls = lambda: tuple(tuple(tap.get(r, ())) for r in range(world))  # noqa: E731
+    calls = lambda: tap.calls(world)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="simdist-grade-") as folder:
         path = os.path.join(folder, "trace.json")
         try:
