@@ -26,7 +26,9 @@ namespaces of every kind (no network; its own processes, all gone when it ends),
 ``nobody``, and of the file system only the system's libraries, the Python installation and
 simdist (read-only) and an empty home and /tmp of its own. There the task limit is a pids cgroup
 when the app runs as root (root outside the sandbox's user namespace is exempt from
-``RLIMIT_NPROC``), else ``RLIMIT_NPROC`` from the user's task count on the host.
+``RLIMIT_NPROC``), else ``RLIMIT_NPROC`` from the user's task count on the host. Root without a
+writable pids controller (a container that delegates none) has no task limit in the sandbox: the
+time limit and the sandbox's end still stop every process it started.
 
 Without bubblewrap, pasted code can still read what its user may read (with the capability kept,
 any file), and where the app does not run as root, code that kills its own supervisor can leave a
