@@ -248,6 +248,16 @@ def test_traces_page_offers_downloads_and_shows_a_timeline():
     assert int(metric(at, "messages")) == 7 * 8  # ring all_gather: p - 1 steps of p messages
 
 
+@pytest.fixture
+def walled_app(monkeypatch):
+    """The app where bubblewrap is installed (else the test skips), started without ``SIMDIST_ALLOW_CODE``."""
+    from simdist.visualize import bubblewrap
+
+    if bubblewrap() is None:
+        pytest.skip("bubblewrap is not installed here (apt-get install bubblewrap)")
+    monkeypatch.delenv("SIMDIST_ALLOW_CODE", raising=False)
+
+
 def test_your_code_needs_bubblewrap_or_the_opt_in(monkeypatch):
     from simdist.visualize import _sandbox
 
@@ -276,12 +286,7 @@ def test_your_code_runs_pasted_code_in_a_separate_process(monkeypatch):
     assert "ValueError" in at.code[0].value
 
 
-def test_with_bubblewrap_your_code_runs_in_its_sandbox_without_the_opt_in(monkeypatch):
-    from simdist.visualize import bubblewrap
-
-    if bubblewrap() is None:
-        pytest.skip("bubblewrap is not installed here (apt-get install bubblewrap)")
-    monkeypatch.delenv("SIMDIST_ALLOW_CODE", raising=False)
+def test_with_bubblewrap_your_code_runs_in_its_sandbox_without_the_opt_in(walled_app):
     at = page("your_code")
     assert not at.warning
     at.slider(key="code_world").set_value(2)
@@ -387,12 +392,7 @@ def test_the_teachers_view_counts_submissions_and_failure_kinds_without_names(mo
     assert set(at.table[0].value.columns) == {"exercise", "submitted", "passed", "failures"}  # no one's name
 
 
-def test_with_bubblewrap_submitting_needs_no_opt_in_and_the_page_says_which_containment(monkeypatch):
-    from simdist.visualize import bubblewrap
-
-    if bubblewrap() is None:
-        pytest.skip("bubblewrap is not installed here (apt-get install bubblewrap)")
-    monkeypatch.delenv("SIMDIST_ALLOW_CODE", raising=False)
+def test_with_bubblewrap_submitting_needs_no_opt_in_and_the_page_says_which_containment(walled_app):
     at = page("exercises")
     assert not at.warning
     at.button(key="submit").click()

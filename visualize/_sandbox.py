@@ -116,17 +116,6 @@ libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: descendants orphaned by a 
 child = os.fork()
 if child:
     supervise(child)
-def tasks_of(uid):
-    n = 0
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                status = dict(line.split(":", 1) for line in f if ":" in line)
-            if int(status["Uid"].split()[0]) == uid:
-                n += int(status["Threads"])
-        except (OSError, KeyError, ValueError):
-            pass
-    return n
 def threads():
     with open("/proc/self/status") as f:
         return int(next(line for line in f if line.startswith("Threads:")).split()[1])
@@ -141,8 +130,6 @@ if os.geteuid() == 0:  # become nobody, keeping only the capability to read (the
     data = (ctypes.c_uint32 * 6)(read, read, read, 0, 0, 0)
     if libc.capset(header, data) != 0 or libc.prctl(47, 2, 2, 0, 0) != 0:  # PR_CAP_AMBIENT_RAISE
         raise SystemExit("could not keep the capability to read files as nobody")
-# before a user namespace hides the real uid; in bubblewrap its /proc shows only the sandbox: the app counted them
-others = host_tasks if walled else tasks_of(os.getuid()) - threads()
 if not isolated:
     isolated = libc.unshare(NEWUSER | NEWNET) == 0
 print("@@SIMDIST-NET@@" + ("1" if isolated else "0"), flush=True)
@@ -153,7 +140,8 @@ import sysconfig
 if all(os.access(d, os.R_OK | os.X_OK) for d in [sysconfig.get_paths()["stdlib"], *filter(os.path.isdir, sys.path)]):
     libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL: nobody reads the installation, keep no capability
     libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)())
-nproc = others + threads() + world + 64
+nproc = host_tasks + threads() + world + 64  # host_tasks: the app counted them (a user namespace hides the
+# real uid, bubblewrap's /proc the host's tasks)
 resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
 for what, value in ((resource.RLIMIT_FSIZE, fsize_mb << 20), (resource.RLIMIT_NOFILE, nofile),
                     (resource.RLIMIT_NPROC, nproc)):
@@ -406,7 +394,7 @@ def _contained(
         str(int(file_mb)),
         str(int(open_files)),
         "1" if walled else "0",
-        str(_tasks_of(os.getuid()) if walled else 0),
+        str(_tasks_of(65534 if os.geteuid() == 0 else os.getuid())),  # the user the code runs as (root: nobody)
     ]
     command = [_bubblewrap() or "bwrap", *_walls(file_mb), *worker] if walled else worker
     cgroup = _pids_cgroup(world + _SPARE_TASKS) if walled and os.geteuid() == 0 else None
