@@ -1,8 +1,8 @@
 """Exercises (simdist.exercises): the shipped six, their grading against model and wrong solutions, the file format.
 
 Each wrong solution is a mistake students make; its verdict must name the right kind of failure
-and explain it in the student's terms. The parameter server's wrong solution passes the plain
-schedule and fails only when the workers' messages arrive out of rank order: grading finds it.
+and explain it in the student's terms. Three exercises have a wrong solution that passes the plain
+schedule and fails only under some schedules (``RARE``): grading finds it.
 """
 
 from __future__ import annotations
@@ -174,9 +174,28 @@ def test_a_typical_wrong_solution_fails_with_the_right_explanation(name, mistake
     assert not verdict.passed and verdict.kind == kind, verdict
     assert words in verdict.summary + verdict.report, verdict
     assert verdict.token and f"@world={verdict.world}" in verdict.token
+    if name not in RARE:  # a program that names every sender and polls nothing fails in the plain schedule
+        assert verdict.token == f"choices:0@world={verdict.world}", verdict.token
 
 
 RARE = {
+    "02_fix_a_deadlock": (
+        lambda s: edited(
+            edited(
+                s,
+                "    receiving = [dist.irecv(from_left, src=left), dist.irecv(from_right, src=right)]\n"
+                "    dist.send(tensor, dst=left)\n    dist.send(tensor, dst=right)\n"
+                "    for work in receiving:\n",
+                "    sending = [dist.isend(tensor, dst=left), dist.isend(tensor, dst=right)]\n"
+                "    dist.recv(from_left, src=left)\n    dist.recv(from_right)\n"
+                "    for work in sending:\n",
+            ),
+            "dist.recv(from_right)",
+            "dist.recv(from_right)  # the left one is taken already",
+        ),
+        "deadlock",
+        "no rank can proceed",
+    ),
     "04_halo_exchange": (
         lambda s: edited(s, "dist.irecv(u[0:1], src=rank - 1)", "dist.irecv(u[0:1])"),
         "deadlock",
@@ -189,8 +208,29 @@ RARE = {
     ),
 }
 """Mistakes that the plain schedule (each rank in turn, in rank order) does not show at any world size:
-the halo exchange whose left halo is received from any source (a right neighbour's message, sent
-first, takes it, and the receive from the right waits for ever); the server that keeps arrival order."""
+the trade whose sends are started with ``isend`` and whose receive from the right takes any source
+(a left neighbour already in its second step sends first, its message is taken, and the receive of
+the next step waits for ever); the halo exchange whose left halo is received from any source (a right
+neighbour's message, sent first, takes it, and the receive from the right waits for ever); the server
+that keeps arrival order. The other exercises' programs name every sender and poll nothing: what they
+do is the same under every schedule, so each of their mistakes shows in the plain one."""
+
+DEADLOCKED = {  # the failing run's last calls of one rank: a receive from any source took another's message
+    "02_fix_a_deadlock": (
+        1,
+        (
+            "solution.py:10 recv from rank 0: [0, 0]",
+            "solution.py:11 recv from any rank: [100, 100] (from rank 0)",
+            "solution.py:9 isend to rank 0: [101, 110]",
+            "solution.py:9 isend to rank 2: [101, 110]",
+            "solution.py:10 recv from rank 0: never completed",
+        ),
+    ),
+    "04_halo_exchange": (  # rank 2's second halo took rank 1's left receive; the one from rank 2 waits for ever
+        1,
+        ("solution.py:9 irecv from any rank, waited: [108]", "solution.py:12 irecv from rank 2: never completed"),
+    ),
+}
 
 
 @pytest.mark.parametrize("name", sorted(RARE))
@@ -213,11 +253,8 @@ def test_a_mistake_only_some_schedules_show_is_found_and_explained_at_the_studen
     assert any("from any rank" in text for texts in verdict.calls for text in texts), verdict.calls
     if kind == "deadlock":
         assert verdict.wait_for, verdict  # the wait-for graph of the deadlock
-        # rank 2's second halo took rank 1's left receive; the receive from rank 2 then waits for ever
-        assert verdict.calls[1][-2:] == (
-            "solution.py:9 irecv from any rank, waited: [108]",
-            "solution.py:12 irecv from rank 2: never completed",
-        ), verdict.calls
+        rank, last = DEADLOCKED[name]
+        assert verdict.calls[rank][-len(last) :] == last, verdict.calls
         with pytest.raises(simdist.DeadlockError, match=words):
             sdt.replay(main, verdict.world, verdict.token, args=(verdict.world,))
     else:
