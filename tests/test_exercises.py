@@ -175,7 +175,7 @@ def test_a_typical_wrong_solution_fails_with_the_right_explanation(name, mistake
     assert words in verdict.summary + verdict.report, verdict
     assert verdict.token and f"@world={verdict.world}" in verdict.token
     if name not in RARE:  # a program that names every sender and polls nothing fails in the plain schedule
-        assert verdict.token == f"choices:0@world={verdict.world}", verdict.token
+        assert verdict.token.split("@")[0] == "choices:0", verdict.token
 
 
 RARE = {
@@ -246,7 +246,7 @@ def test_a_mistake_only_some_schedules_show_is_found_and_explained_at_the_studen
         check(plain.values, world)  # no error: right under the plain schedule
     verdict = grade(e, source)
     assert verdict.kind == kind and words in verdict.summary, verdict
-    assert verdict.token != f"choices:0@world={verdict.world}", verdict.token  # a schedule other than the plain one
+    assert verdict.token.split("@")[0] != "choices:0", verdict.token  # a schedule other than the plain one
     assert verdict.decisions and all("solution.py:" in d for d in verdict.decisions), verdict.decisions
     assert len(verdict.calls) == verdict.world and any(verdict.calls), verdict.calls  # what the calls held
     assert all(text.startswith("solution.py:") for texts in verdict.calls for text in texts), verdict.calls
