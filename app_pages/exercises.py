@@ -5,10 +5,31 @@ from types import SimpleNamespace
 
 import networkx as nx
 import streamlit as st
+from code_editor import code_editor
 
 import simdist
 from simdist import exercises
 from simdist import visualize as V
+
+
+SUBMIT_BUTTON = {  # the editor's own Submit (its "submit" command, as Ctrl+Enter)
+    "name": "Submit",
+    "feather": "Play",
+    "primary": True,
+    "hasText": True,
+    "showWithIcon": True,
+    "alwaysOn": True,
+    "commands": ["submit"],
+    "style": {"bottom": "0.44rem", "right": "0.4rem"},
+}
+EDITOR_OPTIONS = {  # line numbers, Tab indents by 4; no completion pop-up to take an Enter meant for a new line
+    "showLineNumbers": True,
+    "tabSize": 4,
+    "useSoftTabs": True,
+    "enableLiveAutocompletion": False,
+    "enableBasicAutocompletion": False,
+    "enableSnippets": False,
+}
 
 
 @st.cache_data(show_spinner=False)
@@ -51,11 +72,37 @@ if seen < len(hints) and st.button(f"show a hint ({seen + 1} of {len(hints)})", 
 
 walled = V.bubblewrap() is not None
 allowed = walled or V.code_allowed()
-with st.form(f"submission_{name}", border=False):  # the code reaches the server when submitted, not per edit
-    source = st.text_area("your code", starter.strip() + "\n", height=320, key=f"code_{name}")
-    submitted = st.form_submit_button("Submit", type="primary", key="submit", disabled=not allowed)
-with st.expander("your code with line numbers (the verdict names these lines as solution.py:N)"):
-    st.code(source, language="python", line_numbers=True)
+drafts = st.session_state.setdefault("drafts", {})  # name -> the code as last sent: kept across exercises
+draft = drafts.get(name, starter.strip() + "\n")
+if st.session_state.get("plain_box"):
+    with st.form(f"submission_{name}", border=False):  # the code reaches the server when submitted, not per edit
+        source = st.text_area("your code", draft, height=320, key=f"code_{name}")
+        submitted = st.form_submit_button("Submit", type="primary", key="submit", disabled=not allowed)
+    with st.expander("your code with line numbers (the verdict names these lines as solution.py:N)"):
+        st.code(source, language="python", line_numbers=True)
+else:
+    st.caption("Your code (the verdict names its lines as solution.py:N). Ctrl+Enter submits it too.")
+    sent = code_editor(
+        draft,
+        lang="python",
+        height=[16, 40],
+        buttons=[SUBMIT_BUTTON] if allowed else [],
+        options=EDITOR_OPTIONS,
+        response_mode=["blur"],  # the code also reaches the server when the editor loses the focus: kept as a draft
+        props={"scrollMargin": [0, 0, 0, 0]},  # (with a margin, an edit drew the numbers off their lines)
+        key=f"editor_{name}",
+    )
+    source, event = (sent["text"], sent["type"]) if sent and sent.get("id") else (draft, "")
+    handled = st.session_state.setdefault("editor_events", {})
+    submitted = event == "submit" and allowed and handled.get(name) != sent["id"]  # each press once
+    if event:
+        handled[name] = sent["id"]
+st.toggle(
+    "plain text box (for a screen reader, or where the editor does not show)",
+    key="plain_box",
+    help="The plain box keeps what you wrote; its code is sent when you press Submit.",
+)
+drafts[name] = source
 
 if not allowed:
     st.warning(

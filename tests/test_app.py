@@ -298,6 +298,48 @@ def test_with_bubblewrap_your_code_runs_in_its_sandbox_without_the_opt_in(walled
 
 
 # -- Exercises ----------------------------------------------------------------------------------------------------
+# The code editor is a component in its own frame: the browser tests type in it (tests/test_browser_sessions.py);
+# here the page's plain text box, which sends the same code, stands in for it.
+
+
+def plain(at: AppTest) -> AppTest:
+    """The Exercises page with its plain text box instead of the code editor."""
+    at.toggle(key="plain_box").set_value(True)
+    return ok(at)
+
+
+def editor_args(at: AppTest) -> dict:
+    (editor,) = at.get("component_instance")
+    return json.loads(editor.proto.json_args)
+
+
+def test_exercises_open_in_a_code_editor_with_the_starter_and_keep_a_draft_across_exercises(monkeypatch):
+    monkeypatch.setenv("SIMDIST_ALLOW_CODE", "1")
+    at = page("exercises")
+    args = editor_args(at)
+    assert args["code"].startswith("import torch") and "def my_all_reduce(tensor):" in args["code"]
+    assert args["lang"] == "python" and args["options"]["showLineNumbers"] and args["options"]["tabSize"] == 4
+    assert [b["name"] for b in args["buttons"]] == ["Submit"] and args["buttons"][0]["commands"] == ["submit"]
+    at = plain(at)  # what the student wrote, then another exercise and back: it is still there
+    at.text_area(key="code_01_ring_all_reduce").input("# my ring\n")
+    at.button(key="submit").click()
+    ok(at)
+    at.selectbox(key="exercise").select("Binomial-tree broadcast")
+    ok(at)
+    at.toggle(key="plain_box").set_value(False)
+    ok(at)
+    assert editor_args(at)["code"].startswith("import torch\nimport simdist")  # this exercise's starter
+    at.selectbox(key="exercise").select("Ring all-reduce from send and recv")
+    ok(at)
+    assert editor_args(at)["code"] == "# my ring\n"
+
+
+def test_without_a_sandbox_or_the_opt_in_the_editor_has_no_submit_button(monkeypatch):
+    from simdist.visualize import _sandbox
+
+    monkeypatch.delenv("SIMDIST_ALLOW_CODE", raising=False)
+    monkeypatch.setattr(_sandbox, "_bubblewrap", lambda: None)
+    assert editor_args(page("exercises"))["buttons"] == []
 
 
 def test_exercises_show_the_task_hints_and_numbered_code_but_no_submit_without_a_sandbox_or_the_opt_in(monkeypatch):
@@ -305,7 +347,7 @@ def test_exercises_show_the_task_hints_and_numbered_code_but_no_submit_without_a
 
     monkeypatch.delenv("SIMDIST_ALLOW_CODE", raising=False)
     monkeypatch.setattr(_sandbox, "_bubblewrap", lambda: None)  # as where bubblewrap is not installed
-    at = page("exercises")
+    at = plain(page("exercises"))
     names = at.selectbox(key="exercise").options
     assert len(names) == 6 and names[0] == "Ring all-reduce from send and recv"
     assert any("my_all_reduce(tensor)" in m.value for m in at.markdown)
@@ -326,7 +368,7 @@ def test_exercises_show_the_task_hints_and_numbered_code_but_no_submit_without_a
 
 def test_a_submission_is_graded_in_a_separate_process_and_a_rare_mistake_is_explained(monkeypatch):
     monkeypatch.setenv("SIMDIST_ALLOW_CODE", "1")
-    at = page("exercises")
+    at = plain(page("exercises"))
     at.selectbox(key="exercise").select("A parameter server: receive from any source")
     ok(at)
     from simdist.exercises import load_all
@@ -377,7 +419,7 @@ def test_the_teachers_view_counts_submissions_and_failure_kinds_without_names(mo
         i = list(table["exercise"]).index(title)
         return {k: table[k].iloc[i] for k in ("submitted", "passed", "failures")}
 
-    at = page("exercises")
+    at = plain(page("exercises"))
     before = row(at)
     at.selectbox(key="exercise").select(title)
     ok(at)
@@ -393,7 +435,7 @@ def test_the_teachers_view_counts_submissions_and_failure_kinds_without_names(mo
 
 
 def test_with_bubblewrap_submitting_needs_no_opt_in_and_the_page_says_which_containment(walled_app):
-    at = page("exercises")
+    at = plain(page("exercises"))
     assert not at.warning
     at.button(key="submit").click()
     ok(at)
@@ -406,6 +448,6 @@ def test_without_bubblewrap_but_with_the_opt_in_the_page_says_not_to_serve_it(mo
 
     monkeypatch.setenv("SIMDIST_ALLOW_CODE", "1")
     monkeypatch.setattr(_sandbox, "_bubblewrap", lambda: None)
-    at = page("exercises")
+    at = plain(page("exercises"))
     assert "must not be served to others" in at.warning[0].value
     assert not at.button(key="submit").disabled

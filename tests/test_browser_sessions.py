@@ -228,6 +228,24 @@ def test_eight_sessions_use_every_page_at_once(app_url, chromium_path, tmp_path)
     assert len(shots) == len(VIEWPORTS) * ((len(urls) + 1) // 2 + 1)
 
 
+EDITOR = 'iframe[title="code_editor.code_editor"]'
+"""The Exercises page's code editor (a component in a frame of its own)."""
+
+
+async def write(page, code: str) -> None:
+    """Put ``code`` in the Exercises page's editor as a student's paste would (no key is typed: no auto-indent)."""
+    editor = page.frame_locator(EDITOR)
+    await editor.locator(".ace_content").click()
+    await page.keyboard.press("Control+A")
+    await page.keyboard.insert_text(code)
+
+
+async def written(page) -> str:
+    """What the Exercises page's editor holds."""
+    frame = page.frame_locator(EDITOR)
+    return await frame.locator(".ace_editor").evaluate("e => e.env.editor.getValue()")
+
+
 async def submit_together(chromium: str, base: str, shots) -> list[str]:
     """Eight sessions on the Exercises page, each with an exercise's model solution typed in, press Submit at the
     same moment; what was wrong."""
@@ -250,22 +268,21 @@ async def submit_together(chromium: str, base: str, shots) -> list[str]:
                 await settled(s.page, f"session {s.index}, opening Exercises", FIRST_OPEN_MS)
                 if exercise is not shipped[0]:
                     await s.pick("exercise", exercise.title)
-                await s.page.get_by_label("your code").fill(exercise.solution)  # in a form: sent with Submit
+                await write(s.page, exercise.solution)
 
             async def submit(s: Session) -> None:
                 exercise = shipped[s.index % len(shipped)]
-                box = s.page.get_by_label("your code")
-                if await box.input_value() != exercise.solution:  # a late rerun of its choice redrew the form
+                if await written(s.page) != exercise.solution:  # a late rerun of its choice drew its starter
                     await settled(s.page, f"session {s.index}, before submitting")
-                    await box.fill(exercise.solution)
+                    await write(s.page, exercise.solution)
                 await s.page.evaluate(ARM)
-                await s.page.get_by_role("button", name="Submit").click()
+                await s.page.frame_locator(EDITOR).get_by_text("Submit").click()  # the editor's own button
                 await settled(s.page, f"session {s.index}, grading", FIRST_OPEN_MS)
                 passed = await s.page.locator('[data-testid="stAlertContentSuccess"]').all_inner_texts()
                 if not any(text.startswith("Passed: passed") for text in passed):
-                    held = await box.input_value() == exercise.solution
+                    held = await written(s.page) == exercise.solution
                     s.found.append(
-                        f"session {s.index}: no passing verdict for {exercise.name} (its text area "
+                        f"session {s.index}: no passing verdict for {exercise.name} (its editor "
                         f"{'holds' if held else 'no longer holds'} the solution)"
                     )
                 await s.check("exercises, submitted")
@@ -287,3 +304,45 @@ def test_eight_sessions_submit_exercises_at_the_same_moment(app_url, chromium_pa
         pytest.skip("bubblewrap is not installed here (apt-get install bubblewrap): the page takes no submissions")
     found = asyncio.run(submit_together(chromium_path, app_url, tmp_path))
     assert not found, "\n".join(found[:20])
+
+
+async def edit_and_come_back(chromium: str, base: str, shots) -> dict:
+    """One student types in the editor, leaves it, opens another exercise and comes back: what the editor shows."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
+        try:
+            s = Session(0, base, shots)
+            s.context = await browser.new_context(viewport=s.viewport)
+            s.page = await s.context.new_page()
+            await s.page.goto(base + "/exercises", wait_until="domcontentloaded", timeout=RUN_TIMEOUT_MS)
+            await settled(s.page, "opening Exercises", FIRST_OPEN_MS)
+            draft = "import torch\n\n\ndef my_all_reduce(tensor):\n    pass  # my draft\n"
+            await write(s.page, draft)
+            rows = await s.page.frame_locator(EDITOR).locator(".ace_editor").evaluate(ROWS)
+            await s.page.get_by_role("heading", name="Exercises").click()  # the editor loses the focus: sent
+            await settled(s.page, "leaving the editor")
+            await s.pick("exercise", "Binomial-tree broadcast")
+            other = await written(s.page)
+            await s.pick("exercise", "Ring all-reduce from send and recv")
+            return {"rows": rows, "other": other, "back": await written(s.page), "draft": draft}
+        finally:
+            await browser.close()
+
+
+ROWS = """e => {  // each shown line's number and the vertical offset of its number from its text, in pixels
+    const lines = [...e.querySelectorAll('.ace_text-layer .ace_line')].map(l => l.getBoundingClientRect().top);
+    const cells = [...e.querySelectorAll('.ace_gutter-cell')];
+    return cells.map(c => [c.textContent.trim(), Math.min(...lines.map(t => Math.abs(t - c.getBoundingClientRect().top)))]);
+}"""
+
+
+@pytest.mark.timeout(300)
+def test_the_editor_numbers_each_line_beside_it_and_keeps_a_draft_across_exercises(app_url, chromium_path, tmp_path):
+    pytest.importorskip("playwright.async_api", reason="playwright is not installed (bash install.sh)")
+    seen = asyncio.run(edit_and_come_back(chromium_path, app_url, tmp_path))
+    assert [n for n, _ in seen["rows"]] == [str(i) for i in range(1, 7)], seen["rows"]  # five lines and the last
+    assert all(offset < 1 for _, offset in seen["rows"]), seen["rows"]  # each number level with its line
+    assert seen["other"].startswith("import torch\nimport simdist") and "tree_broadcast" in seen["other"]
+    assert seen["back"] == seen["draft"]
