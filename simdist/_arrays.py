@@ -35,6 +35,7 @@ __all__ = [
     "stage_copy",
     "changed_bytes",
     "may_overlap",
+    "shares_memory",
     "overlap_span",
     "byte_bounds",
     "values_view",
@@ -259,6 +260,32 @@ def may_overlap(a: Array, b: Array) -> bool:
     """Whether the memory of ``a`` and ``b`` may overlap (a conservative test on byte ranges)."""
     ba, bb = _byte_bounds(a), _byte_bounds(b)
     return ba is not None and bb is not None and ba[0] < bb[1] and bb[0] < ba[1]
+
+
+def shares_memory(a: Array, b: Array) -> bool:
+    """Whether ``a`` and ``b`` have a byte of memory in common: exact for host arrays (interleaved views of
+    one buffer share none), else :func:`may_overlap`."""
+    if not may_overlap(a, b):
+        return False
+    ha, hb = _host_array(a), _host_array(b)
+    if ha is None or hb is None:
+        return True
+    try:
+        return bool(np.shares_memory(ha, hb))
+    except Exception:  # numpy's TooHardError (its module moved between releases): the answer is not known
+        return True
+
+
+def _host_array(x: Array) -> np.ndarray | None:
+    """``x``'s own memory as a numpy array, where it is in host memory and numpy has its dtype, else ``None``."""
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+        try:
+            return x.detach().numpy()
+        except TypeError:  # a dtype numpy lacks (bfloat16, ...)
+            return None
+    return None
 
 
 def overlap_span(view: Array, base: Array, bounds: tuple[int, int] | None | bool = False) -> tuple[int, int] | None:

@@ -84,7 +84,10 @@ class BufferRaceError(DistError):
 
     Raised by the simulator when the rank waits for the operation (or learns from
     ``is_completed()`` that it has completed, or ends without waiting for it): the buffer
-    then differs from the copy taken when the operation was posted.
+    then differs from the copy taken when the operation was posted. Raised at the post of an
+    ``irecv`` into memory that an operation in flight uses, or of an ``isend`` of memory that
+    an ``irecv`` in flight writes: ``op``, ``call_site`` and ``changed`` then describe the
+    operation in flight and the bytes of its buffer the new one touches.
 
     Attributes:
         rank: the global rank that wrote to the buffer.

@@ -149,10 +149,10 @@ def isend(
 ) -> Work | None:
     """Start sending ``tensor`` to ``dst`` and return at once: a ``Work`` to ``wait()`` on.
 
-    ``tensor`` must not be modified before ``work.wait()`` returns. On the simulator with
-    ``check_buffers=True`` (as in ``simdist.testing``), such a write raises ``BufferRaceError``
-    at ``wait()``; every ``Work`` must be waited on (else a ``LeakWarning`` at the end of
-    ``simulate``).
+    ``tensor`` must not be modified before ``work.wait()`` returns, nor received into by an
+    ``irecv``. On the simulator with ``check_buffers=True`` (as in ``simdist.testing``), such a
+    write raises ``BufferRaceError`` at ``wait()``, such an ``irecv`` at its post; every ``Work``
+    must be waited on (else a ``LeakWarning`` at the end of ``simulate``).
 
     Args:
         tensor: the data: a torch tensor or numpy array.
@@ -192,8 +192,10 @@ def irecv(
     """Start receiving into ``tensor`` from ``src`` (any rank if ``None``) and return at once: a ``Work``.
 
     ``tensor`` holds the message, overwritten in place, once ``work.wait()`` returns; do not
-    read or write it before. On the simulator with ``check_buffers=True`` (as in
-    ``simdist.testing``), a write before then raises ``BufferRaceError`` at ``wait()``.
+    read or write it before, nor post another operation on its memory. On the simulator with
+    ``check_buffers=True`` (as in ``simdist.testing``), a write before then raises
+    ``BufferRaceError`` at ``wait()``; an ``irecv`` into memory that an ``isend`` or ``irecv``
+    in flight uses, or an ``isend`` of this one's memory, raises it at that post.
     ``work.source_rank()`` is the sender's global rank after the wait.
 
     Args:

@@ -235,6 +235,77 @@ def test_a_write_of_the_same_values_is_no_race() -> None:
         assert simdist.simulate(fn, 2, seed=seed, check_buffers=True).values[1] == [3.0] * 4
 
 
+# -- an operation posted over the buffer of one still in flight ---------------------------------------------------
+
+
+def receive_over_send(rank):
+    """Each rank sends its buffer and receives its peer's into the same buffer, waiting for the send first."""
+    dist.init_process_group("gloo")
+    buf = torch.full((4,), float(rank))
+    sending = dist.isend(buf, 1 - rank)  # the send in flight
+    receiving = dist.irecv(buf, 1 - rank)  # the receive into its buffer
+    sending.wait()  # (waited first: the buffer was still as it was at the send's post)
+    receiving.wait()
+    dist.destroy_process_group()
+    return buf.tolist()
+
+
+def test_a_receive_posted_into_the_buffer_of_a_send_in_flight_races_under_every_schedule() -> None:
+    """On a network the receive may write the buffer while the send still reads it; the comparison at each wait
+    cannot see it (the send is waited for before the receive lands), so the post itself is the race."""
+    sent, received = site_of(receive_over_send, "the send in flight"), site_of(receive_over_send, "the receive into")
+    for opts in option_sets():
+        err = race_of(receive_over_send, 2, **opts)
+        assert (err.op, err.call_site, err.changed) == ("isend", sent, (0, 15)), err
+        assert f"the irecv at {received} writes to the buffer of an earlier isend at {sent}" in str(err)
+    unchecked = {str(simdist.simulate(receive_over_send, 2, **opts).values) for opts in option_sets()}
+    assert str([[1.0] * 4, [0.0] * 4]) not in unchecked, unchecked  # unchecked, one rank's values are lost
+
+
+def test_a_send_posted_from_the_buffer_of_a_receive_in_flight_races() -> None:
+    def fn(rank):
+        dist.init_process_group("gloo")
+        buf = torch.zeros(6)
+        receiving = dist.irecv(buf[2:4], 1 - rank)  # the receive in flight
+        sending = dist.isend(buf[3:], 1 - rank)  # the send of memory it writes
+        receiving.wait()
+        sending.wait()
+        dist.destroy_process_group()
+
+    with pytest.raises(simdist.BufferRaceError, match="the isend at .* reads the buffer of an earlier irecv") as info:
+        simdist.simulate(fn, 2, check_buffers=True, leaks="ignore")
+    assert (info.value.op, info.value.changed) == ("irecv", (4, 7))  # buf[3], the second element of buf[2:4]
+    assert info.value.call_site.endswith(str(inspect.getsourcelines(fn)[1] + 3))
+
+
+def test_operations_in_flight_on_disjoint_or_interleaved_parts_of_one_buffer_or_two_sends_of_it_do_not_race() -> None:
+    def fn(rank):
+        dist.init_process_group("gloo")
+        peer = 1 - rank
+        got = torch.zeros(8)
+        mine = torch.arange(8.0) + 10 * rank
+        works = [
+            dist.irecv(got[0::2], peer),  # interleaved views of one buffer: no element in common
+            dist.irecv(got[1::2], peer),
+            dist.isend(mine[0::2].contiguous(), peer),
+            dist.isend(mine[1::2].contiguous(), peer),
+            dist.isend(mine, peer),  # two sends of one buffer only read it
+            dist.isend(mine, peer),
+        ]
+        twice = [torch.zeros(8), torch.zeros(8)]
+        works += [dist.irecv(twice[0], peer), dist.irecv(twice[1], peer)]
+        for w in works:
+            w.wait()
+        dist.destroy_process_group()
+        return got.tolist(), twice[0].tolist(), twice[1].tolist()
+
+    for opts in option_sets()[:6]:
+        values = simdist.simulate(fn, 2, check_buffers=True, **opts).values
+        for rank, (got, first, second) in enumerate(values):
+            theirs = [float(i + 10 * (1 - rank)) for i in range(8)]
+            assert got == theirs and first == theirs and second == theirs
+
+
 # -- through torch.distributed (the torch bridge) -----------------------------------------------------------------
 
 

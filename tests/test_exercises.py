@@ -111,10 +111,10 @@ def _wrong(name: str) -> dict[str, tuple[str, str, str]]:
             ),
         },
         "04_halo_exchange": lambda: {
-            "never waits": (
+            "never waits": (  # the next step's receive is posted into the halo of one never waited for
                 edited(s, "    for request in requests:\n        request.wait()\n", ""),
-                "wrong result",
-                "halo",
+                "buffer reused before its wait",
+                "writes to the buffer of an earlier irecv at solution.py:12",
             ),
             "sends views and waits for the receives only": (
                 edited(

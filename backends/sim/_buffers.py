@@ -13,6 +13,11 @@ schedule:
   taken at post. A byte that differs was written while the operation was in flight:
   :class:`~simdist.BufferRaceError` on that rank, naming the call that posted it.
 
+A receive posted into memory that an operation still in flight uses (an ``isend``'s or
+another ``irecv``'s buffer), and a send posted from memory that a receive in flight will
+write, race as well, whenever the operations are waited for: :func:`posted_over` reports
+such a post at once (two sends may read one buffer).
+
 Neither the comparison nor the data depends on when the message was delivered, so a
 program races under every schedule or under none. Blocking ``send``/``recv`` are not
 checked: nothing of the rank runs while they are in flight.
@@ -27,7 +32,7 @@ from simdist import _arrays as A
 from simdist._callsite import user_call_site
 from simdist._errors import BufferRaceError
 
-__all__ = ["BufferCheck", "unsettled_race"]
+__all__ = ["BufferCheck", "posted_over", "unsettled_race"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 
@@ -97,4 +102,26 @@ def unsettled_race(worlds: Any) -> BufferRaceError | None:
             changed = A.changed_bytes(check.before, A.stage_in(check.tensor))
             if changed is not None:
                 return check.error(changed, "the end of the run (it was never waited for)")
+    return None
+
+
+def posted_over(checks: Any, kind: str, tensor: Any, rank: int, call_site: str | None) -> BufferRaceError | None:
+    """The race of posting a ``kind`` (``'send'``/``'recv'``) on ``tensor`` over an operation of ``checks`` in flight
+    (a :class:`BufferCheck` by work key) whose memory it shares, where one of the two writes it; else ``None``."""
+    for check in checks.values():
+        if (kind == "recv" or check.kind == "recv") and A.shares_memory(tensor, check.tensor):
+            op, other = ("isend" if k == "send" else "irecv" for k in (kind, check.kind))
+            first, last = A.overlap_span(tensor, A.stage_in(check.tensor)) or (0, A.numel(check.before))
+            size = A.itemsize(check.before)
+            where = f" at {check.call_site}" if check.call_site else ""
+            verb = "writes to" if kind == "recv" else "reads"
+            return BufferRaceError(
+                f"rank {rank}: buffer race: the {op} at {call_site or user_call_site()} {verb} the buffer of an "
+                f"earlier {other}{where} (elements {first}..{last - 1}), which is still in flight; wait() for that "
+                f"{other} before posting this {op}, or use another buffer",
+                rank=rank,
+                op=other,
+                call_site=check.call_site,
+                changed=(first * size, last * size - 1),
+            )
     return None

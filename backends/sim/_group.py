@@ -12,7 +12,7 @@ from simdist._registry import TORCH_NAMES, backend_spec
 from simdist._work import Work
 from simdist._world import World
 
-from ._buffers import BufferCheck
+from ._buffers import BufferCheck, posted_over
 from ._collective_runs import group_state, start_collective
 from ._messages import Post, Waitable
 
@@ -119,6 +119,10 @@ class SimGroup(AlgorithmicGroup):
             src, dst = (None if peer is None else self.ranks[peer]), me.rank
         check = None
         if opts.async_op and me.world.check_buffers:
+            if me.world.open_checks:
+                race = posted_over(me.world.open_checks, kind, tensor, me.rank, opts.call_site)
+                if race is not None:
+                    engine.fail(race)
             check = BufferCheck(kind, tensor, buf, back, me.rank, opts.call_site)
             buf, back = check.posted, None
         elif buf is None:
