@@ -31,6 +31,11 @@ EDITOR_OPTIONS = {  # line numbers, Tab indents by 4; no completion pop-up to ta
     "enableSnippets": False,
 }
 
+EDITOR_PROPS = {  # Ace's own props, after the component's
+    "theme": "chrome",  # (the component's Streamlit-like themes load their font from fonts.googleapis.com)
+    "scrollMargin": [0, 0, 0, 0],  # (with a margin, an edit drew the line numbers off their lines)
+}
+
 
 @st.cache_data(show_spinner=False)
 def catalogue() -> dict:
@@ -89,7 +94,7 @@ else:
         buttons=[SUBMIT_BUTTON] if allowed else [],
         options=EDITOR_OPTIONS,
         response_mode=["blur"],  # the code also reaches the server when the editor loses the focus: kept as a draft
-        props={"scrollMargin": [0, 0, 0, 0]},  # (with a margin, an edit drew the numbers off their lines)
+        props=EDITOR_PROPS,
         key=f"editor_{name}",
     )
     source, event = (sent["text"], sent["type"]) if sent and sent.get("id") else (draft, "")
