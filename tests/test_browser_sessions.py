@@ -74,8 +74,10 @@ SETTLED = """([done, drawn, skeleton]) => {
 
 ARM = """() => {
     // Note when the next script run shows: a widget change reruns the page without reloading it. The run
-    // shows as the script state "running", or, where the browser took in its start and end at once, as
-    // the main section changing.
+    // shows as the script state "running", as an element marked stale or no longer stale, or, where the
+    // browser took in the run's start and end at once, as content of the main section changing outside a
+    // select box (which shows its new value at once, before the server has even started the run; its open
+    // list hides the other elements by an attribute).
     window.simdistArmed = true;
     window.simdistRan = false;
     window.simdistSeen = null;
@@ -84,7 +86,8 @@ ARM = """() => {
             const el = r.target.nodeType === 1 ? r.target : r.target.parentElement;
             const running = r.attributeName === "data-test-script-state"
                 ? r.oldValue === "running" || el.getAttribute(r.attributeName) === "running"
-                : !!(el && el.closest('[data-testid="stMain"]'));
+                : r.attributeName === "data-stale" || (r.type !== "attributes" && !!el
+                    && !!el.closest('[data-testid="stMain"]') && !el.closest('[data-testid="stSelectbox"]'));
             if (running) {
                 window.simdistRan = true;
                 observer.disconnect();
@@ -246,6 +249,27 @@ async def written(page) -> str:
     return await frame.locator(".ace_editor").evaluate("e => e.env.editor.getValue()")
 
 
+async def holding(page, code: str, what: str) -> None:
+    """Wait until the Exercises page's editor holds ``code``.
+
+    Choosing an exercise changes the select box at once, but the editor of the exercise chosen replaces the one
+    shown only when the server's rerun arrives, which on a loaded machine may come seconds after the page looked
+    settled: code written before then goes into the editor about to be replaced."""
+    seen = None
+    for _ in range(RUN_TIMEOUT_MS // 250):
+        try:
+            seen = await asyncio.wait_for(written(page), 5)
+        except Exception as error:  # the editor's frame is being replaced
+            seen = f"<not readable: {type(error).__name__}>"
+        if seen == code:
+            return
+        await asyncio.sleep(0.25)
+    pytest.fail(
+        f"{what}: the editor did not come to hold {code[:60]!r}... within {RUN_TIMEOUT_MS / 1000:.0f} s; "
+        f"it holds {str(seen)[:60]!r}..."
+    )
+
+
 async def submit_together(chromium: str, base: str, shots) -> list[str]:
     """Eight sessions on the Exercises page, each with an exercise's model solution typed in, press Submit at the
     same moment; what was wrong."""
@@ -268,13 +292,12 @@ async def submit_together(chromium: str, base: str, shots) -> list[str]:
                 await settled(s.page, f"session {s.index}, opening Exercises", FIRST_OPEN_MS)
                 if exercise is not shipped[0]:
                     await s.pick("exercise", exercise.title)
+                await holding(s.page, exercise.starter.strip() + "\n", f"session {s.index}, {exercise.name}")
                 await write(s.page, exercise.solution)
 
             async def submit(s: Session) -> None:
                 exercise = shipped[s.index % len(shipped)]
-                if await written(s.page) != exercise.solution:  # a late rerun of its choice drew its starter
-                    await settled(s.page, f"session {s.index}, before submitting")
-                    await write(s.page, exercise.solution)
+                await holding(s.page, exercise.solution, f"session {s.index}, {exercise.name} written")
                 await s.page.evaluate(ARM)
                 await s.page.frame_locator(EDITOR).get_by_text("Submit").click()  # the editor's own button
                 await settled(s.page, f"session {s.index}, grading", FIRST_OPEN_MS)
@@ -310,6 +333,8 @@ async def edit_and_come_back(chromium: str, base: str, shots) -> dict:
     """One student types in the editor, leaves it, opens another exercise and comes back: what the editor shows."""
     from playwright.async_api import async_playwright
 
+    from simdist.exercises import load_all
+
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=chromium, headless=True, args=LAUNCH_ARGS)
         try:
@@ -323,9 +348,12 @@ async def edit_and_come_back(chromium: str, base: str, shots) -> dict:
             rows = await s.page.frame_locator(EDITOR).locator(".ace_editor").evaluate(ROWS)
             await s.page.get_by_role("heading", name="Exercises").click()  # the editor loses the focus: sent
             await settled(s.page, "leaving the editor")
+            shipped = {e.title: e for e in load_all()}
             await s.pick("exercise", "Binomial-tree broadcast")
-            other = await written(s.page)
+            other = shipped["Binomial-tree broadcast"].starter.strip() + "\n"
+            await holding(s.page, other, "the second exercise's starter")
             await s.pick("exercise", "Ring all-reduce from send and recv")
+            await holding(s.page, draft, "the draft, back at the first exercise")  # fails the test if not kept
             return {"rows": rows, "other": other, "back": await written(s.page), "draft": draft}
         finally:
             await browser.close()
