@@ -21,6 +21,7 @@ import asyncio
 import os
 import re
 import shutil
+import time
 
 import pytest
 from _browser import (  # noqa: F401 - app_url and chromium_path are fixtures
@@ -255,8 +256,8 @@ async def holding(page, code: str, what: str) -> None:
     Choosing an exercise changes the select box at once, but the editor of the exercise chosen replaces the one
     shown only when the server's rerun arrives, which on a loaded machine may come seconds after the page looked
     settled: code written before then goes into the editor about to be replaced."""
-    seen = None
-    for _ in range(RUN_TIMEOUT_MS // 250):
+    seen, deadline = None, time.monotonic() + RUN_TIMEOUT_MS / 1000
+    while time.monotonic() < deadline:
         try:
             seen = await asyncio.wait_for(written(page), 5)
         except Exception as error:  # the editor's frame is being replaced
