@@ -19,7 +19,9 @@ import pytest
 import public_programs as pp
 from launch_paths import PATHS, SIM_PATHS, applies
 
-pytestmark = pytest.mark.timeout(600)
+# The programs listen where their authors wrote (the tutorials' MASTER_PORT=29500): one at a time on one
+# pytest-xdist worker.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("public-programs")]
 
 _done: dict[tuple[str, str], pp.Outcome] = {}
 

@@ -34,11 +34,12 @@ def shm_mappings() -> int:
 
 
 def dev_shm() -> set[str]:
-    """Named shared memory on this machine, less multiprocessing's semaphores (``sem.mp-*``), which any
-    Python process on a busy machine creates and unlinks while a test runs."""
+    """Named shared memory on this machine, less what other programs on a busy machine create and remove while a
+    test runs: semaphores (``sem.*``: any Python process's multiprocessing) and Chromium's (the browser tests on
+    pytest-xdist's other workers)."""
     if not os.path.isdir("/dev/shm"):
         return set()
-    return {name for name in os.listdir("/dev/shm") if not name.startswith("sem.mp-")}
+    return {name for name in os.listdir("/dev/shm") if not name.startswith(("sem.", ".org.chromium."))}
 
 
 def _payload(nbytes: int, seed: int) -> np.ndarray:

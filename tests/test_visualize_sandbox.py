@@ -243,20 +243,43 @@ def test_grading_runs_in_the_same_contained_child():
     finally:
         del os.environ["SIMDIST_GRADING_SECRET"]
     assert leak.ok and leak.verdict["kind"] == "missing function", leak  # the assertion held: nothing inherited
-    before = set(os.listdir("/proc"))
+    before = _pids()
     forever = grade_code(text, server.name, "def collect(world_size):\n    while True:\n        pass\n", timeout=8)
     assert not forever.ok and "did not finish within 8 s" in forever.error
     time.sleep(0.5)
-    left = [p for p in set(os.listdir("/proc")) - before if p.isdigit() and _is_python_child(p)]
+    left = _left_behind(before)
     assert not left, left
 
 
-def _is_python_child(pid: str) -> bool:
+def _pids() -> set[int]:
+    return {int(p) for p in os.listdir("/proc") if p.isdigit()}
+
+
+def _stat(pid: int) -> tuple[int, bytes]:
+    """``pid``'s parent and command line (``(0, b"")`` once it is gone)."""
     try:
+        with open(f"/proc/{pid}/stat") as f:
+            parent = int(f.read().rsplit(")", 1)[1].split()[1])
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"@@SIMDIST" in f.read()
-    except OSError:
-        return False
+            return parent, f.read()
+    except (OSError, IndexError, ValueError):
+        return 0, b""
+
+
+def _left_behind(before: set[int]) -> list[int]:
+    """The contained processes started since ``before`` that are still alive and are this test's: below this
+    process, or orphans (a daemon that left its session is re-parented to init). Those of other tests
+    running at the same time (pytest-xdist's other workers, the app servers they start) are not counted."""
+    left = []
+    for pid in _pids() - before:
+        parent, cmdline = _stat(pid)
+        if b"@@SIMDIST" not in cmdline:
+            continue
+        while parent > 1 and parent != os.getpid() and b"@@SIMDIST" in _stat(parent)[1]:
+            parent = _stat(parent)[0]  # up through the sandbox (bubblewrap's own command line holds the script)
+        if parent in (0, 1, os.getpid()) and _alive(pid):
+            left.append(pid)
+    return left
 
 
 @pytest.fixture
@@ -310,7 +333,7 @@ def test_in_bubblewrap_a_submission_has_no_network(walled):
 
 
 def test_in_bubblewrap_a_daemon_the_submission_forks_does_not_outlive_it(walled, tmp_path):
-    before = {p for p in os.listdir("/proc") if p.isdigit()}
+    before = _pids()
     res = _graded(
         walled,
         "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(120)\n    os._exit(0)\n"
@@ -318,7 +341,7 @@ def test_in_bubblewrap_a_daemon_the_submission_forks_does_not_outlive_it(walled,
     )
     assert res.verdict["kind"] == "exception" and "forked" in res.verdict["summary"], res
     time.sleep(1.0)
-    left = [p for p in {p for p in os.listdir("/proc") if p.isdigit()} - before if _is_python_child(p)]
+    left = _left_behind(before)
     assert not left, left
 
 
