@@ -197,7 +197,7 @@ def test_checkout_imports_as_installed_wherever_pytest_starts(installed: Install
         out = tmp_path / f"probe-{start.name}.json"
         env_probe = {"SIMDIST_LAYOUT_PROBE": str(out)}
         _run(
-            [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", os.path.relpath(probe, start)],
+            [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.relpath(probe, start)],
             cwd=start,
             extra_env=env_probe,
         )
@@ -211,7 +211,5 @@ def test_checkout_imports_as_installed_wherever_pytest_starts(installed: Install
             assert found["simdist.backends.nccl"] == (src / "backends" / "nccl" / "__init__.py").resolve(), found
             assert found["simdist.visualize"] == (src / "visualize" / "__init__.py").resolve(), (start, found)
     # From the root, as run.sh starts it, the GPU suite collects (it skips without a GPU, it does not fail).
-    proc = _run(
-        [py, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "tests/gpu"], cwd=src
-    )
+    proc = _run([py, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/gpu"], cwd=src)
     assert re.search(r"^\d+ tests collected", proc.stdout, re.M) and "rror" not in proc.stdout, proc.stdout

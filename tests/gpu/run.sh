@@ -4,8 +4,7 @@
 #     bash tests/gpu/run.sh [OUT_DIR]
 #
 # Uses the python3 on PATH with what it already has (torch with CUDA, cupy with NCCL,
-# numpy, networkx, hypothesis, pytest, pytest-timeout; not pytest-xdist: the GPU suite runs in one process,
-# `-o addopts=` drops pyproject's workers): simdist is installed without its
+# numpy, networkx, hypothesis, pytest, pytest-timeout): simdist is installed without its
 # dependencies, so nothing is downloaded (GPU machines may have no network). Writes the
 # test log, the benchmark's table and its JSON to OUT_DIR (default gpu-results/).
 set -uo pipefail
@@ -31,7 +30,7 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index . >"$ou
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 start=$SECONDS
-python3 -m pytest tests/gpu -v -rs -p no:cacheprovider -o addopts= 2>&1 | tee "$out/gpu-tests.log"
+python3 -m pytest tests/gpu -v -rs -p no:cacheprovider 2>&1 | tee "$out/gpu-tests.log"
 status=${PIPESTATUS[0]}
 python3 benchmarks/bench_library.py --backend nccl --json "$out/bench-nccl.json" 2>&1 | tee "$out/bench-nccl.md"
 python3 benchmarks/bench_library.py --backend nccl --world 2 --json "$out/bench-nccl-world2.json" 2>&1 | tee "$out/bench-nccl-world2.md"
