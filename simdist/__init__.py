@@ -58,6 +58,7 @@ from ._errors import (
     PeerLostError,
     ProtocolError,
     RankError,
+    RankExitError,
 )
 from ._future import Future
 from ._group import group, GroupMember, ProcessGroup
@@ -117,6 +118,7 @@ __all__ = [
     "PeerLostError",
     "ProtocolError",
     "RankError",
+    "RankExitError",
     "GroupMember",
     "ProcessGroup",
     "group",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+import threading
 from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
@@ -13,6 +14,7 @@ __all__ = [
     "INSTALLED",
     "is_library_file",
     "is_user_file",
+    "set_remote_site",
     "skip_directory",
     "trace_user_code",
     "user_call_site",
@@ -53,8 +55,30 @@ def _is_library(code: CodeType) -> bool:
     return lib
 
 
+class _Remote(threading.local):
+    site: str | None = None  # a class default: a thread that never set one has none
+
+
+_remote = _Remote()
+
+
+def set_remote_site(site: str | None) -> None:
+    """Make ``site`` the calling thread's user call site until changed (``None``: find it on the stack again).
+
+    The thread of a rank that runs as a process makes that process's calls; the user's line is
+    in the process, which sends it with each call.
+    """
+    _remote.site = site
+
+
 def user_call_site(skip: tuple[str, ...] = ()) -> str:
-    """``'file:line'`` of the innermost frame outside simdist, other skipped libraries and the folders ``skip``."""
+    """``'file:line'`` of the innermost frame outside simdist, other skipped libraries and the folders ``skip``.
+
+    On the thread of a rank process, the line its current call came from (:func:`set_remote_site`).
+    """
+    remote = _remote.site
+    if remote is not None:
+        return remote
     frame: FrameType | None = sys._getframe(1)
     library = _LIBRARY.get
     while frame is not None:

@@ -10,6 +10,7 @@ __all__ = [
     "CollectiveMismatchError",
     "BufferRaceError",
     "RankError",
+    "RankExitError",
     "DistTimeoutError",
     "ProtocolError",
     "NotInitializedError",
@@ -105,16 +106,52 @@ class BufferRaceError(DistError):
 
 
 class RankError(DistError):
-    """A rank raised an exception; the original is ``__cause__``.
+    """A rank raised an exception, or its process ended before its function returned; the reason is ``__cause__``.
 
     Attributes:
         rank: the global rank that failed.
+        exitcode: where the rank's process ended (``isolation="processes"``), its exit status, or minus the
+            signal that killed it (as ``multiprocessing.Process.exitcode``); ``None`` where the rank raised.
     """
 
+    exitcode: int | None = None
+
     def __init__(self, rank: int, cause: BaseException):
-        super().__init__(f"rank {rank} raised {type(cause).__name__}: {cause}")
+        if isinstance(cause, RankExitError):
+            super().__init__(f"rank {rank}: {cause}")
+            self.exitcode = cause.exitcode
+        else:
+            super().__init__(f"rank {rank} raised {type(cause).__name__}: {cause}")
         self.rank = rank
         self.__cause__ = cause
+
+    def __reduce__(self) -> tuple:
+        return (_rank_error, (self.rank, self.__cause__, self.schedule))
+
+
+def _rank_error(rank: int, cause: BaseException, schedule: str | None) -> RankError:
+    return RankError(rank, cause)._with_schedule(schedule)  # type: ignore[return-value]
+
+
+class RankExitError(DistError):
+    """A simulated rank's process ended before its function returned (``os._exit``, a signal, a crash).
+
+    It is the ``__cause__`` of the run's :class:`RankError`.
+
+    Attributes:
+        exitcode: the exit status, or minus the signal that killed the process; ``None`` if unknown.
+    """
+
+    def __init__(self, message: str, *, exitcode: int | None = None):
+        super().__init__(message)
+        self.exitcode = exitcode
+
+    def __reduce__(self) -> tuple:
+        return (_rank_exit_error, (str(Exception.__str__(self)), self.exitcode))
+
+
+def _rank_exit_error(message: str, exitcode: int | None) -> RankExitError:
+    return RankExitError(message, exitcode=exitcode)
 
 
 class DistTimeoutError(DistError, TimeoutError):

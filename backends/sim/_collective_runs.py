@@ -14,7 +14,6 @@ being freed.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from simdist import algorithms
@@ -97,13 +96,13 @@ def start_collective(
             run.t += setup
     if len(inst.runs) == group.size:
         del gs.instances[seq]
-        started = time.thread_time() if engine.cpu_time else 0.0
+        started = me.cpu() if engine.cpu_time else 0.0
         if at_once:
             _complete_at_once(engine, inst, instant)
         else:
             run_collective(engine, [inst.runs[i] for i in range(group.size)])
         if engine.cpu_time:  # completing every member's part is the simulator's work, not this rank's computation
-            me.cpu_mark += time.thread_time() - started
+            me.cpu_mark += me.cpu() - started
     return run
 
 

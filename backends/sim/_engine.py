@@ -78,6 +78,7 @@ class RankState:
         "deadline",
         "expired",
         "user",
+        "cpu",
     )
 
     def __init__(self, rank: int, wake_fd: bool = False):
@@ -109,6 +110,7 @@ class RankState:
         self.deadline: float | None = None  # a timed wait's end, in virtual time
         self.expired = False
         self.user = _threads.Interruptible()  # inside: running user code, where a stopped run injects Abort
+        self.cpu: Callable[[], float] = time.thread_time  # the rank's CPU seconds (its process's, for a process)
 
     def close(self) -> None:
         """Free the rank's file descriptor, if it has one (once no thread can wake or sleep on it)."""
@@ -145,8 +147,10 @@ class Engine:
         pin_cpu: bool = True,
         test: str | None = None,
         pool: _threads.RankPool | None = None,
+        isolation: Any = None,
     ):
         self.fn, self.args, self.size = fn, args, size
+        self.iso = _isolation if isolation is None else isolation  # the hooks of threads mode, or a ProcessRanks
         self.test = test  # the pytest node id that the run's replay token records
         self.strategy = strategy
         self.topology = topology
@@ -196,7 +200,7 @@ class Engine:
         A timeout, or any exception in the caller while it waits (``KeyboardInterrupt``),
         stops the run: every rank thread has ended before this raises.
         """
-        self.setup = _isolation.enter(self)
+        self.setup = self.iso.enter(self)
         try:
             try:
                 self.topology.reset()
@@ -211,7 +215,7 @@ class Engine:
                         add_note(exc, stuck)
                 raise
         finally:
-            _isolation.leave(self)
+            self.iso.leave(self)
             for rs in self.ranks:
                 if not rs.started:  # (the others' threads close theirs)
                     rs.close()
@@ -279,7 +283,7 @@ class Engine:
             if self.ended.wait(RETRY):
                 break
             if time.monotonic() > deadline:
-                _isolation.abandon(self.ranks)
+                self.iso.abandon(self.ranks)
                 left = [rs.rank for rs in self.ranks if rs.started and not rs.done]
                 return (
                     f"rank thread(s) {left} did not stop within {STOP_WAIT} s (blocked in code that does not "
@@ -309,7 +313,7 @@ class Engine:
     def now(self, rs: RankState) -> float:
         """Rank ``rs``'s virtual time in seconds (with ``cpu_time``, plus its CPU time since its last switch)."""
         if self.cpu_time and rs is self.current:
-            return rs.clock + time.thread_time() - rs.cpu_mark
+            return rs.clock + rs.cpu() - rs.cpu_mark
         return rs.clock
 
     def token(self) -> str:
@@ -318,19 +322,19 @@ class Engine:
         return make_token(self.strategy.token() or encode_choices(self.choices), self.size, self.test)
 
     def _thread_main(self, rs: RankState) -> None:
-        _isolation.take_turn(self, rs)
+        self.iso.take_turn(self, rs)
         try:
             set_thread_world(rs.world)
-            _isolation.enter_thread(self, rs)
+            self.iso.enter_thread(self, rs)
             try:
                 failure = self._call_user(rs)
             finally:
-                _isolation.leave_thread(self, rs)
+                self.iso.leave_thread(self, rs)
                 set_thread_world(None)
             if failure is not None and not self.aborting:
                 self._set_error(RankError(rs.rank, failure))
         finally:
-            _isolation.end_turn(rs, done=True)
+            self.iso.end_turn(rs, done=True)
             self._finish(rs)
             rs.close()
 
@@ -379,7 +383,7 @@ class Engine:
         rs.done = True
         self._unrun(rs.rank)
         if self.cpu_time:
-            rs.clock += time.thread_time() - rs.cpu_mark
+            rs.clock += rs.cpu() - rs.cpu_mark
         if self.aborting:
             self._continue_abort()
             return
@@ -468,21 +472,21 @@ class Engine:
         if self.aborting:
             raise Abort
         if self.cpu_time:
-            me.clock += time.thread_time() - me.cpu_mark
+            me.clock += me.cpu() - me.cpu_mark
         nxt = self._select(me)
         if nxt is None and self._expire():
             nxt = self._select(me)
         if nxt is None:
             self.fail(deadlock_error(self))
         if nxt is not me:
-            _isolation.end_turn(me, nxt)
+            self.iso.end_turn(me, nxt)
             self._handover(nxt)
             me.sleep()
-            _isolation.take_turn(self, me)
+            self.iso.take_turn(self, me)
             if self.aborting:
                 raise Abort
         if self.cpu_time:
-            me.cpu_mark = time.thread_time()
+            me.cpu_mark = me.cpu()
 
     def wait(self, me: RankState, items: list[Waitable], what: str, deadline: float | None = None) -> None:
         """Block ``me`` until every item has completed (a scheduling point); advance its clock.

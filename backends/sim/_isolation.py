@@ -68,7 +68,19 @@ from . import _threads
 if TYPE_CHECKING:
     from ._engine import Engine, RankState
 
-__all__ = ["abandon", "end_turn", "enter", "enter_thread", "held", "leave", "leave_thread", "pin_target", "take_turn"]
+__all__ = [
+    "abandon",
+    "end_turn",
+    "enter",
+    "enter_thread",
+    "held",
+    "leave",
+    "leave_thread",
+    "pin_target",
+    "pin_thread",
+    "refuse_nested",
+    "take_turn",
+]
 
 SLICE = 0.002
 """Seconds of real time a run keeps the turn while its ranks pass the baton among themselves (then it lets
@@ -103,15 +115,20 @@ class RunSetup(NamedTuple):
     user_trace: Any  # the caller's sys.settrace function, blind to simdist (or None)
 
 
-def enter(engine: Engine) -> RunSetup:
-    """Set up process-wide isolation for the run of ``engine`` (the first run installs the stand-ins): what its
-    rank threads start from."""
+def refuse_nested() -> None:
+    """Raise ``RuntimeError`` on a rank thread: simulations do not nest."""
     rank = getattr(_local, "rank", None)
     if rank is not None:
         raise RuntimeError(
             f"simulated rank {rank} started a simulation; simulations cannot be nested (a rank called "
             "simdist.simulate or simdist.spawn): start it from outside the simulated ranks"
         )
+
+
+def enter(engine: Engine) -> RunSetup:
+    """Set up process-wide isolation for the run of ``engine`` (the first run installs the stand-ins): what its
+    rank threads start from."""
+    refuse_nested()
 
     with _shared.setup:
         _share()
@@ -470,16 +487,21 @@ def enter_thread(engine: Engine, rs: RankState) -> None:
     _local.prefix = f"[rank {rs.rank}] " if engine.prefix_output else None
     _local.at_start = True
     torch_bridge.ranks.enter_rank(engine.setup.torch_store)
-    if getattr(_local, "core", False) is False:  # a new thread (a pooled one is set up by its first run)
-        _threads.one_thread()
-        _local.core = None
-    if engine.pin_core != _local.core:
-        os.sched_setaffinity(0, {engine.pin_core} if engine.pin_core is not None else os.sched_getaffinity(os.getpid()))
-        _local.core = engine.pin_core
+    pin_thread(engine.pin_core)
     if engine.cuda_as_cpu:
         torch_bridge.cuda.enter_thread(engine.gpus_per_node, functools.partial(engine.now, rs))
     if engine.setup.user_trace is not None:
         sys.settrace(engine.setup.user_trace)
+
+
+def pin_thread(core: int | None) -> None:
+    """Run the calling rank thread on ``core`` (``None``: on the process's cores), its intra-op work on it alone."""
+    if getattr(_local, "core", False) is False:  # a new thread (a pooled one is set up by its first run)
+        _threads.one_thread()
+        _local.core = None
+    if core != _local.core:
+        os.sched_setaffinity(0, {core} if core is not None else os.sched_getaffinity(os.getpid()))
+        _local.core = core
 
 
 def leave_thread(engine: Engine, rs: RankState) -> None:

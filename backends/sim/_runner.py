@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,10 +26,11 @@ from ._report import undestroyed
 from ._strategies import check_world, make_strategy
 from ._threads import RankPool, futexes_for
 
-__all__ = ["SimResult", "simulate", "DETAILS"]
+__all__ = ["SimResult", "simulate", "DETAILS", "ISOLATIONS"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 DETAILS = ("messages", "collectives")
+ISOLATIONS = ("threads", "processes")
 STEPS_UP_TO = 64
 """The largest world whose runs record step snapshots unless told (``record_steps=None``)."""
 
@@ -157,6 +159,7 @@ def simulate(
     check_buffers: bool = False,
     pool: RankPool | None = None,
     trace_file: Any = None,
+    isolation: str = "threads",
 ) -> SimResult:
     """Run ``fn(rank, *args)`` on ``nprocs`` simulated ranks; return values, trace and replay token.
 
@@ -229,6 +232,12 @@ def simulate(
             finished also when the run fails), keeping in memory only events that may still change;
             ``SimResult.trace`` then reads the file when its events are asked for. For long runs at
             thousands of ranks.
+        isolation: ``'threads'`` (default): every rank a thread of this process, with its generators,
+            ``os.environ`` and stdout kept apart by simdist. ``'processes'``: every rank a process of its own
+            (forked from a server that imported torch once), with its own modules, ``atexit``, ``sys.argv``,
+            signal handlers and crashes, as under torchrun; ``fn`` and ``args`` are pickled to it (``fn``
+            defined at module level, as for multiprocessing's spawn). The same arguments give the same
+            values, trace and replay token in both modes. Linux only.
 
     Returns:
         A ``SimResult``: ``values`` (each rank's return value, by rank), ``trace``, ``schedule``
@@ -259,6 +268,10 @@ def simulate(
         'random:0@world=3'
     """
     _check_args(fn, nprocs, args, detail, eager_limit, leaks, timeout, gpus_per_node)
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation={isolation!r} is not a kind of rank; expected one of {ISOLATIONS}")
+    if isolation == "processes" and not hasattr(os, "pidfd_open"):
+        raise ValueError("isolation='processes' needs Linux (memfd and pidfd); use isolation='threads' here")
     if test is not None and (not isinstance(test, str) or not test):
         raise ValueError(f"test={test!r} must be a pytest node id (a non-empty str) or None")
     check_world(schedule, nprocs)
@@ -279,6 +292,12 @@ def simulate(
             )
         for op, name in algorithms.items():
             registry.get(op, name)
+    processes = None
+    if isolation == "processes":
+        from ._proxy import ProcessRanks
+
+        processes = ProcessRanks(fn, args, nprocs)
+        fn, args = processes.serve, ()
     with _collector_skips_older_objects(nprocs):  # (the engine's objects are made after the freeze too)
         engine = Engine(
             fn,
@@ -299,6 +318,7 @@ def simulate(
             pin_cpu=pin_cpu,
             test=test,
             pool=pool,
+            isolation=processes,
         )
         try:
             return _result(engine, leaks, trace_file)

@@ -72,17 +72,24 @@ class Interruptible:
     is left pending.
     """
 
-    __slots__ = ("guard", "ident", "injected", "inside")
+    __slots__ = ("guard", "ident", "injected", "inside", "on_inject")
 
     def __init__(self) -> None:
         self.guard = threading.Lock()  # held while an exception is injected; settle waits for it
         self.ident: int | None = None
         self.inside = False
         self.injected = False
+        self.on_inject: Callable[[], None] | None = None  # what else stops the code (a rank's process: kill it)
 
     def inject(self, exc: type[BaseException]) -> bool:
-        """Whether ``exc`` was raised in the thread: only while it is inside (called from another thread)."""
+        """Whether ``exc`` was raised in the thread: only while it is inside (called from another thread).
+
+        ``on_inject`` runs first, inside or not: the thread of a rank process waits in C code for the
+        process, which returns once the process is killed.
+        """
         with self.guard:
+            if self.on_inject is not None:
+                self.on_inject()
             if not self.inside or self.ident is None:
                 return False
             _set_async_exc(self.ident, exc)

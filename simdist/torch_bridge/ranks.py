@@ -109,6 +109,8 @@ def _rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs: Any) -
     from .. import _api as api
 
     _join_simdist(rank, world_size, kwargs.get("timeout"))
+    if isinstance(_local.store, _Lazy):
+        _local.store = _local.store.make()
     yield _local.store, api.get_rank(), api.get_world_size()
 
 
@@ -226,8 +228,18 @@ def new_store() -> Any:
     return tdist.HashStore()
 
 
-def enter_rank(store: Any) -> None:
-    """Give the calling rank thread its own torch world; ``store`` is its simulation's (:func:`new_store`)."""
+class _Lazy:
+    """A store made on first use (a rank process's client of its run's store)."""
+
+    def __init__(self, make: Callable[[], Any]):
+        self.make = make
+
+
+def enter_rank(store: Any, make_store: Callable[[], Any] | None = None) -> None:
+    """Give the calling rank thread its own torch world; ``store`` is its simulation's (:func:`new_store`), or
+    ``make_store()`` makes it on first use."""
+    if make_store is not None:
+        store = _Lazy(make_store)
     _local.rank = True
     if "c10d" in _state:
         _local.world = _state["rank_world"]()
