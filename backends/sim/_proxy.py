@@ -216,6 +216,7 @@ class ProcessRanks:
             "check_buffers": bool(getattr(engine.ranks[rank].world, "check_buffers", False)),
             "cuda_as_cpu": engine.cuda_as_cpu,
             "gpus_per_node": engine.gpus_per_node,
+            "cpu_time": engine.cpu_time,
         }
 
     def store_port(self) -> int:
@@ -270,7 +271,6 @@ class _Served:
             "batch": self._batch,
             "wait": self._wait,
             "poll": self._poll,
-            "forget": self._forget,
             "compute": self._compute,
             "algorithm": self._algorithm,
             "desc": self._desc,
@@ -375,17 +375,19 @@ class _Served:
             g.destroyed = True
 
     def _op(self, msg: tuple) -> None:
-        _, wid, gid, method, packed, opts = msg
+        _, wid, gid, method, packed, wire = msg
+        opts = C.options_in(wire)
         self._site(opts.call_site)
         args = C.unpack(packed, self.segments.by_id)
         self.works[wid] = (getattr(self.groups[gid], method)(*args, opts), method == "recv")
 
     def _batch(self, msg: tuple) -> None:
-        _, wids, gid, ops = msg
-        self._site(ops[0][3].call_site if ops else None)
-        unpacked = [(kind, C.unpack(ref, self.segments.by_id)[0], peer, opts) for kind, ref, peer, opts in ops]
+        _, gid, ops = msg
+        segments = self.segments.by_id
+        unpacked = [(kind, C.view_of(ref, segments), peer, C.options_in(wire)) for _wid, kind, ref, peer, wire in ops]
+        self._site(unpacked[0][3].call_site if unpacked else None)
         works = self.groups[gid].batch_p2p(unpacked)
-        for wid, (kind, _ref, _peer, _opts), work in zip(wids, ops, works):
+        for (wid, kind, _ref, _peer, _opts), work in zip(ops, works):
             self.works[wid] = (work, kind == "recv")
 
     def _wait(self, msg: tuple) -> int | None:
@@ -393,17 +395,17 @@ class _Served:
         self._site(site)
         work, is_recv = self.works[wid]
         work.wait(timeout)
+        del self.works[wid]  # (the rank asks nothing more of a completed work)
         return work.source_rank() if is_recv else None
 
     def _poll(self, msg: tuple) -> tuple[bool, int | None]:
         _, wid, site = msg
         self._site(site)
         work, is_recv = self.works[wid]
-        done = work.is_completed()
-        return done, (work.source_rank() if done and is_recv else None)
-
-    def _forget(self, msg: tuple) -> None:
-        self.works.pop(msg[1], None)
+        if not work.is_completed():
+            return False, None
+        del self.works[wid]
+        return True, (work.source_rank() if is_recv else None)
 
     def _compute(self, msg: tuple) -> None:
         _, seconds, site, op = msg

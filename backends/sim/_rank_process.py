@@ -76,18 +76,21 @@ FLUSH_BYTES = 1 << 16
 class _Link:
     """The rank's end of its connection to its proxy: calls and their answers, printed text, shared memory."""
 
-    def __init__(self, chan: C.Channel):
+    def __init__(self, chan: C.Channel, cpu_time: bool = False):
         self.chan = chan
+        self.cpu = time.thread_time if cpu_time else _no_cpu  # what each frame reports of the rank's CPU time
         self.arena = C.Arena()
         self.lock = threading.Lock()  # one frame at a time (a thread of the rank may print meanwhile)
         self.outbox: list[tuple] = []
         self.held = 0  # characters of printed text in the outbox
         self.ended = False  # the rank's end was told: nothing more goes to the proxy
         self.aborted = False
+        self.checks: dict[int, BufferCheck] = {}  # the buffer checks of sends and receives in flight, by work
+        self.pairs: dict[int, list] = {}  # and their arrays with shared views
 
     def _frame(self, msgs: list[tuple], reply: bool) -> None:
         news, fds = self.arena.take_news()
-        self.chan.send((time.thread_time(), news, msgs, reply), fds)
+        self.chan.send((self.cpu(), news, msgs, reply), fds)
         for fd in fds:
             os.close(fd)
 
@@ -147,6 +150,10 @@ class _Link:
             except OSError:
                 pass
             self.ended = True
+
+
+def _no_cpu() -> float:
+    return 0.0
 
 
 class _Stream(io.TextIOBase):
@@ -213,8 +220,11 @@ class _Bytes(io.RawIOBase):
 class RemoteWork(Work):
     """A work of the rank's proxy: waiting is the proxy's ``wait()`` of the engine's work."""
 
-    def __init__(self, link: _Link, wid: int, outputs: list, copies: list, regions: list, check: Any = None):
+    def __init__(
+        self, link: _Link, wid: int, outputs: list, copies: list, regions: list, site: str | None, check: Any = None
+    ):
         self.link, self.wid = link, wid
+        self.site = site  # a blocking call's line: its wait() follows at once, from the same line
         self.outs = outputs
         self.copies = copies  # (array, shared view) for each output array
         self.regions = regions
@@ -229,9 +239,9 @@ class RemoteWork(Work):
         for seg in self.regions:
             self.link.arena.free(seg)
         self.copies = self.regions = []
-        self.link.defer(("forget", self.wid))
         if self.check is not None:
             self.link.checks.pop(self.wid, None)
+            self.link.pairs.pop(self.wid, None)
 
     def _refresh(self) -> None:
         if self.check is not None:
@@ -240,7 +250,9 @@ class RemoteWork(Work):
     def wait(self, timeout: float | None = None) -> bool:
         if not self.done:
             self._refresh()
-            self._landed(self.link.call(("wait", self.wid, timeout, user_call_site())))
+            site = self.site or user_call_site()
+            self.site = None
+            self._landed(self.link.call(("wait", self.wid, timeout, site)))
         return True
 
     def is_completed(self) -> bool:
@@ -292,13 +304,12 @@ class RemoteGroup(ProcessGroup):
         check = None
         if method in ("send", "recv") and opts.async_op and self.world.check_buffers:
             check = self._check(method, args[0], wid, opts, views)
-        msg = ("op", wid, self.group_id, method, packed, opts)
-        work = RemoteWork(link, wid, outputs, copies, regions, check)
+        msg = ("op", wid, self.group_id, method, packed, C.options_out(opts))
         if opts.async_op:
             link.call(msg)
-        else:
-            link.defer(msg)  # its wait() follows at once: one frame for both
-        return work
+            return RemoteWork(link, wid, outputs, copies, regions, None, check)
+        link.defer(msg)  # its wait() follows at once: one frame for both
+        return RemoteWork(link, wid, outputs, copies, regions, opts.call_site, check)
 
     def _check(self, kind: str, tensor: Any, wid: int, opts: Options, views: dict) -> tuple:
         """The rank's side of the buffer check of an asynchronous send or receive (see :mod:`._buffers`).
@@ -312,7 +323,8 @@ class RemoteGroup(ProcessGroup):
             if race is not None:
                 self.world.link.call(("race", race))
         checks[wid] = BufferCheck(kind, tensor, None, None, self.world.rank, opts.call_site)
-        return (checks[wid], C.views_of(tensor, views))
+        pairs = self.world.link.pairs[wid] = C.views_of(tensor, views)
+        return (checks[wid], pairs)
 
     def send(self, tensor: Any, dst: int, opts: Options) -> Work:
         return self._start("send", (tensor, dst), opts)
@@ -358,20 +370,17 @@ class RemoteGroup(ProcessGroup):
 
     def batch_p2p(self, ops: Sequence[tuple[str, Any, int, Options]]) -> list[Work]:
         link = self.world.link
-        tensors = [t for _kind, t, _peer, _opts in ops]
-        packed, regions, views = C.pack(tuple(tensors), link.arena)
-        works: list[RemoteWork] = []
-        for i, (kind, t, _peer, opts) in enumerate(ops):
+        works: list[Work] = []
+        batch = []
+        for kind, t, peer, opts in ops:  # each its own shared copy: its operation may complete before the others
+            packed, regions, views = C.pack((t,), link.arena)
             wid = self.world.next_work()
             check = self._check(kind, t, wid, opts, views) if opts.async_op and self.world.check_buffers else None
             copies = C.views_of(t, views) if kind == "recv" else []
-            works.append(RemoteWork(link, wid, [t], copies, regions if i == 0 else [], check))
-        batch = [(kind, packed[i], peer, opts) for i, (kind, _t, peer, opts) in enumerate(ops)]
-        link.call(("batch", [w.wid for w in works], self.group_id, batch))
-        if len(works) > 1:  # the regions are freed once every operation of the batch has completed
-            works[0].regions = []
-            works[-1].regions = regions
-        return list(works)
+            works.append(RemoteWork(link, wid, [t], copies, regions, None, check))
+            batch.append((wid, kind, packed[0], peer, C.options_out(opts)))
+        link.call(("batch", self.group_id, batch))
+        return works
 
 
 class RemoteWorld(World):
@@ -383,7 +392,6 @@ class RemoteWorld(World):
         self.groups: list[ProcessGroup] = []
         self.check_buffers = check_buffers
         self._works = 0
-        link.checks = {}  # type: ignore[attr-defined]
 
     def next_work(self) -> int:
         self._works += 1
@@ -459,7 +467,7 @@ def main(chan: C.Channel) -> int:
         return 0
     global IN_RANK
     IN_RANK = True
-    link = _Link(chan)
+    link = _Link(chan, setup["cpu_time"])
     rank = setup["rank"]
     os.environ.clear()
     os.environ.update(setup["environ"])
@@ -502,7 +510,7 @@ def main(chan: C.Channel) -> int:
 
 def _settle_checks(link: _Link) -> None:
     """Refresh the shared copies of sends and receives never waited for (the end-of-run buffer check reads them)."""
-    for _check, pairs in getattr(link, "open_pairs", {}).values():
+    for pairs in link.pairs.values():
         C.refresh(pairs)
 
 
