@@ -16,6 +16,7 @@ __all__ = [
     "is_user_file",
     "set_remote_site",
     "skip_directory",
+    "format_user_exception",
     "trace_user_code",
     "user_call_site",
     "user_stacklevel",
@@ -93,6 +94,30 @@ def user_call_site(skip: tuple[str, ...] = ()) -> str:
             return site
         frame = frame.f_back
     return "<unknown>"
+
+
+def format_user_exception(exc: BaseException) -> str:
+    """``exc`` formatted as Python prints it, without the frames of simdist and Python's ``runpy``.
+
+    What a person reads of a rank's failure: the program's own lines, as when it runs alone.
+    """
+    import traceback
+
+    report = traceback.TracebackException.from_exception(exc)
+    for part in _chain(report):
+        kept = [f for f in part.stack if not (is_library_file(f.filename) or f.filename.startswith("<frozen runpy"))]
+        part.stack = traceback.StackSummary.from_list(kept)
+    return "".join(report.format())
+
+
+def _chain(report: Any) -> list:
+    """``report`` and the reports of its causes and contexts."""
+    out, seen = [], set()
+    while report is not None and id(report) not in seen:
+        seen.add(id(report))
+        out.append(report)
+        report = report.__cause__ or (None if report.__suppress_context__ else report.__context__)
+    return out
 
 
 def user_stacklevel() -> int:

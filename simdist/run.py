@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
-import functools
 import os
 import runpy
 import signal
@@ -45,6 +44,8 @@ import traceback
 from collections.abc import Iterator, Sequence
 from queue import Empty, Queue
 from typing import IO, Any
+
+from simdist import _scripts
 
 __all__ = ["COMMANDS", "ENGINES", "cli", "main"]
 
@@ -191,6 +192,14 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
     )
     p.add_argument("--launch", choices=LAUNCHES, default="auto", help=LAUNCH_HELP)
     p.add_argument(
+        "--isolation",
+        choices=("processes", "threads"),
+        default="processes",
+        help="sim: each simulated rank a process of its own (default: its own modules, atexit, sys.argv, signal "
+        "handlers and crashes, as under torchrun; forked from a server that imported torch once) or a thread "
+        "of this process (faster; module state is shared between ranks). The same seed gives the same run in both",
+    )
+    p.add_argument(
         "--cuda-as-cpu",
         "--cuda_as_cpu",
         action="store_true",
@@ -228,8 +237,10 @@ def _check(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
             parser.error("--backend sim runs every node's ranks in this one process; leave --node-rank at 0")
         if opts.log_dir is not None:
             parser.error("--log-dir is supported with the process backends only, not --backend sim")
-    elif opts.launch == "spawn" or opts.cuda_as_cpu:
-        flag = "--launch spawn" if opts.launch == "spawn" else "--cuda-as-cpu"
+    elif opts.launch == "spawn" or opts.cuda_as_cpu or opts.isolation != "processes":
+        flag = {True: "--launch spawn", False: "--cuda-as-cpu"}[opts.launch == "spawn"]
+        if opts.isolation != "processes":
+            flag = f"--isolation {opts.isolation}"
         parser.error(
             f"{flag} is supported with --backend sim only (a process backend runs the script on "
             "every rank, as torchrun does)"
@@ -642,43 +653,6 @@ def _is_get_context(node: ast.AST, modules: dict[str, tuple[str, ...]]) -> bool:
     )
 
 
-def _exit_ok(fn: Any, *args: Any) -> Any:
-    """``fn(*args)``, where ``sys.exit(0)`` (or ``sys.exit()``) counts as returning ``None``, as for a process."""
-    try:
-        return fn(*args)
-    except SystemExit as exc:
-        if exc.code not in (None, 0):
-            raise
-        return None
-
-
-def _spawned(rank: int, script: str | None, fn: Any, *args: Any) -> Any:
-    """Simulated rank ``rank`` of the parent's spawn: ``fn(rank, *args)``.
-
-    With ``script``, the rank first runs the script as ``__mp_main__`` and calls the ``fn`` of that
-    fresh namespace, as the child processes of torch's 'spawn' start method do: its globals and
-    the names it imports (``from torch.distributed import init_process_group``) are its own.
-    Its environment is its own copy of the parent's at the spawn (the simulator's isolation).
-    """
-    if script is not None:
-        fn = _by_name(_exit_ok(runpy.run_path, script, None, "__mp_main__"), fn, script)
-    return _exit_ok(fn, rank, *args)
-
-
-def _started(rank: int, mains: list, calls: list) -> Any:
-    """Simulated rank ``rank`` of the parent's ``multiprocessing.Process`` ranks: its ``target(*args, **kwargs)``.
-
-    With a script in ``mains[rank]``, the rank first runs it as ``__mp_main__`` and calls the
-    target of that fresh namespace, as a child of the 'spawn' start method does.
-    """
-    target, args, kwargs = calls[rank]
-    if target is None:
-        return None
-    if mains[rank] is not None:
-        target = _by_name(_exit_ok(runpy.run_path, mains[rank], None, "__mp_main__"), target, mains[rank])
-    return _exit_ok(functools.partial(target, *args, **kwargs))
-
-
 @contextlib.contextmanager
 def _environment(extra: dict[str, str]) -> Iterator[None]:
     """``os.environ`` with ``extra`` added inside the block, and as it was before the block afterwards."""
@@ -692,21 +666,6 @@ def _environment(extra: dict[str, str]) -> Iterator[None]:
         os.environ.update(before)
 
 
-def _by_name(namespace: dict[str, Any], fn: Any, script: str) -> Any:
-    """``fn``'s namesake in ``namespace`` (a module-level function, or a class's), as unpickling finds it."""
-    found: Any = namespace
-    try:
-        for part in fn.__qualname__.split("."):
-            found = found[part] if isinstance(found, dict) else getattr(found, part)
-    except (KeyError, AttributeError):
-        raise RuntimeError(
-            f"simdist: the function {fn.__qualname__!r} given to torch.multiprocessing.spawn is not defined when "
-            f"{script} is imported, as each rank imports it (torch's 'spawn' start method): define it at module "
-            "level, outside 'if __name__ == \"__main__\":'"
-        ) from None
-    return found
-
-
 def _reimports(fn: Any, start_method: str) -> bool:
     """Whether ranks of a spawn import the script again: torch's 'spawn'/'forkserver', for a function of the script."""
     if start_method == "fork" or getattr(fn, "__module__", None) != "__main__":
@@ -718,6 +677,11 @@ def _reimports(fn: Any, start_method: str) -> bool:
             "start_method='fork' with torch.multiprocessing.start_processes"
         )
     return True
+
+
+def _as(options: dict[str, Any], processes: bool) -> dict[str, Any]:
+    """``options`` of a simulation whose ranks are processes (``processes``) or threads of this one."""
+    return {**options, "isolation": "processes" if processes else "threads"}
 
 
 def _too_few_gpus(per_node: int) -> bool:
@@ -740,7 +704,8 @@ def _run_sim(opts: argparse.Namespace) -> int:
     import torch
 
     import simdist
-    from simdist import DistError, RankError, torch_bridge
+    from simdist import DistError, RankError, RankExitError, torch_bridge
+    from simdist._callsite import format_user_exception
 
     n, world = opts.nproc_per_node, opts.nproc_per_node * opts.nnodes
     script = os.path.abspath(opts.script)
@@ -753,25 +718,27 @@ def _run_sim(opts: argparse.Namespace) -> int:
         )
         return 2
     cuda_as_cpu = opts.cuda_as_cpu or not torch.cuda.is_available() or _too_few_gpus(n)
+    processes = opts.isolation == "processes"
     options: dict[str, Any] = {"prefix_output": not opts.no_prefix, "cuda_as_cpu": cuda_as_cpu, "gpus_per_node": n}
+    options["isolation"] = opts.isolation
     if opts.timeout is not None:
         options["timeout"] = opts.timeout
+    master = (opts.master_addr, opts.master_port or DEFAULT_PORT)
 
-    def rank_main(rank: int) -> None:  # torchrun style: the script itself, in a fresh namespace per rank
-        os.environ.update({  # this rank's own copy of the environment (the simulator's isolation)
-            "RANK": str(rank), "LOCAL_RANK": str(rank % n), "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": str(rank // n),
-            "MASTER_ADDR": opts.master_addr, "MASTER_PORT": str(opts.master_port or DEFAULT_PORT),
-        })  # fmt: skip
-        _exit_ok(runpy.run_path, script, None, "__main__")
+    # A spawn of the parent, and its multiprocessing.Process ranks: each rank imports the script again for a
+    # function of it (torch's 'spawn' start method). A rank process already has: its template ran the script
+    # as __mp_main__ to unpickle the function, as a child of the 'spawn' start method does.
+    # The 'fork' start method gives the ranks the parent's memory (its globals, closures): they run as threads
+    # of the parent, whatever --isolation says.
+    def start_ranks(fn: Any, args: Any, nprocs: int, start_method: str) -> None:
+        own = processes and start_method != "fork"
+        main = script if _reimports(fn, start_method) and not own else None
+        simdist.spawn(_scripts.spawned, args=(main, fn, *args), nprocs=nprocs, backend="sim", **_as(options, own))
 
-    def start_ranks(fn: Any, args: Any, nprocs: int, start_method: str) -> None:  # a spawn of the parent
-        main = script if _reimports(fn, start_method) else None
-        simdist.spawn(_spawned, args=(main, fn, *args), nprocs=nprocs, backend="sim", **options)
-
-    def run_processes(calls: list, start_method: str) -> None:  # the parent's multiprocessing.Process ranks
-        mains = [script if _reimports(target, start_method) else None for target, _, _ in calls]
-        simdist.spawn(_started, args=(mains, calls), nprocs=len(calls), backend="sim", **options)
+    def run_processes(calls: list, start_method: str) -> None:
+        own = processes and start_method != "fork"
+        mains = [script if _reimports(target, start_method) and not own else None for target, _, _ in calls]
+        simdist.spawn(_scripts.started, args=(mains, calls), nprocs=len(calls), backend="sim", **_as(options, own))
 
     # runpy swaps sys.modules["__main__"] and sys.argv[0] in and out; with ranks interleaved
     # the swaps do not nest, so the launcher's own values are put back here.
@@ -781,21 +748,26 @@ def _run_sim(opts: argparse.Namespace) -> int:
     try:
         with _environment(_launch_env(opts)):
             if not as_parent:
-                simdist.spawn(rank_main, nprocs=world, backend="sim", **options)
+                ranks_args = (script, n, world, master)
+                simdist.spawn(_scripts.script_rank, args=ranks_args, nprocs=world, backend="sim", **options)
             else:
                 gpus = torch_bridge.cuda.simulated_gpus(n) if cuda_as_cpu else contextlib.nullcontext()
                 with gpus, torch_bridge.spawn.starting_ranks(start_ranks, run_processes):
-                    _exit_ok(runpy.run_path, script, None, "__main__")
+                    _scripts.exit_ok(runpy.run_path, script, None, "__main__")
         return 0
     except RankError as err:
         cause = err.__cause__
+        if err.exitcode is not None or isinstance(cause, RankExitError):  # a rank's process ended (os._exit, a signal)
+            sys.stderr.write(f"simdist run: {err}\n")
+            return 1 if err.exitcode is None else (_status(err.exitcode) or 1)
         if isinstance(cause, SystemExit):
             code = cause.code if isinstance(cause.code, int) else 1
             sys.stderr.write(f"simdist run: rank {err.rank} exited with status {code}\n")
             if not isinstance(cause.code, int):
                 sys.stderr.write(f"{cause.code}\n")
             return min(code, 255) or 1
-        sys.stderr.write("".join(traceback.format_exception(cause)) if cause is not None else "")
+        if cause is not None:
+            sys.stderr.write(getattr(cause, "rank_traceback", None) or format_user_exception(cause))
         sys.stderr.write(f"simdist run: {err}\n")
         return 1
     except DistError as err:  # DeadlockError, CollectiveMismatchError, DistTimeoutError: their reports

@@ -369,9 +369,9 @@ WITH_GPUS = (
 """``simdist run`` on a machine whose torch reports CUDA with ``argv[1]`` GPUs."""
 
 
-def _run_with_gpus(gpus: int, script: str) -> subprocess.CompletedProcess:
-    """``simdist run --backend sim --nproc-per-node 4 script`` where torch reports ``gpus`` CUDA devices."""
-    argv = [sys.executable, "-c", WITH_GPUS, str(gpus), "--backend", "sim", "--nproc-per-node", "4", script]
+def _run_with_gpus(gpus: int, script: str, *flags: str) -> subprocess.CompletedProcess:
+    """``simdist run --backend sim --nproc-per-node 4 script`` where the launcher's torch reports ``gpus`` CUDA devices."""
+    argv = [sys.executable, "-c", WITH_GPUS, str(gpus), "--backend", "sim", "--nproc-per-node", "4", *flags, script]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
@@ -391,6 +391,12 @@ def test_more_ranks_than_real_gpus_get_simulated_gpus_and_say_so_once(tmp_path: 
 @pytest.mark.timeout(300)
 def test_enough_real_gpus_are_the_ranks_own(tmp_path: Path) -> None:
     script = _script(tmp_path, "import torch\nprint('gpus', torch.cuda.device_count())\n")
-    proc = _run_with_gpus(8, script)
+    proc = _run_with_gpus(8, script, "--isolation", "threads")
     assert proc.stdout.count("gpus 8") == 4, proc.stdout  # the machine's (stubbed) 8, not a simulated node of 4
+    assert "simulated GPUs" not in proc.stderr, proc.stderr
+    # rank processes have the machine's own torch.cuda (the stub is the launcher's alone): not a simulated node
+    real = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                          capture_output=True, text=True, timeout=120).stdout.strip()  # fmt: skip
+    proc = _run_with_gpus(8, script)
+    assert proc.stdout.count(f"gpus {real}") == 4, proc.stdout
     assert "simulated GPUs" not in proc.stderr, proc.stderr

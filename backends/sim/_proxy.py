@@ -291,11 +291,13 @@ class _Served:
             self.segments.apply(news, fds)
             self.rs.cpu.seconds = cpu
             result = None
+            if msgs and msgs[-1][0] == "end":  # (the rank's last frame: what it printed, then how it ended)
+                for msg in msgs[:-1]:
+                    self.handlers[msg[0]](msg)
+                child.ended = True
+                return self._end(msgs[-1][1])
             try:
                 for msg in msgs:
-                    if msg[0] == "end":
-                        child.ended = True
-                        return self._end(msg[1])
                     result = self.handlers[msg[0]](msg)
             except Abort:
                 if reply:
@@ -319,8 +321,9 @@ class _Served:
                 "return plain data (lists, numbers, tensors), or use isolation='threads'"
             )
         exc = _loaded(outcome[1], outcome[2])
-        add_note(exc, f"rank {self.rs.rank}'s traceback, in its process:\n{outcome[2].rstrip()}")
-        raise exc
+        add_note(exc, f"(rank {self.rs.rank}'s traceback, in its process)\n{outcome[2].rstrip()}")
+        exc.rank_traceback = outcome[2]  # type: ignore[attr-defined]  # (what simdist run prints of it)
+        raise exc.with_traceback(None)
 
     def _exited(self) -> BaseException:
         if self.engine.aborting:

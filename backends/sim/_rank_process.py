@@ -27,13 +27,12 @@ import random
 import sys
 import threading
 import time
-import traceback
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from simdist._callsite import user_call_site
+from simdist._callsite import format_user_exception, user_call_site
 from simdist._group import GroupMember, Options, ProcessGroup
 from simdist._work import Work
 from simdist._world import World, set_thread_world
@@ -446,9 +445,7 @@ def _store_factory(link: _Link, size: int):
         import torch.distributed as tdist
 
         port = link.call(("store",))
-        return tdist.TCPStore(
-            "127.0.0.1", port, size, False, datetime.timedelta(seconds=300), wait_for_workers=False
-        )
+        return tdist.TCPStore("127.0.0.1", port, size, False, datetime.timedelta(seconds=300), wait_for_workers=False)
 
     return make
 
@@ -498,7 +495,7 @@ def main(chan: C.Channel) -> int:
     except BaseException as exc:  # noqa: BLE001 - the rank's failure is the run's result
         if link.aborted:
             os._exit(0)
-        outcome = ("raised", _exception_bytes(exc), "".join(traceback.format_exception(exc)))
+        outcome = ("raised", _exception_bytes(exc), format_user_exception(exc))
         _settle_streams(link)
         link.end(outcome)
         atexit._run_exitfuncs()
