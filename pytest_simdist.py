@@ -5,7 +5,8 @@ without importing ``simdist`` (and torch). :mod:`simdist.testing` reads ``OPTION
 
 ``--simdist-replay TOKEN`` makes every simulated run of :mod:`simdist.testing` (``run``,
 ``explore`` and tests made by ``@spmd``) replay that interleaving; ``--simdist-max-schedules N``
-sets how many schedules ``@spmd`` tests and ``explore`` without ``max_runs`` try.
+sets how many schedules ``@spmd`` tests and ``explore`` without ``max_runs`` try; ``--simdist-isolation processes`` makes every rank of their runs a process
+of its own (``simulate(isolation="processes")``) unless a run says otherwise.
 
 While a test runs, ``OPTIONS["test"]`` holds its node id: the replay tokens of its runs
 record it (``...@test=NODEID``), and ``--simdist-replay`` refuses a token made in another test.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-OPTIONS: dict[str, Any] = {"replay": None, "max_schedules": None, "test": None}
+OPTIONS: dict[str, Any] = {"replay": None, "max_schedules": None, "test": None, "isolation": None}
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -33,6 +34,13 @@ def pytest_addoption(parser: Any) -> None:
         default=None,
         help="schedules that @simdist.testing.spmd tests and explore() try (default 100)",
     )
+    group.addoption(
+        "--simdist-isolation",
+        choices=("threads", "processes"),
+        default=None,
+        help="what the ranks of simdist.testing's runs are: threads of the test's process (default) or processes "
+        "of their own (their own modules, atexit, crashes)",
+    )
 
 
 def pytest_configure(config: Any) -> None:
@@ -41,6 +49,7 @@ def pytest_configure(config: Any) -> None:
     if n is not None and n < 1:
         raise ValueError(f"--simdist-max-schedules={n}: expected at least 1")
     OPTIONS["max_schedules"] = n
+    OPTIONS["isolation"] = config.getoption("simdist_isolation")
 
 
 def pytest_runtest_setup(item: Any) -> None:
@@ -53,4 +62,4 @@ def pytest_runtest_teardown(item: Any) -> None:
 
 
 def pytest_unconfigure(config: Any) -> None:
-    OPTIONS.update(replay=None, max_schedules=None, test=None)
+    OPTIONS.update(replay=None, max_schedules=None, test=None, isolation=None)

@@ -29,6 +29,7 @@ the program that simulates.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import gc
 import json
@@ -42,6 +43,7 @@ import threading
 import time
 import traceback
 from collections import OrderedDict
+from typing import Any
 
 from ._channel import Channel, ChannelClosed
 
@@ -53,6 +55,8 @@ FORK_TIMEOUT = 60.0
 """Seconds a fork may take to be answered (a template imports the program's module first)."""
 TEMPLATES_KEPT = 4
 """Templates a coordinator keeps at most (the least recently used one is ended first)."""
+MAX_SPARES = 64
+"""Rank processes a template starts ahead of the next run at most (as many as the last run took)."""
 
 _BOOT = "import sys, json; sys.path[:] = json.loads(sys.argv[1]); from simdist.backends.sim import _forkserver; "
 _BOOT += "_forkserver.boot(int(sys.argv[2]))"
@@ -75,61 +79,78 @@ def boot(fd: int) -> None:
     import simdist  # noqa: F401
     from simdist import torch_bridge  # noqa: F401
 
-    from . import _rank_process  # noqa: F401
+    from . import _rank_process
 
+    _rank_process.install_torch()  # what every rank process has: torch.distributed routed to its world
     del torch
+    atexit._clear()  # torch's and the server's own exit handlers: a rank runs its program's (and exits at once after)
     gc.collect()
     gc.freeze()  # the children never scan (and so never copy) what the server imported
     _serve(Channel(socket.socket(fileno=fd)), ("ready", os.getpid()))
 
 
-def _serve(chan: Channel, hello: tuple) -> None:
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    children: set[int] = set()
-    try:
-        _loop(chan, hello, children, (wake_r, wake_w))
-    except (ChannelClosed, OSError):  # the coordinator is gone: so are the children
-        for pid in children:
+class _Serving:
+    """A server's state: its socket to the coordinator, its children, and (a template's) spare rank processes."""
+
+    def __init__(self, chan: Channel):
+        self.chan = chan
+        self.children: set[int] = set()
+        self.spares: list[tuple[int, int]] = []  # (pid, the coordinator's end of its socket), started ahead
+        self.want = 0  # spares to keep: as many as the last run took
+        self.wake = os.pipe()
+        for fd in self.wake:
+            os.set_blocking(fd, False)
+
+    def kill_all(self) -> None:
+        for pid in self.children:
             _kill(pid, signal.SIGKILL)
+
+
+def _serve(chan: Channel, hello: tuple) -> None:
+    state = _Serving(chan)
+    signal.set_wakeup_fd(state.wake[1])
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    try:
+        _loop(state, hello)
+    except (ChannelClosed, OSError):  # the coordinator is gone: so are the children
+        state.kill_all()
         os._exit(0)
 
 
-def _loop(chan: Channel, hello: tuple, children: set[int], wake: tuple[int, int]) -> None:
-    wake_r = wake[0]
+def _loop(state: _Serving, hello: tuple) -> None:
+    chan, wake_r = state.chan, state.wake[0]
     chan.send(hello)
     while True:
-        ready, _, _ = select.select([chan.sock, wake_r], [], [])
+        ready, _, _ = select.select([chan.sock, wake_r], [], [], None if len(state.spares) >= state.want else 0)
         if wake_r in ready:
             try:
                 while os.read(wake_r, 512):
                     pass
             except BlockingIOError:
                 pass
-        _reap(chan, children)
+        _reap(state)
         if chan.sock not in ready:
+            if len(state.spares) < state.want:  # nothing asked meanwhile: start the next run's processes
+                state.spares.append(_fork_rank(state))
             continue
         msg, fds = chan.recv()
         while True:
-            _handle(chan, msg, fds, children, wake)
+            _handle(state, msg, fds)
             if not chan.ready():
                 break
             msg, fds = chan.recv()
 
 
-def _reap(chan: Channel, children: set[int]) -> None:
-    while children:
+def _reap(state: _Serving) -> None:
+    while state.children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
-        children.discard(pid)
-        chan.send(("exit", pid, status))
+        state.children.discard(pid)
+        state.chan.send(("exit", pid, status))
 
 
 def _kill(pid: int, signum: int) -> None:
@@ -139,24 +160,56 @@ def _kill(pid: int, signum: int) -> None:
         pass
 
 
-def _handle(chan: Channel, msg: tuple, fds: list[int], children: set[int], wake: tuple[int, int]) -> None:
+def _handle(state: _Serving, msg: tuple, fds: list[int]) -> None:
     if msg[0] == "signal":
-        if msg[1] in children:
+        if msg[1] in state.children:
             _kill(msg[1], msg[2])
         return
-    _, req, kind, prep = msg
+    if msg[0] == "ranks":  # ("ranks", id, n): n rank processes, spares first
+        _, req, n = msg
+        state.want = min(n, MAX_SPARES)
+        taken = [state.spares.pop(0) if state.spares else _fork_rank(state) for _ in range(n)]
+        for pid, sock in taken:
+            pidfd = os.pidfd_open(pid)
+            try:
+                state.chan.send(("forked", req, pid), [sock, pidfd])
+            finally:
+                os.close(pidfd)
+                os.close(sock)
+        return
+    _, req, prep = msg  # ("template", id, prep) + fds (its socket, stdout, stderr)
+    pid = _fork(state, lambda: _template(prep, fds[0]), fds)
+    pidfd = os.pidfd_open(pid)
+    try:
+        state.chan.send(("forked", req, pid), [pidfd])
+    finally:
+        os.close(pidfd)
+
+
+def _fork_rank(state: _Serving) -> tuple[int, int]:
+    """A new rank process, waiting for its turn: its pid and the coordinator's end of its socket."""
+    ours, theirs = socket.socketpair()
+
+    def rank() -> int:
+        from ._rank_process import main
+
+        ours.close()
+        return main(Channel(theirs))
+
+    pid = _fork(state, rank, [])
+    theirs.close()
+    return pid, ours.detach()
+
+
+def _fork(state: _Serving, run: Any, fds: list[int]) -> int:
+    """Fork a child that runs ``run()`` and exits with what it returns; ``fds``: its socket, stdout and stderr."""
     me = os.getpid()
     pid = os.fork()
     if pid == 0:
         code = 70
         try:
-            _child_setup(chan, fds, wake, me)
-            if kind == "rank":
-                from ._rank_process import main
-
-                code = main(Channel(socket.socket(fileno=fds[0])))
-            else:
-                _template(prep, fds[0])
+            _child_setup(state, fds, me)
+            code = run() or 0
         except BaseException:  # noqa: BLE001 - a child reports what ended it, then exits
             traceback.print_exc()
         finally:
@@ -169,31 +222,30 @@ def _handle(chan: Channel, msg: tuple, fds: list[int], children: set[int], wake:
             os._exit(code)
     for fd in fds:
         os.close(fd)
-    children.add(pid)
-    pidfd = os.pidfd_open(pid)
-    try:
-        chan.send(("forked", req, pid), [pidfd])
-    finally:
-        os.close(pidfd)
+    state.children.add(pid)
+    return pid
 
 
 _PR_SET_PDEATHSIG = 1
 
 
-def _child_setup(chan: Channel, fds: list[int], wake: tuple[int, int], parent: int) -> None:
-    """In a new child: die with the server, drop the server's descriptors and handlers, take stdout and stderr."""
+def _child_setup(state: _Serving, fds: list[int], parent: int) -> None:
+    """In a new child: die with the server, drop the server's descriptors and handlers (and take stdout, stderr)."""
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
         os._exit(1)
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    chan.close()
-    for fd in wake:
+    state.chan.close()
+    for fd in state.wake:
         os.close(fd)
-    os.dup2(fds[1], 1)
-    os.dup2(fds[2], 2)
-    os.close(fds[1])
-    os.close(fds[2])
+    for _pid, sock in state.spares:
+        os.close(sock)
+    if fds:
+        os.dup2(fds[1], 1)
+        os.dup2(fds[2], 2)
+        os.close(fds[1])
+        os.close(fds[2])
 
 
 def _template(prep: dict, fd: int) -> None:
@@ -245,7 +297,7 @@ class Server:
         self.what = what
         self.lock = threading.Lock()  # one sender at a time
         self.cond = threading.Condition()
-        self.replies: dict[int, tuple] = {}
+        self.replies: dict[int, list] = {}
         self.exits: dict[int, int] = {}
         self.released: set[int] = set()  # children whose exit status no one will ask for
         self.closed = False
@@ -278,8 +330,8 @@ class Server:
                         self.released.discard(msg[1])
                     else:
                         self.exits[msg[1]] = msg[2]
-                elif msg[0] in ("forked", "failed"):
-                    self.replies[msg[1]] = (msg, fds)
+                elif msg[0] == "forked":
+                    self.replies.setdefault(msg[1], []).append((msg, fds))
                 elif msg[0] == "broken":
                     self.broken = msg[1]
                     self.hello = msg
@@ -287,43 +339,39 @@ class Server:
                     self.hello = msg
                 self.cond.notify_all()
 
-    def fork(self, kind: str, fds: list[int], prep: dict | None = None) -> tuple[int, int]:
-        """A new child of ``kind`` (``'rank'``, ``'template'``) given ``fds``: its pid and a pidfd of it."""
-        return self._forks(kind, [fds], prep)[0]
+    def template(self, prep: dict, fds: list[int]) -> tuple[int, int]:
+        """A new template prepared as ``prep`` says, given ``fds`` (its socket, stdout, stderr): its pid and a pidfd."""
+        (pid, got), = self._ask(("template", prep), 1, fds)
+        return pid, got[0]
 
-    def fork_many(self, fds: list[list[int]]) -> list[tuple[int, int]]:
-        """A rank process for each list of descriptors, all asked for at once: their pids and pidfds."""
-        return self._forks("rank", fds, None)
+    def ranks(self, n: int) -> list[tuple[int, int, int]]:
+        """``n`` rank processes waiting for their turn: for each its pid, a pidfd and the coordinator's end of its
+        socket. A template starts as many ahead of the next call while the run goes on."""
+        return [(pid, got[1], got[0]) for pid, got in self._ask(("ranks", n), n, [])]
 
-    def _forks(self, kind: str, fds: list[list[int]], prep: dict | None) -> list[tuple[int, int]]:
+    def _ask(self, what: tuple, n: int, fds: list[int]) -> list[tuple[int, list[int]]]:
         with self.lock:
-            reqs = []
-            for each in fds:
-                self._ids += 1
-                reqs.append(self._ids)
-                try:
-                    self.chan.send(("fork", self._ids, kind, prep), each)
-                except OSError as exc:
-                    raise RankStartError(f"the {self.what} is gone ({exc})") from None
-        got: list[tuple[int, int]] = []
-        failure = None
-        for req in reqs:
-            with self.cond:
-                if not self.cond.wait_for(lambda: req in self.replies or self.closed, FORK_TIMEOUT):
-                    failure = failure or f"the {self.what} did not answer a fork within {FORK_TIMEOUT:g} s"
-                    continue
-                if req not in self.replies:
-                    failure = failure or f"the {self.what} ended ({self.broken or 'its socket closed'})"
-                    continue
-                msg, pidfds = self.replies.pop(req)
-            if msg[0] == "failed":
-                failure = failure or msg[2]
+            self._ids += 1
+            req = self._ids
+            try:
+                self.chan.send((what[0], req, *what[1:]), fds)
+            except OSError as exc:
+                raise RankStartError(f"the {self.what} is gone ({exc})") from None
+        got: list[tuple[int, list[int]]] = []
+        with self.cond:
+            if not self.cond.wait_for(lambda: len(self.replies.get(req, ())) >= n or self.closed, FORK_TIMEOUT):
+                failure = f"the {self.what} did not start its processes within {FORK_TIMEOUT:g} s"
+            elif len(self.replies.get(req, ())) < n:
+                failure = f"the {self.what} ended ({self.broken or 'its socket closed'})"
             else:
-                got.append((msg[2], pidfds[0]))
+                failure = None
+            for msg, received in self.replies.pop(req, []):
+                got.append((msg[2], received))
         if failure is not None:
-            for pid, pidfd in got:
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                os.close(pidfd)
+            for pid, received in got:
+                for fd in received:
+                    os.close(fd)
+                self.signal(pid, signal.SIGKILL)
                 self.release(pid)
             raise RankStartError(failure)
         return got
@@ -401,7 +449,7 @@ def template_for(prep: dict) -> Server:
     base = base_server()
     ours, theirs = socket.socketpair()
     try:
-        pid, pidfd = base.fork("template", [theirs.fileno(), 1, 2], prep)
+        pid, pidfd = base.template(prep, [theirs.fileno(), 1, 2])
     finally:
         theirs.close()
     os.close(pidfd)

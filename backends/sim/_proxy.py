@@ -136,17 +136,8 @@ class ProcessRanks:
         self.environ = dict(os.environ)
         self.streams = {"stdout": sys.stdout, "stderr": sys.stderr}
         server = _forkserver.template_for(self.prep)
-        pairs = [socket.socketpair() for _ in range(self.size)]
-        try:
-            forked = server.fork_many([[theirs.fileno(), 1, 2] for _ours, theirs in pairs])
-        except BaseException:
-            for ours, theirs in pairs:
-                ours.close()
-                theirs.close()
-            raise
-        for rank, ((ours, theirs), (pid, pidfd)) in enumerate(zip(pairs, forked)):
-            theirs.close()
-            self.children[rank] = _Child(pid, pidfd, C.Channel(ours), server)
+        for rank, (pid, pidfd, sock) in enumerate(server.ranks(self.size)):
+            self.children[rank] = _Child(pid, pidfd, C.Channel(socket.socket(fileno=sock)), server)
         return _isolation.RunSetup({}, None, None)
 
     def leave(self, engine: Engine) -> None:
@@ -196,7 +187,7 @@ class ProcessRanks:
         assert child is not None
         world = thread_world()
         rs = engine.ranks[rank]
-        child.chan.send(("go", self._setup(rank, engine)))
+        child.chan.send(("go", self._setup(rank, engine)), [1, 2])  # (its stdout and stderr: this process's now)
         served = _Served(self, world, rs, child)
         return served.loop()
 

@@ -459,9 +459,12 @@ def _settle_streams(link: _Link) -> None:
 def main(chan: C.Channel) -> int:
     """The rank process: wait for its turn, run its part of the program, tell how it ended; the exit status."""
     try:
-        (kind, setup), _ = chan.recv()
+        (kind, setup), fds = chan.recv()
     except C.ChannelClosed:
         return 0
+    for fd, std in zip(fds, (1, 2)):  # the coordinator's stdout and stderr when the run started
+        os.dup2(fd, std)
+        os.close(fd)
     global IN_RANK
     IN_RANK = True
     link = _Link(chan, setup["cpu_time"])
@@ -520,13 +523,19 @@ def _exception_bytes(exc: BaseException) -> bytes | None:
         return None
 
 
-def _enter_torch(setup: dict, link: _Link, world: RemoteWorld) -> None:
-    """Route torch.distributed to the rank's world and give the rank its simulated GPUs, as a rank thread has them."""
+def install_torch() -> None:
+    """Route torch.distributed to simdist as on rank threads, process-wide (the fork server does it once)."""
     from simdist import torch_bridge
 
     torch_bridge.spawn.install()
     torch_bridge.ranks.install()
+    torch_bridge.cuda.install()
+
+
+def _enter_torch(setup: dict, link: _Link, world: RemoteWorld) -> None:
+    """Make the process's main thread a rank of torch.distributed, with its simulated GPUs, as a rank thread is."""
+    from simdist import torch_bridge
+
     torch_bridge.ranks.enter_rank(None, _store_factory(link, setup["size"]))
     if setup["cuda_as_cpu"]:
-        torch_bridge.cuda.install()
         torch_bridge.cuda.enter_thread(setup["gpus_per_node"], world.now)

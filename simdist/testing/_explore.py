@@ -94,7 +94,8 @@ def explore(
     as for :func:`simdist.simulate`).
     ``progress`` (default: when stderr is a terminal) draws a progress line on stderr.
     ``max_runs`` defaults to 100, or ``pytest --simdist-max-schedules N``. ``options``
-    go to :func:`simdist.simulate` (``detail``, ``topology``, ``eager_limit``, ...). When the
+    go to :func:`simdist.simulate` (``detail``, ``topology``, ``eager_limit``, ``isolation``: by default ``pytest
+    --simdist-isolation``'s, else ``'threads'``, ...). When the
     minimal schedule has at most a few preemptions, a note on the error lists them
     (:func:`simdist.testing.explain`). The runs before a failure and the shrinking replays
     record no step snapshots unless ``record_steps`` is given (no one reads their traces);
@@ -166,6 +167,7 @@ def explore(
     check_argument(check)
     options.setdefault("test", current_test())
     options.setdefault("check_buffers", True)
+    options.setdefault("isolation", OPTIONS.get("isolation") or "threads")
     if OPTIONS["replay"] is not None:  # pytest --simdist-replay: exactly that interleaving
         from ._run import run
 

@@ -224,7 +224,8 @@ def run(
         timeout: real seconds before the run raises ``DistTimeoutError``, or ``None``.
         check: ``check(values)`` after the run; raising or returning ``False`` fails it.
         options: more of :func:`simdist.simulate`'s keyword arguments; unlike ``simulate``,
-            ``check_buffers`` defaults to ``True`` (``BufferRaceError`` on early writes).
+            ``check_buffers`` defaults to ``True`` (``BufferRaceError`` on early writes), and
+            ``isolation`` to ``pytest --simdist-isolation``'s (else ``'threads'``).
 
     Returns:
         The run's ``SimResult`` (``values`` by rank, ``trace``, ``schedule``, ...).
@@ -250,6 +251,7 @@ def run(
     kwargs = dict(detail=detail, topology=topology, eager_limit=eager_limit, timeout=timeout, **options)
     kwargs.setdefault("leaks", "warn")
     kwargs.setdefault("test", current_test())
+    kwargs.setdefault("isolation", OPTIONS.get("isolation") or "threads")
     kwargs.setdefault("check_buffers", True)
     check_argument(check)
     chosen = _options_from(nprocs, seed, strategy, schedule)
