@@ -35,6 +35,10 @@ class DistError(RuntimeError):
         self.schedule = token
         return self
 
+    def __reduce__(self) -> tuple:
+        """Pickled as its class, message and attributes (a rank process sends its errors whole)."""
+        return (_rebuilt, (type(self), self.args, self.__dict__, self.__cause__))
+
     def __str__(self) -> str:
         text = super().__str__()
         if self.schedule and "replay token" not in text:
@@ -125,12 +129,6 @@ class RankError(DistError):
         self.rank = rank
         self.__cause__ = cause
 
-    def __reduce__(self) -> tuple:
-        return (_rank_error, (self.rank, self.__cause__, self.schedule))
-
-
-def _rank_error(rank: int, cause: BaseException, schedule: str | None) -> RankError:
-    return RankError(rank, cause)._with_schedule(schedule)  # type: ignore[return-value]
 
 
 class RankExitError(DistError):
@@ -145,13 +143,6 @@ class RankExitError(DistError):
     def __init__(self, message: str, *, exitcode: int | None = None):
         super().__init__(message)
         self.exitcode = exitcode
-
-    def __reduce__(self) -> tuple:
-        return (_rank_exit_error, (str(Exception.__str__(self)), self.exitcode))
-
-
-def _rank_exit_error(message: str, exitcode: int | None) -> RankExitError:
-    return RankExitError(message, exitcode=exitcode)
 
 
 class DistTimeoutError(DistError, TimeoutError):
@@ -180,6 +171,15 @@ class NotInitializedError(DistError):
 
 class LeakWarning(UserWarning):
     """A simulation ended with unmatched messages, never-waited works or groups never destroyed."""
+
+
+def _rebuilt(cls: type, args: tuple, attributes: dict, cause: BaseException | None) -> DistError:
+    """A :class:`DistError` from what ``__reduce__`` gave (its constructor is not called: it may take other arguments)."""
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(attributes)
+    err.__cause__ = cause
+    return err
 
 
 def add_note(exc: BaseException, note: str) -> None:

@@ -202,9 +202,12 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
     p.add_argument(
         "--cuda-as-cpu",
         "--cuda_as_cpu",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="sim: give ranks simulated GPUs backed by the CPU even where CUDA is available (the "
-        "default without CUDA); each node has N of them (see docs/gpu-scripts.md)",
+        "default without CUDA, or with fewer GPUs than ranks); each node has N of them (see docs/gpu-scripts.md). "
+        "--no-cuda-as-cpu: the ranks see this machine's own torch.cuda, as under torchrun here (a script that "
+        "takes a GPU branch when torch.cuda.is_available() then takes the CPU one)",
     )
     p.add_argument("script", nargs="?", help="the Python script to run (by every rank, or once: see --launch)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script (sys.argv[1:])")
@@ -237,7 +240,7 @@ def _check(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
             parser.error("--backend sim runs every node's ranks in this one process; leave --node-rank at 0")
         if opts.log_dir is not None:
             parser.error("--log-dir is supported with the process backends only, not --backend sim")
-    elif opts.launch == "spawn" or opts.cuda_as_cpu or opts.isolation != "processes":
+    elif opts.launch == "spawn" or opts.cuda_as_cpu is not None or opts.isolation != "processes":
         flag = {True: "--launch spawn", False: "--cuda-as-cpu"}[opts.launch == "spawn"]
         if opts.isolation != "processes":
             flag = f"--isolation {opts.isolation}"
@@ -717,7 +720,10 @@ def _run_sim(opts: argparse.Namespace) -> int:
             "GPUs are --nproc-per-node), or --launch torchrun to run the script on every rank\n"
         )
         return 2
-    cuda_as_cpu = opts.cuda_as_cpu or not torch.cuda.is_available() or _too_few_gpus(n)
+    if opts.cuda_as_cpu is None:
+        cuda_as_cpu = not torch.cuda.is_available() or _too_few_gpus(n)
+    else:
+        cuda_as_cpu = opts.cuda_as_cpu
     processes = opts.isolation == "processes"
     options: dict[str, Any] = {"prefix_output": not opts.no_prefix, "cuda_as_cpu": cuda_as_cpu, "gpus_per_node": n}
     options["isolation"] = opts.isolation

@@ -385,3 +385,94 @@ def test_the_check_is_off_by_default_and_on_in_simdist_testing() -> None:
 def test_check_buffers_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match=r"check_buffers='yes' must be a bool"):
         simdist.simulate(isend_then_fill, 3, check_buffers="yes")
+
+
+# -- ranks as processes: the same checks, the same reports ------------------------------------------------------
+
+
+def never_waited(rank):
+    dist.init_process_group("gloo")
+    t = torch.ones(3)
+    if rank == 0:
+        dist.isend(t, 1)  # never waited
+        t.add_(1)
+    else:
+        dist.recv(t, 0)
+    dist.destroy_process_group()
+
+
+def strided_send(rank, kind):
+    dist.init_process_group("gloo")
+    base = np.zeros((3, 2), dtype=np.float64) if kind == "numpy" else torch.zeros(2, 3)
+    t = base if kind == "numpy" else base.t()  # a transposed tensor: not contiguous
+    if rank == 0:
+        w = dist.isend(t, 1)
+        t[1, 1] = 5
+        w.wait()
+    else:
+        dist.recv(t, 0)
+    dist.destroy_process_group()
+
+
+def send_over_receive(rank):
+    dist.init_process_group("gloo")
+    buf = torch.zeros(6)
+    receiving = dist.irecv(buf[2:4], 1 - rank)  # the receive in flight
+    sending = dist.isend(buf[3:], 1 - rank)  # the send of memory it writes
+    receiving.wait()
+    sending.wait()
+    dist.destroy_process_group()
+
+
+def disjoint_views(rank):
+    dist.init_process_group("gloo")
+    peer = 1 - rank
+    got = torch.zeros(8)
+    mine = torch.arange(8.0) + 10 * rank
+    works = [dist.irecv(got[0::2], peer), dist.irecv(got[1::2], peer)]  # interleaved views: no element in common
+    works += [dist.isend(mine[0::2].contiguous(), peer), dist.isend(mine[1::2].contiguous(), peer)]
+    works += [dist.isend(mine, peer), dist.isend(mine, peer)]  # two sends of one buffer only read it
+    works += [dist.irecv(torch.zeros(8), peer), dist.irecv(torch.zeros(8), peer)]
+    for w in works:
+        w.wait()
+    dist.destroy_process_group()
+    return got.tolist()
+
+
+RACES = [
+    (isend_then_fill, 3, (), {"seed": 1}),
+    (irecv_then_write, 2, (), {}),
+    (receive_over_send, 2, (), {}),
+    (send_over_receive, 2, (), {}),
+    (never_waited, 2, (), {}),
+    (strided_send, 2, ("numpy",), {}),
+    (strided_send, 2, ("transposed",), {}),
+    (batch_ring, 3, (1, "send"), {"seed": 2}),
+    (batch_ring, 3, (1, "recv"), {"seed": 3}),
+    (torch_race, 2, (2, "isend"), {}),
+    (torch_race, 2, (2, "irecv"), {}),
+]
+
+
+@pytest.mark.parametrize("case", range(len(RACES)), ids=lambda i: f"{RACES[i][0].__name__}{RACES[i][2]}")
+def test_a_race_is_reported_the_same_with_ranks_as_processes(case) -> None:
+    fn, nprocs, args, opts = RACES[case]
+    threads, processes = (
+        race_of(fn, nprocs, args=args, leaks="ignore", isolation=mode, **opts) for mode in ("threads", "processes")
+    )
+    assert str(processes) == str(threads)
+    assert (processes.rank, processes.op, processes.call_site, processes.changed) == (
+        threads.rank, threads.op, threads.call_site, threads.changed)  # fmt: skip
+    assert processes.choices == threads.choices
+
+
+@pytest.mark.parametrize("fn,args", [(disjoint_views, ()), (batch_ring, (None, "send")), (correct_uses, ())])
+def test_programs_without_a_race_give_the_same_values_with_ranks_as_processes(fn, args) -> None:
+    for seed in range(3):
+        threads, processes = (
+            simdist.simulate(
+                fn, 2 if fn is not batch_ring else 3, args=args, check_buffers=True, seed=seed, isolation=m
+            )
+            for m in ("threads", "processes")
+        )
+        assert processes.values == threads.values and processes.schedule == threads.schedule

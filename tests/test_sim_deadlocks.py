@@ -243,3 +243,17 @@ def test_deadlock_only_under_some_schedules():
         simdist.simulate(some_schedules_only, 3, schedule=token)
     # the same program, a schedule that avoids it
     simdist.simulate(some_schedules_only, 3, seed=outcomes["ok"])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("program,world,options,blocked", CORPUS, ids=lambda v: getattr(v, "__name__", None))
+def test_deadlock_is_reported_the_same_with_ranks_as_processes(program, world, options, blocked):
+    errors = []
+    for isolation in ("threads", "processes"):
+        with pytest.raises(simdist.DeadlockError) as info:
+            simdist.simulate(program, world, isolation=isolation, **options)
+        errors.append(info.value)
+    threads, processes = errors
+    assert str(processes) == str(threads) and processes.schedule == threads.schedule
+    assert processes.blocked == threads.blocked and processes.unmatched == threads.unmatched
+    assert sorted(processes.graph.edges) == sorted(threads.graph.edges)

@@ -1,7 +1,7 @@
 """Simulated runs give exactly what they gave when the fixture was recorded.
 
 Every algorithm of every collective, point-to-point with any-source receives, eager
-sends, several topologies and strategies: the SHA-256 of each run's trace JSON (every
+sends, several topologies and strategies, with ranks as threads and as processes: the SHA-256 of each run's trace JSON (every
 event, every field, times bit for bit), its choices, replay token and values must equal
 ``golden_traces.json``. The fixture changes only when a run is meant to change; rewrite
 it with ``python tests/test_sim_golden.py --save`` (``--dump DIR`` writes each run's full
@@ -192,11 +192,14 @@ CASES = cases()
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("isolation", ["threads", "processes"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_run_matches_golden(name):
+def test_run_matches_golden(name, isolation):
+    """Ranks as threads or as processes (``isolation``): the same trace, choices, token and values."""
     golden = json.loads(FIXTURE.read_text())
     assert name in golden, f"no golden digest for {name}: rewrite the fixture with --save"
-    digest, _ = run_case(*CASES[name])
+    fn, nprocs, args, kw = CASES[name]
+    digest, _ = run_case(fn, nprocs, args, {**kw, "isolation": isolation})
     assert digest == golden[name]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -14,39 +15,39 @@ HERE = os.path.basename(__file__)
 
 
 def _prog(variant):
-    def program(rank):
-        dist.init_process_group("gloo")
-        odd = rank == 1
-        t = torch.ones(4)
-        if variant == "op":
-            dist.broadcast(t, src=0) if odd else dist.all_reduce(t)
-        elif variant == "dtype":
-            dist.all_reduce(t.double() if odd else t)
-        elif variant == "shape":
-            dist.all_reduce(torch.ones(5) if odd else t)
-        elif variant == "reduce_op":
-            dist.all_reduce(t, op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
-        elif variant == "root":
-            dist.broadcast(t, src=1 if odd else 0)
-        elif variant == "async_op":
-            w = dist.all_reduce(t, async_op=odd)
-            if w is not None:
-                w.wait()
-        elif variant == "algorithm":
-            dist.all_reduce(t, algorithm="ring" if odd else "recursive_doubling")
-        elif variant == "gather_dst":
-            dist.gather(
-                t, [torch.zeros(4) for _ in range(3)] if rank == (2 if odd else 0) else None, dst=2 if odd else 0
-            )
-        elif variant == "new_group":
-            dist.new_group([0, 1] if odd else [0, 2])
-        elif variant == "barrier_vs_all_gather":
-            if odd:
-                dist.barrier()
-            else:
-                dist.all_gather([torch.zeros(4) for _ in range(3)], t)
+    """The program whose rank 1 calls its collective differently as ``variant`` says (it pickles: a rank process runs it)."""
+    return functools.partial(mismatched, variant=variant)
 
-    return program
+
+def mismatched(rank, variant):
+    dist.init_process_group("gloo")
+    odd = rank == 1
+    t = torch.ones(4)
+    if variant == "op":
+        dist.broadcast(t, src=0) if odd else dist.all_reduce(t)
+    elif variant == "dtype":
+        dist.all_reduce(t.double() if odd else t)
+    elif variant == "shape":
+        dist.all_reduce(torch.ones(5) if odd else t)
+    elif variant == "reduce_op":
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
+    elif variant == "root":
+        dist.broadcast(t, src=1 if odd else 0)
+    elif variant == "async_op":
+        w = dist.all_reduce(t, async_op=odd)
+        if w is not None:
+            w.wait()
+    elif variant == "algorithm":
+        dist.all_reduce(t, algorithm="ring" if odd else "recursive_doubling")
+    elif variant == "gather_dst":
+        dist.gather(t, [torch.zeros(4) for _ in range(3)] if rank == (2 if odd else 0) else None, dst=2 if odd else 0)
+    elif variant == "new_group":
+        dist.new_group([0, 1] if odd else [0, 2])
+    elif variant == "barrier_vs_all_gather":
+        if odd:
+            dist.barrier()
+        else:
+            dist.all_gather([torch.zeros(4) for _ in range(3)], t)
 
 
 VARIANTS = {
@@ -61,6 +62,19 @@ VARIANTS = {
     "new_group": {"ranks"},
     "barrier_vs_all_gather": {"op"},
 }
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_mismatch_is_reported_the_same_with_ranks_as_processes(variant):
+    errors = []
+    for isolation in ("threads", "processes"):
+        with pytest.raises(simdist.CollectiveMismatchError) as info:
+            simdist.simulate(_prog(variant), 3, seed=1, isolation=isolation)
+        errors.append(info.value)
+    threads, processes = errors
+    assert str(processes) == str(threads) and processes.fields == threads.fields
+    assert processes.call_sites == threads.call_sites and processes.choices == threads.choices
 
 
 @pytest.mark.timeout(30)

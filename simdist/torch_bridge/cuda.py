@@ -53,6 +53,7 @@ import sys
 import threading
 import time
 import types
+import typing
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -390,6 +391,33 @@ def _false(*args: Any, **kwargs: Any) -> bool:
     return False
 
 
+def _get_rng_state(device: Any = "cuda") -> torch.Tensor:
+    """The state of the generator tensors on simulated GPUs draw from: the rank's CPU generator."""
+    _here("torch.cuda.get_rng_state").index(device, "torch.cuda.get_rng_state(device=...)")
+    return torch.default_generator.get_state()
+
+
+def _set_rng_state(state: torch.Tensor, device: Any = "cuda") -> None:
+    _here("torch.cuda.set_rng_state").index(device, "torch.cuda.set_rng_state(device=...)")
+    torch.default_generator.set_state(state)
+
+
+def _get_rng_state_all() -> list[torch.Tensor]:
+    return [torch.default_generator.get_state() for _ in range(_here("torch.cuda.get_rng_state_all").count)]
+
+
+def _set_rng_state_all(states: Any) -> None:
+    states = list(states)
+    gpus = _here("torch.cuda.set_rng_state_all")
+    if len(states) != gpus.count:
+        raise ValueError(f"simdist: torch.cuda.set_rng_state_all got {len(states)} states for {gpus.count} GPU(s)")
+    torch.default_generator.set_state(states[gpus.current])
+
+
+def _initial_seed() -> int:
+    return torch.default_generator.initial_seed()
+
+
 def _current_accelerator(check_available: bool = False) -> torch.device:
     return torch.device("cuda")
 
@@ -417,6 +445,11 @@ CUDA: dict[str, Any] = {
     "manual_seed_all": _nothing,
     "seed": _nothing,
     "seed_all": _nothing,
+    "get_rng_state": _get_rng_state,
+    "set_rng_state": _set_rng_state,
+    "get_rng_state_all": _get_rng_state_all,
+    "set_rng_state_all": _set_rng_state_all,
+    "initial_seed": _initial_seed,
     "empty_cache": _nothing,
     "is_bf16_supported": _true,
 }
@@ -476,6 +509,12 @@ class _PerThread:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._lookup(), name)
+
+    def __or__(self, other: Any) -> Any:  # ``torch.cuda.Stream | None`` in an annotation a library evaluates
+        return typing.Union[self.real, other]
+
+    def __ror__(self, other: Any) -> Any:
+        return typing.Union[other, self.real]
 
     def __repr__(self) -> str:
         return f"<{self.name}, simulated on threads with simulated GPUs>"
