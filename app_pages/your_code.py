@@ -36,9 +36,20 @@ if not walled:
     )
 source = st.text_area("an SPMD program defining main(rank)", EXAMPLE, height=260, key="code")
 world = st.slider("world size", 1, 16, 4, key="code_world")
+isolation = st.radio(
+    "each rank is",
+    ["threads", "processes"],
+    format_func=lambda kind: {"threads": "a thread (fast)", "processes": "a process of its own (as under torchrun)"}[
+        kind
+    ],
+    horizontal=True,
+    key="code_isolation",
+    help="A rank as a process has its own modules, class attributes, atexit and crashes; a thread shares them "
+    "with the other ranks. The same program gives the same trace both ways.",
+)
 if st.button("Run on the simulator", key="run_code"):
     with st.spinner("running in a separate process..."):
-        result = V.run_code(source, world)
+        result = V.run_code(source, world, isolation=isolation)
     if result.bubblewrap:
         st.caption(
             "Ran in bubblewrap's sandbox: no network, a private empty home and /tmp, read-only access to the "

@@ -297,6 +297,38 @@ def test_with_bubblewrap_your_code_runs_in_its_sandbox_without_the_opt_in(walled
     assert any("bubblewrap's sandbox" in c.value for c in at.caption)
 
 
+ONCE = """\
+import simdist as dist
+
+
+class Once:
+    owner = None
+
+
+def main(rank):
+    if Once.owner is None:
+        Once.owner = rank
+    dist.init_process_group("gloo")
+    dist.barrier()
+    dist.destroy_process_group()
+    return Once.owner
+"""
+
+
+def test_your_code_runs_each_rank_as_a_process_when_asked(walled_app):
+    at = page("your_code")
+    at.slider(key="code_world").set_value(3)
+    at.text_area(key="code").input(ONCE)
+    at.radio(key="code_isolation").set_value("processes")
+    at.button(key="run_code").click()
+    ok(at)
+    assert list(at.table[0].value["returned"]) == ["0", "1", "2"]  # a class attribute of its own per rank
+    at.radio(key="code_isolation").set_value("threads")
+    at.button(key="run_code").click()
+    ok(at)
+    assert len(set(at.table[0].value["returned"])) == 1  # one process: the first rank to set it wins
+
+
 # -- Exercises ----------------------------------------------------------------------------------------------------
 # The code editor is a component in its own frame: the browser tests type in it (tests/test_browser_sessions.py);
 # here the page's plain text box, which sends the same code, stands in for it.

@@ -321,3 +321,14 @@ def test_a_bad_exercise_file_is_an_error_naming_the_file_and_the_field(tmp_path,
     with pytest.raises(ExerciseError, match=r"exercise .*bad\.toml") as info:
         load(path)
     assert words in str(info.value)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", sorted(RARE))
+def test_grading_on_rank_processes_gives_the_verdict_of_rank_threads(name):
+    """The search that finds a rare mistake finds it on rank processes too: the same schedules, the same verdict."""
+    e = SHIPPED[name]
+    source = RARE[name][0](e.solution)
+    threads, processes = (grade(e, source, isolation=i) for i in ("threads", "processes"))
+    assert not processes.passed and processes.kind == threads.kind
+    assert processes == threads  # token, decisions at the student's lines, the failing run's trace and calls

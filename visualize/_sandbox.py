@@ -61,7 +61,7 @@ import ctypes, json, os, resource, sys
 payload = json.loads(sys.stdin.read())
 sys.stdin.close()
 source, exercise = payload["source"], payload.get("exercise")
-memory_mb, world, cpu_s, fsize_mb, nofile, walled, host_tasks = (int(a) for a in sys.argv[1:8])
+memory_mb, world, cpu_s, fsize_mb, nofile, walled, host_tasks = (int(a) for a in sys.argv[1:8])  # world: the tasks
 libc = ctypes.CDLL(None, use_errno=True)
 NEWUSER, NEWNET = 0x10000000, 0x40000000
 def descendants(root):
@@ -149,16 +149,21 @@ for what, value in ((resource.RLIMIT_FSIZE, fsize_mb << 20), (resource.RLIMIT_NO
 if exercise is not None:  # grade the code as a submission to the exercise (simdist.exercises)
     import dataclasses
     from simdist.exercises import grade, parse
-    verdict = grade(parse(exercise["text"], exercise["name"]), source)
+    verdict = grade(parse(exercise["text"], exercise["name"]), source, payload.get("isolation", "threads"))
     print("\n@@SIMDIST@@" + json.dumps({"ok": True, "verdict": dataclasses.asdict(verdict)}), flush=True)
     raise SystemExit(0)
-namespace = {"__name__": "pasted"}
-exec(compile(source, "<pasted code>", "exec"), namespace)
-main = namespace.get("main")
+isolation = payload.get("isolation", "threads")
+if isolation == "processes":  # the rank processes import the code: a module of the private folder
+    from simdist._scripts import importable
+    main = getattr(importable([(source, "<pasted code>")], os.getcwd(), "pasted"), "main", None)
+else:
+    namespace = {"__name__": "pasted"}
+    exec(compile(source, "<pasted code>", "exec"), namespace)
+    main = namespace.get("main")
 if not callable(main):
     raise SystemExit("the pasted code must define main(rank)")
 try:
-    res = simdist.simulate(main, world, seed=0, leaks="ignore", check_buffers=True)
+    res = simdist.simulate(main, payload["world"], seed=0, leaks="ignore", check_buffers=True, isolation=isolation)
     out = {"ok": True, "trace": res.trace.to_json(), "values": [repr(v)[:200] for v in res.values]}
 except simdist.DistError as err:
     out = {"ok": False, "error": f"{type(err).__name__}: {err}"}
@@ -199,6 +204,17 @@ def code_allowed() -> bool:
     return os.environ.get(ALLOW_ENV) == "1"
 
 
+def _check_isolation(isolation: object) -> None:
+    if isolation not in ("threads", "processes"):
+        raise ValueError(f"isolation={isolation!r} is not a kind of rank; expected 'threads' or 'processes'")
+
+
+def _tasks(world: int, isolation: str) -> int:
+    """The tasks a run of ``world`` ranks needs beyond the spare ones: a thread each, or with ranks as processes, a
+    fork server and a template, and each rank's process, its thread in the child and the next run's process."""
+    return world if isolation == "threads" else 4 * world + 16
+
+
 def _positive(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name}={value!r} must be a positive number")
@@ -231,6 +247,7 @@ def run_code(
     cpu_seconds: int | None = None,
     file_mb: int = 64,
     open_files: int = 256,
+    isolation: str = "threads",
 ) -> CodeResult:
     """Run ``main(rank)`` from ``source`` on ``world`` simulated ranks in a contained child process.
 
@@ -247,6 +264,8 @@ def run_code(
         cpu_seconds: the child's CPU seconds; default twice ``timeout``, at least 10.
         file_mb: the largest file the child may write, in MiB.
         open_files: the most file descriptors the child may hold.
+        isolation: ``'threads'`` or ``'processes'``: each rank a thread of the child, or a process of its own
+            (``simdist.simulate(isolation=...)``; the child's task limit grows by four per rank).
 
     Returns:
         A ``CodeResult``: ``ok``; ``values`` (each rank's return value as its ``repr``) and
@@ -255,7 +274,7 @@ def run_code(
 
     Raises:
         TypeError: ``source`` is not a str.
-        ValueError: ``world`` is not an int from 1 to 64, or a limit is not positive.
+        ValueError: ``world`` is not an int from 1 to 64, a limit is not positive, or ``isolation`` is neither kind.
 
     Example:
         >>> from simdist.visualize import run_code
@@ -276,10 +295,11 @@ def run_code(
         _positive(name, value)
     cpu = max(10, int(2 * timeout)) if cpu_seconds is None else cpu_seconds
     _positive("cpu_seconds", cpu)
+    _check_isolation(isolation)
     walled = bubblewrap() is not None
     code, stdout, stderr = _contained(
-        {"source": source},
-        world,
+        {"source": source, "world": world, "isolation": isolation},
+        _tasks(world, isolation),
         timeout=timeout,
         memory_mb=memory_mb,
         cpu=cpu,
@@ -537,7 +557,13 @@ class GradeResult:
 
 
 def grade_code(
-    exercise_text: str, name: str, source: str, *, timeout: float = 120.0, memory_mb: int = 2048
+    exercise_text: str,
+    name: str,
+    source: str,
+    *,
+    timeout: float = 120.0,
+    memory_mb: int = 2048,
+    isolation: str = "threads",
 ) -> GradeResult:
     """Grade ``source`` as a submission to the exercise whose TOML text is ``exercise_text``, in a contained child.
 
@@ -551,6 +577,7 @@ def grade_code(
         source: the student's code.
         timeout: wall-clock seconds for the whole grading.
         memory_mb: the child's address space in MiB.
+        isolation: ``'threads'`` or ``'processes'`` (``simdist.exercises.grade``'s).
 
     Returns:
         A :class:`GradeResult`.
@@ -573,10 +600,18 @@ def grade_code(
     _positive("timeout", timeout)
     _positive("memory_mb", memory_mb)
     cpu = max(10, int(2 * timeout))
-    payload = {"source": source, "exercise": {"text": exercise_text, "name": name}}
+    _check_isolation(isolation)
+    payload = {"source": source, "exercise": {"text": exercise_text, "name": name}, "isolation": isolation}
     walled = bubblewrap() is not None
     code, stdout, stderr = _contained(
-        payload, 16, timeout=timeout, memory_mb=memory_mb, cpu=cpu, file_mb=64, open_files=256, walled=walled
+        payload,
+        _tasks(16, isolation),
+        timeout=timeout,
+        memory_mb=memory_mb,
+        cpu=cpu,
+        file_mb=64,
+        open_files=256,
+        walled=walled,
     )
     out, isolated = _parsed(code, stdout, stderr, timeout, cpu)
     if isinstance(out, str):

@@ -22,6 +22,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from simdist import _scripts
 from simdist._errors import BufferRaceError, CollectiveMismatchError, DeadlockError, DistError, RankError
 from simdist.algorithms import ALGORITHMS
 
@@ -69,9 +70,20 @@ def _compiled(source: str, name: str) -> Any:
     return compile(source, name, "exec")
 
 
-def _program(exercise: Exercise, source: str, tap: _Tapped | None = None) -> tuple[Callable, Callable]:
+def _program(
+    exercise: Exercise, source: str, tap: _Tapped | None = None, folder: str | None = None
+) -> tuple[Callable, Callable]:
     """``(main, check)``: the submission with the exercise's harness and check, in one namespace; with ``tap``,
-    what each rank's communication calls held is recorded there."""
+    what each rank's communication calls held is recorded there. With ``folder``, the namespace is a module
+    importable from there (rank processes import it: ``isolation='processes'``)."""
+    if folder is not None:
+        module = _scripts.importable([(source, SOURCE_NAME)], folder, _MODULE)
+        if not callable(getattr(module, exercise.function, None)):
+            raise LookupError(exercise.function)
+        _scripts.forget(folder, _MODULE)
+        parts = [(source, SOURCE_NAME), (exercise.harness, "harness.py"), (exercise.check, "check.py")]
+        module = _scripts.importable(parts, folder, _MODULE)
+        return module.main, module.check
     namespace: dict[str, Any] = {"__name__": "solution"}
     exec(_compiled(source, SOURCE_NAME), namespace)
     if not callable(namespace.get(exercise.function)):
@@ -210,6 +222,12 @@ def _failing_run(
             return None, calls()
 
 
+def _threads(options: dict) -> dict:
+    """``options`` with the ranks as threads: replaying a token there gives the run it gave on processes, and the
+    replay's recorders (the decisions, the calls' values) see every rank."""
+    return {**options, "isolation": "threads"}
+
+
 def _wait_for(exc: BaseException) -> dict | None:
     """A deadlock's wait-for graph as JSON-ready data, else ``None``."""
     graph = getattr(exc, "graph", None)
@@ -231,20 +249,39 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def grade(exercise: Exercise, source: str) -> Verdict:
+def grade(exercise: Exercise, source: str, isolation: str = "threads") -> Verdict:
     """The verdict on ``source`` (the student's code) for ``exercise``.
 
     Args:
         exercise: an :class:`~simdist.exercises.Exercise`.
         source: Python source that defines ``exercise.function``.
+        isolation: what each rank of the runs is, ``'threads'`` or ``'processes'`` (as for
+            :func:`simdist.simulate`): the same schedules give the same verdict; the failing run is
+            replayed on threads to record what the student's calls held.
 
     Returns:
         A :class:`Verdict`: passed, or the first failure found (shrunk, with its replay token).
     """
+    if isolation not in ("threads", "processes"):
+        raise ValueError(f"isolation={isolation!r} is not a kind of rank; expected 'threads' or 'processes'")
+    if isolation == "threads":
+        return _grade(exercise, source, None)
+    with tempfile.TemporaryDirectory(prefix="simdist-solution-") as folder:
+        try:
+            return _grade(exercise, source, folder)
+        finally:
+            _scripts.forget(folder, _MODULE)
+
+
+_MODULE = "simdist_solution"
+"""The module a submission graded on rank processes is (imported from a folder of its own)."""
+
+
+def _grade(exercise: Exercise, source: str, folder: str | None) -> Verdict:
     import simdist.testing as sdt
 
     try:
-        main, check = _program(exercise, source)
+        main, check = _program(exercise, source, folder=folder)
     except SyntaxError as exc:
         return Verdict(False, "syntax error", f"{SOURCE_NAME}:{exc.lineno}: {exc.msg}", report=str(exc))
     except LookupError:
@@ -252,6 +289,8 @@ def grade(exercise: Exercise, source: str) -> Verdict:
     except Exception as exc:  # noqa: BLE001 - the student's module raised while it was defined
         return Verdict(False, "exception", f"{SOURCE_NAME} raised {type(exc).__name__}: {exc}", report=repr(exc))
     options: dict[str, Any] = {"leaks": "ignore", "timeout": 60}  # leaks: checked once the results hold
+    if folder is not None:
+        options["isolation"] = "processes"
     if exercise.eager_limit is not None:
         options["eager_limit"] = exercise.eager_limit
     runs, complete = 0, True
@@ -275,10 +314,12 @@ def grade(exercise: Exercise, source: str) -> Verdict:
                                           progress=False, **bounds, **options)  # fmt: skip
             except DistError as exc:
                 token = exc.schedule
-                decisions = tuple(sdt.explain(main, world, token, args=(world,), **options)) if token else ()
+                decisions = tuple(sdt.explain(main, world, token, args=(world,), **_threads(options))) if token else ()
                 kind, why = _kind(exc), _first_line(exc)
                 why = why[len(kind) + 2 :] if why.lower().startswith(f"{kind}: ") else why  # "deadlock: no rank ..."
-                trace_json, calls = _failing_run(exercise, source, world, token, options) if token else (None, ())
+                trace_json, calls = (
+                    _failing_run(exercise, source, world, token, _threads(options)) if token else (None, ())
+                )
                 return Verdict(
                     False, kind, f"world {world}: {kind}: {why}", explanation=why, world=world, report=str(exc),
                     token=token, decisions=decisions, complete=False, runs=runs, checks=(),
