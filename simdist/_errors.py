@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 __all__ = [
     "DistError",
@@ -130,7 +131,6 @@ class RankError(DistError):
         self.__cause__ = cause
 
 
-
 class RankExitError(DistError):
     """A simulated rank's process ended before its function returned (``os._exit``, a signal, a crash).
 
@@ -173,9 +173,13 @@ class LeakWarning(UserWarning):
     """A simulation ended with unmatched messages, never-waited works or groups never destroyed."""
 
 
-def _rebuilt(cls: type, args: tuple, attributes: dict, cause: BaseException | None) -> DistError:
+def _rebuilt(cls: type[DistError], args: tuple, attributes: dict, cause: BaseException | None) -> DistError:
     """A :class:`DistError` from what ``__reduce__`` gave (its constructor is not called: it may take other arguments)."""
-    err = cls.__new__(cls)
+    # the builtin base that lays the instance out (OSError for DistTimeoutError, whose MRO names RuntimeError first)
+    layout: Any = max(
+        (base for base in cls.__mro__ if base.__module__ == "builtins"), key=lambda base: base.__basicsize__
+    )
+    err = layout.__new__(cls)
     err.args = args
     err.__dict__.update(attributes)
     err.__cause__ = cause

@@ -268,10 +268,10 @@ def _as_tensor(x: Any) -> torch.Tensor | None:
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """The elements of ``t``'s storage that ``t`` covers: ``[first, end)`` (empty for an empty tensor)."""
-    start = t.storage_offset()
+    start, numel = int(t.storage_offset()), int(t.numel())
     if t.is_contiguous():
-        return start, start + t.numel()
-    if t.numel() == 0:
+        return start, start + numel
+    if numel == 0:
         return start, start
     return start, start + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
 
@@ -371,7 +371,7 @@ def _pack_one(args: tuple, t: torch.Tensor, arena: Arena) -> tuple[tuple, list, 
     else:
         lo, hi = _span(x)
         seg, offset = arena.alloc((hi - lo) * itemsize)
-        shape, stride, elem = x.shape, x.stride(), offset // itemsize - lo + x.storage_offset()
+        shape, stride, elem = x.shape, x.stride(), offset // itemsize - lo + int(x.storage_offset())
         name = _NAMES[dtype]
         view = _view(seg, dtype, name, shape, stride, elem)
         view.copy_(x)

@@ -121,7 +121,9 @@ def _loop(state: _Serving, hello: tuple) -> None:
     chan, wake_r = state.chan, state.wake[0]
     chan.send(hello)
     while True:
-        ready, _, _ = select.select([chan.sock, wake_r], [], [], None if len(state.spares) >= state.want else 0)
+        ready, _, _ = select.select(
+            [chan.sock.fileno(), wake_r], [], [], None if len(state.spares) >= state.want else 0
+        )
         if wake_r in ready:
             try:
                 while os.read(wake_r, 512):
@@ -129,7 +131,7 @@ def _loop(state: _Serving, hello: tuple) -> None:
             except BlockingIOError:
                 pass
         _reap(state)
-        if chan.sock not in ready:
+        if chan.sock.fileno() not in ready:
             if len(state.spares) < state.want:  # nothing asked meanwhile: start the next run's processes
                 state.spares.append(_fork_rank(state))
             continue
@@ -341,7 +343,7 @@ class Server:
 
     def template(self, prep: dict, fds: list[int]) -> tuple[int, int]:
         """A new template prepared as ``prep`` says, given ``fds`` (its socket, stdout, stderr): its pid and a pidfd."""
-        (pid, got), = self._ask(("template", prep), 1, fds)
+        ((pid, got),) = self._ask(("template", prep), 1, fds)
         return pid, got[0]
 
     def ranks(self, n: int) -> list[tuple[int, int, int]]:
@@ -414,7 +416,7 @@ class Server:
 _lock = threading.Lock()
 _base: Server | None = None
 _base_proc: subprocess.Popen | None = None
-_templates: OrderedDict[tuple, Server] = OrderedDict()
+_templates: OrderedDict[str, Server] = OrderedDict()
 
 
 def base_server() -> Server:

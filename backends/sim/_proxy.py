@@ -77,8 +77,8 @@ def prepare(fn: Callable, args: tuple) -> tuple[dict, bytes, bytes]:
         spec = getattr(main, "__spec__", None)
         if spec is not None and spec.name not in ("__main__", "__mp_main__"):
             prep["main_name"] = spec.name.removesuffix(".__main__") if spec.name.endswith(".__main__") else spec.name
-        elif getattr(main, "__file__", None):
-            prep["main_path"] = os.path.abspath(main.__file__)
+        elif main is not None and getattr(main, "__file__", None):
+            prep["main_path"] = os.path.abspath(str(main.__file__))
     return prep, fn_bytes, args_bytes
 
 
@@ -248,7 +248,10 @@ class _Served:
 
     def __init__(self, ranks: ProcessRanks, world: Any, rs: RankState, child: _Child):
         self.ranks, self.world, self.rs, self.child = ranks, world, rs, child
-        self.engine = ranks.engine
+        assert ranks.engine is not None, "a rank is served once its engine runs"
+        self.engine: Engine = ranks.engine
+        assert isinstance(rs.cpu, _ReportedCpu), "enter_thread gave the rank its reported clock"
+        self.cpu = rs.cpu
         self.segments = C.Segments()
         self.groups: dict[int, Any] = {}
         self.works: dict[int, tuple[Any, bool]] = {}
@@ -280,7 +283,7 @@ class _Served:
                 child.ended = True
                 raise self._exited() from None
             self.segments.apply(news, fds)
-            self.rs.cpu.seconds = cpu
+            self.cpu.seconds = cpu
             result = None
             if msgs and msgs[-1][0] == "end":  # (the rank's last frame: what it printed, then how it ended)
                 for msg in msgs[:-1]:
