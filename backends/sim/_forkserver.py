@@ -86,6 +86,7 @@ def boot(fd: int) -> None:
     atexit._clear()  # torch's and the server's own exit handlers: a rank runs its program's (and exits at once after)
     gc.collect()
     gc.freeze()  # the children never scan (and so never copy) what the server imported
+    _huge_pages()
     _serve(Channel(socket.socket(fileno=fd)), ("ready", os.getpid()))
 
 
@@ -248,6 +249,34 @@ def _child_setup(state: _Serving, fds: list[int], parent: int) -> None:
         os.dup2(fds[2], 2)
         os.close(fds[1])
         os.close(fds[2])
+
+
+_MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25
+_HUGE = 2 << 20
+
+
+def _huge_pages() -> None:
+    """Back this process's anonymous memory (torch's heap, mostly) with 2 MiB pages where the kernel can.
+
+    A fork copies the page tables of the parent's anonymous memory and an exit tears them down: with
+    2 MiB pages that is one entry where there were 512, and forking a rank (with its exit) takes half
+    the time. A rank's first write to such a page splits it and copies 4 KiB, as before. Best effort:
+    a kernel without transparent huge pages (or without ``MADV_COLLAPSE``, Linux 6.1) leaves it as it is.
+    """
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        with open("/proc/self/maps", encoding="ascii") as maps:
+            regions = [line.split() for line in maps]
+    except (OSError, AttributeError):
+        return
+    for fields in regions:
+        if fields[1] != "rw-p" or (len(fields) > 5 and fields[5] != "[heap]"):
+            continue  # private writable anonymous memory only
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        start, end = -(-lo // _HUGE) * _HUGE, hi // _HUGE * _HUGE
+        if end > start and madvise(start, end - start, _MADV_HUGEPAGE) == 0:
+            madvise(start, end - start, _MADV_COLLAPSE)
 
 
 def _template(prep: dict, fd: int) -> None:
