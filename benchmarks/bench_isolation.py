@@ -1,6 +1,6 @@
 """(s) Ranks as processes against ranks as threads: per scheduling point, start-up, explore, memory.
 
-    python benchmarks/bench_isolation.py [--reps 5] [--quick] [--json PATH] [--profile]
+    python benchmarks/bench_isolation.py --reps 5 [--quick] [--json PATH] [--profile]
 
 Every figure is measured for both isolations in the same run, the two interleaved in each repetition;
 the table gives medians and the ratio processes / threads (targets of issue 43, item 5):
@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch
-from _common import base_parser, finish_info, machine_info, markdown_table, median, profile_call, publish, verdict
+from _common import bench_main, markdown_table, median, profile_call, verdict
+from bench_sched_points import ping_pong
 from bench_testing import ROUNDS, WORLD, exchange_program
 
 import simdist
@@ -44,19 +44,6 @@ POINT_RATIO, READY_S, EXPLORE_RATE = 2.0, 0.3, 100.0
 SHORT, LONG = 200, 1200  # ping-pong round trips of the two runs whose difference is the per-point cost
 READY_WORLD, THREAD_WORLD = 8, 64
 EXPLORE_RUNS = 100
-
-
-def ping_pong(rank: int, n: int) -> None:
-    simdist.init_process_group("gloo")
-    t = torch.zeros(4)
-    for _ in range(n):
-        if rank == 0:
-            simdist.send(t, 1)
-            simdist.recv(t, 1)
-        else:
-            simdist.recv(t, 0)
-            simdist.send(t, 0)
-    simdist.destroy_process_group()
 
 
 def started(rank: int) -> float:
@@ -234,13 +221,7 @@ def profile_worst(timer: str, quick: bool) -> str:
 
 
 def main(argv=None) -> dict:
-    args = base_parser(__doc__.splitlines()[0]).parse_args(argv)
-    reps = args.reps or (2 if args.quick else 5)
-    info = machine_info()
-    raw = measure(reps, args.quick)
-    finish_info(info)
-    text, verdicts = report(raw, reps)
-    return publish("isolation", args, info, reps, raw, text, verdicts, profile_worst)
+    return bench_main(__doc__, "isolation", measure, report, profile_worst, argv)
 
 
 if __name__ == "__main__":
