@@ -279,6 +279,40 @@ def test_plugin_max_schedules(pytester, inner_pytest):
     assert sorted(calls) == ["0"] * 5 + ["1"] * 5  # 5 runs, fn called once per rank in each
 
 
+SINGLETON_TEST = """
+import os
+import simdist as dist
+import simdist.testing
+
+class Settings:
+    rank = None  # set once per process, as a library's state is
+
+def owner(rank):
+    if Settings.rank is None:
+        Settings.rank = rank
+    dist.init_process_group("gloo")
+    dist.barrier()
+    dist.destroy_process_group()
+    return Settings.rank, os.getpid()
+
+def test_each_rank_owns_its_settings():
+    (first, a), (second, b) = simdist.testing.run(owner, 2, seed=0).values
+    assert (first, second) == (0, 1) and a != b
+
+@simdist.testing.spmd(nprocs=2, max_runs=3)
+def test_explored(rank):
+    assert owner(rank)[0] == rank
+"""
+
+
+@pytest.mark.timeout(240)
+def test_plugin_isolation_makes_every_rank_a_process(pytester, inner_pytest):
+    """``--simdist-isolation processes``: simdist.testing's runs give each rank a process (a singleton of its own)."""
+    pytester.makepyfile(test_singleton=SINGLETON_TEST)
+    inner_pytest("--simdist-isolation", "processes").assert_outcomes(passed=2)
+    inner_pytest("--simdist-isolation", "threads").assert_outcomes(failed=2)  # one process: rank 0 set it for both
+
+
 @pytest.mark.timeout(120)
 def test_plugin_imports_nothing_heavy():
     code = (

@@ -19,6 +19,7 @@ call. Once a run has returned, none of its processes is left.
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import signal
@@ -55,7 +56,7 @@ def prepare(fn: Callable, args: tuple) -> tuple[dict, bytes, bytes]:
             open file), as for multiprocessing's spawn start method.
     """
     try:
-        fn_bytes = pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
+        fn_bytes = pickle.dumps(_by_name(fn), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # noqa: BLE001 - any pickling failure: the same advice
         raise TypeError(
             f"isolation='processes' sends fn={fn!r:.80} to each rank's process by name, as multiprocessing's "
@@ -80,6 +81,41 @@ def prepare(fn: Callable, args: tuple) -> tuple[dict, bytes, bytes]:
         elif main is not None and getattr(main, "__file__", None):
             prep["main_path"] = os.path.abspath(str(main.__file__))
     return prep, fn_bytes, args_bytes
+
+
+HOLDERS = ("spmd_function", "__wrapped__")
+"""Where a decorator's result keeps the function it decorated (``@simdist.testing.spmd``, ``functools.wraps``)."""
+
+
+def _by_name(fn: Callable) -> Any:
+    """``fn``, or where its module's name for it leads to it when a decorator took that name (``@spmd``)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    holder: Any = sys.modules.get(module) if module else None
+    for part in qualname.split("."):
+        holder = getattr(holder, part, None)
+    if holder is fn or holder is None or "<locals>" in qualname:
+        return fn
+    for attr in HOLDERS:
+        if getattr(holder, attr, None) is fn:
+            return _Held(module, qualname, attr)
+    return fn
+
+
+class _Held:
+    """Pickles as the way from a module's name to a function its decorator holds."""
+
+    def __init__(self, module: Any, qualname: str, attr: str):
+        self.way = (module, qualname, attr)
+
+    def __reduce__(self) -> tuple:
+        return (_held, self.way)
+
+
+def _held(module: str, qualname: str, attr: str) -> Callable:
+    holder: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        holder = getattr(holder, part)
+    return getattr(holder, attr)
 
 
 class _Child:
