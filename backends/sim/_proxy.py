@@ -90,21 +90,26 @@ HOLDERS = ("spmd_function", "__wrapped__")
 def _by_name(fn: Callable) -> Any:
     """``fn``, or where its module's name for it leads to it when a decorator took that name (``@spmd``)."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    holder: Any = sys.modules.get(module) if module else None
-    for part in qualname.split("."):
-        holder = getattr(holder, part, None)
-    if holder is fn or holder is None or "<locals>" in qualname:
+    if not module or module not in sys.modules or "<locals>" in qualname:
         return fn
-    for attr in HOLDERS:
+    holder = _named(sys.modules[module], qualname, None)
+    for attr in HOLDERS if holder is not fn else ():
         if getattr(holder, attr, None) is fn:
             return _Held(module, qualname, attr)
     return fn
 
 
+def _named(obj: Any, qualname: str, *default: Any) -> Any:
+    """What the dotted ``qualname`` names in ``obj`` (``default``, if given, where a part is missing)."""
+    for part in qualname.split("."):
+        obj = getattr(obj, part, *default)
+    return obj
+
+
 class _Held:
     """Pickles as the way from a module's name to a function its decorator holds."""
 
-    def __init__(self, module: Any, qualname: str, attr: str):
+    def __init__(self, module: str, qualname: str, attr: str):
         self.way = (module, qualname, attr)
 
     def __reduce__(self) -> tuple:
@@ -112,10 +117,7 @@ class _Held:
 
 
 def _held(module: str, qualname: str, attr: str) -> Callable:
-    holder: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        holder = getattr(holder, part)
-    return getattr(holder, attr)
+    return getattr(_named(importlib.import_module(module), qualname), attr)
 
 
 class _Child:
