@@ -39,6 +39,7 @@ if rank == 0:
     open(flag + ".0", "w").close()
 dist.init_process_group(backend, init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=rank, world_size=world)
 print("rank", rank, "joined after the late rank:", os.path.exists(flag), "waited", round(time.monotonic() - t, 2))
+dist.barrier()  # no rank leaves while a peer may still be finishing its connections (gloo reports a closed peer)
 dist.destroy_process_group()
 """
 
