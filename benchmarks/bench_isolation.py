@@ -14,6 +14,10 @@ the table gives medians and the ratio processes / threads (targets of issue 43, 
   minus the moment ``simulate`` was called; the whole call is given too. Target: <= 0.3 s.
 - **explore**: ``simdist.testing.explore`` of the 48-point exchange program of (f) at 4 ranks (PCT),
   schedules per second. Target: processes >= 100 schedules/s.
+- **the floor of a run**: a run of 4 ranks whose function only returns (what every schedule of
+  ``explore`` at 4 ranks costs before its first point; 1 / it bounds the schedules per second of any
+  program), and, for ping-pong, the CPU time per scheduling point of the coordinator's process
+  (``getrusage``) and of the rank processes (``time.process_time`` read by each rank around its loop).
 - **memory per rank**: what a rank process holds on its own (Private_Clean + Private_Dirty of
   ``/proc/self/smaps_rollup``, read by the rank after ``init_process_group``) and its proportional
   share (Pss), beside a process that imports torch as a torchrun rank does, measured the same way.
@@ -24,6 +28,7 @@ the table gives medians and the ratio processes / threads (targets of issue 43, 
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -105,6 +110,33 @@ def per_point(isolation: str) -> tuple[float, float, float]:
     return (walls[1] - walls[0]) / (points[1] - points[0]), walls[0], walls[1]
 
 
+def returns(rank: int) -> int:
+    return rank
+
+
+def timed_ping_pong(rank: int, n: int) -> float:
+    """:func:`ping_pong`, returning the CPU seconds its process spent in it (joining and leaving included)."""
+    c0 = time.process_time()
+    ping_pong(rank, n)
+    return time.process_time() - c0
+
+
+def empty_run(isolation: str) -> float:
+    """Seconds of a run of 4 ranks whose function only returns."""
+    t0 = time.perf_counter()
+    sim(returns, WORLD, isolation=isolation)
+    return time.perf_counter() - t0
+
+
+def cpu_per_point() -> tuple[float, float]:
+    """CPU seconds per scheduling point of ping-pong in processes mode: the coordinator's, the rank processes'."""
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    res = sim(timed_ping_pong, 2, (LONG,), isolation="processes")
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    coordinator = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return coordinator / res.points, sum(res.values) / res.points
+
+
 def ready(isolation: str) -> tuple[float, float]:
     """Seconds until the last of 8 ranks started, and of the whole ``simulate`` call."""
     t0 = time.time()
@@ -141,7 +173,8 @@ def measure(reps: int, quick: bool) -> dict:
         sim(ping_pong, 2, (10,), isolation=isolation)
         sim(started, READY_WORLD, isolation=isolation)
         explore_rate(isolation, 5)
-    raw: dict = {iso: {"per_point": [], "short": [], "long": [], "ready": [], "call": [], "explore": []}
+    raw: dict = {iso: {"per_point": [], "short": [], "long": [], "ready": [], "call": [], "explore": [],
+                   "empty": []}
                  for iso in ISOLATIONS}  # fmt: skip
     for _ in range(reps):
         for isolation in ISOLATIONS:
@@ -154,6 +187,9 @@ def measure(reps: int, quick: bool) -> dict:
             e["ready"].append(r)
             e["call"].append(call)
             e["explore"].append(explore_rate(isolation, runs))
+            e["empty"].append(empty_run(isolation))
+        split = cpu_per_point()
+        raw.setdefault("cpu_split", []).append(split)
     ranks = sim(own_memory, 4, isolation="processes").values
     raw["memory"] = {
         "rank_process": ranks,
@@ -192,6 +228,12 @@ def report(raw: dict, reps: int) -> tuple[str, list[dict]]:
         [f"explore, 48-point program at {WORLD} ranks, schedules/s", f"{med['threads']['explore']:.0f}",
          f"{med['processes']['explore']:.0f}", f"{explore_ratio:.2f}",
          f"processes >= {EXPLORE_RATE:g}/s: {verdict(verdicts[2]['met'])}"],
+        [f"a run of {WORLD} ranks that only return, ms", f"{med['threads']['empty'] * 1e3:.1f}",
+         f"{med['processes']['empty'] * 1e3:.1f}", f"{med['processes']['empty'] / med['threads']['empty']:.0f}",
+         f"reported (at most {1 / med['processes']['empty']:.0f} schedules/s in processes)"],
+        ["ping-pong, CPU µs per point: the coordinator / the rank processes", "",
+         f"{median(c for c, _ in raw['cpu_split']) * 1e6:.1f} / {median(r for _, r in raw['cpu_split']) * 1e6:.1f}",
+         "", "reported"],
     ]  # fmt: skip
     table = markdown_table(["figure", "threads", "processes", "processes / threads", "target"], rows)
     mem = raw["memory"]
