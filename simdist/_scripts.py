@@ -12,7 +12,7 @@ import os
 import runpy
 from typing import Any
 
-__all__ = ["exit_ok", "script_rank", "spawned", "started", "by_name", "importable", "run_parts", "forget"]
+__all__ = ["exit_ok", "script_rank", "run_main", "spawned", "started", "by_name", "importable", "run_parts", "forget"]
 
 
 def exit_ok(fn: Any, *args: Any) -> Any:
@@ -25,18 +25,26 @@ def exit_ok(fn: Any, *args: Any) -> Any:
         return None
 
 
-def script_rank(rank: int, script: str, n: int, world: int, master: tuple[str, int]) -> None:
+def script_rank(rank: int, script: str, n: int, world: int, master: tuple[str, int], module: bool = False) -> None:
     """Simulated rank ``rank`` of a script run torchrun-style: the script itself, as ``__main__``, in a fresh namespace.
 
     Its environment is its own copy (the simulator's isolation, or the rank's own process), with
-    torchrun's variables for it.
+    torchrun's variables for it. With ``module``, ``script`` is a module's name, run as ``python -m`` runs it.
     """
     os.environ.update({
         "RANK": str(rank), "LOCAL_RANK": str(rank % n), "WORLD_SIZE": str(world),
         "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": str(rank // n),
+        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
         "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]),
     })  # fmt: skip
-    exit_ok(runpy.run_path, script, None, "__main__")
+    run_main(script, module, "__main__")
+
+
+def run_main(script: str, module: bool, run_name: str) -> dict[str, Any]:
+    """Run ``script`` (a path, or with ``module`` a module's name) as ``run_name``; ``sys.exit(0)`` counts as returning."""
+    if module:
+        return exit_ok(runpy.run_module, script, None, run_name, True)
+    return exit_ok(runpy.run_path, script, None, run_name)
 
 
 def spawned(rank: int, script: str | None, fn: Any, *args: Any) -> Any:

@@ -34,7 +34,7 @@ import argparse
 import ast
 import contextlib
 import os
-import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,7 +45,7 @@ from collections.abc import Iterator, Sequence
 from queue import Empty, Queue
 from typing import IO, Any
 
-from simdist import _scripts
+from simdist import _scripts, _torchrun
 
 __all__ = ["COMMANDS", "ENGINES", "cli", "main"]
 
@@ -86,15 +86,20 @@ LAUNCH_HELP = (
 # A rank process: the script becomes __main__, sys.argv is the script and its arguments, and the
 # script's folder comes first on sys.path, as with ``python script.py``. It imports simdist only to
 # install the torch bridge, where the launcher asks for it (``--backend socket``).
+# With -m, the first argument is "-m" and the module's name, as python takes them.
 _WORKER = """\
 import os, runpy, sys
-sys.argv = sys.argv[1:]
-sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+module = sys.argv[1] == "-m"
+sys.argv = sys.argv[2 if module else 1:]
+sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(sys.argv[0]))
 if os.environ.get("SIMDIST_TORCH_BACKEND"):
     from simdist.torch_bridge import processes
     processes.install_from_env()
     del processes
-runpy.run_path(sys.argv[0], run_name="__main__")
+if module:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+else:
+    runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
@@ -108,23 +113,26 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
         usage="%(prog)s [options] script [script args...]",
         description="Run a script on several ranks, like torchrun: as real processes joined by simdist's "
         "socket backend, or as simulated ranks in this process.",
-        epilog="Like torchrun, when OMP_NUM_THREADS is unset and N > 1, the ranks get OMP_NUM_THREADS=1.",
+        epilog="Like torchrun, when OMP_NUM_THREADS is unset and N > 1, the ranks get OMP_NUM_THREADS=1.\n\n"
+        "examples:\n"
+        "  simdist run --standalone --nproc-per-node 4 train.py --epochs 3   # 4 processes, as torchrun\n"
+        "  simdist run --nproc-per-node 4 --backend sim train.py             # the same script, simulated\n"
+        "  simdist run --nproc-per-node 2 --backend socket -m mypkg.train    # a module, collectives checked",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
     p.add_argument(
         "--nproc-per-node",
         "--nproc_per_node",
-        type=int,
-        default=1,
+        default="1",
         metavar="N",
-        help="ranks to start on this node (default 1)",
+        help="ranks to start on this node: a number, or auto, cpu, gpu, xpu as torchrun counts them (default 1)",
     )
     p.add_argument(
         "--nnodes",
-        type=int,
-        default=1,
+        default="1",
         metavar="M",
-        help="number of nodes; each runs its own 'simdist run' (default 1)",
+        help="number of nodes, each running its own 'simdist run'; MIN:MAX with MIN == MAX (default 1)",
     )
     p.add_argument(
         "--node-rank",
@@ -209,18 +217,82 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
         "--no-cuda-as-cpu: the ranks see this machine's own torch.cuda, as under torchrun here (a script that "
         "takes a GPU branch when torch.cuda.is_available() then takes the CPU one)",
     )
+    _torchrun_flags(p)
     p.add_argument("script", nargs="?", help="the Python script to run (by every rank, or once: see --launch)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script (sys.argv[1:])")
     return p
 
 
+def _torchrun_flags(p: argparse.ArgumentParser) -> None:
+    """torchrun's further flags, with torchrun's names (what each does here: :data:`simdist._torchrun.FLAGS`)."""
+    T = _torchrun.FLAGS
+    g = p.add_argument_group("torchrun's further flags")
+    g.add_argument("--standalone", action="store_true", help=T["--standalone"])
+    g.add_argument("-m", "--module", action="store_true", help=T["--module"])
+    g.add_argument("--no-python", "--no_python", action="store_true", help=T["--no-python"])
+    g.add_argument("--run-path", "--run_path", action="store_true", help=T["--run-path"])
+    g.add_argument("--max-restarts", "--max_restarts", type=int, default=0, metavar="R", help=T["--max-restarts"])
+    g.add_argument("--role", default="default", help=T["--role"])
+    g.add_argument("-r", "--redirects", default=None, metavar="SPEC", help=T["--redirects"])
+    g.add_argument("-t", "--tee", default=None, metavar="SPEC", help=T["--tee"])
+    g.add_argument("--local-ranks-filter", "--local_ranks_filter", default=None, metavar="RANKS",
+                   help=T["--local-ranks-filter"])  # fmt: skip
+    g.add_argument("--rdzv-backend", "--rdzv_backend", default=None, help=T["--rdzv-backend"])
+    g.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, metavar="HOST:PORT", help=T["--rdzv-endpoint"])
+    g.add_argument("--rdzv-id", "--rdzv_id", default=None, metavar="ID", help=T["--rdzv-id"])
+    g.add_argument("--rdzv-conf", "--rdzv_conf", default=None, metavar="K=V,...", help=T["--rdzv-conf"])
+    g.add_argument("--signals-to-handle", "--signals_to_handle", default=_torchrun.DEFAULT_SIGNALS,
+                   metavar="SIGNALS", help=T["--signals-to-handle"])  # fmt: skip
+    g.add_argument("--shutdown-timeout", "--shutdown_timeout", type=float, default=GRACE_SECONDS, metavar="S",
+                   help=T["--shutdown-timeout"])  # fmt: skip
+    g.add_argument("--virtual-local-rank", "--virtual_local_rank", action="store_true",
+                   help=T["--virtual-local-rank"])  # fmt: skip
+    for flag in ("--monitor-interval", "--start-method", "--event-log-handler", "--local-addr", *_torchrun.REFUSED):
+        g.add_argument(flag, flag.replace("-", "_").replace("__", "--", 1), default=None, metavar="X", help=T[flag])
+
+
 def _check(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if opts.script is None:
         parser.error("the following argument is required: script (the Python script to run)")
-    if opts.nproc_per_node < 1:
-        parser.error(f"--nproc-per-node={opts.nproc_per_node} must be at least 1")
-    if opts.nnodes < 1:
-        parser.error(f"--nnodes={opts.nnodes} must be at least 1")
+    for flag, reason in _torchrun.REFUSED.items():
+        if getattr(opts, flag[2:].replace("-", "_")) is not None:
+            parser.error(f"{flag} is not supported: {reason}")
+    try:
+        opts.nproc_per_node = _torchrun.nproc_per_node(opts.nproc_per_node)
+        opts.nnodes = _torchrun.nnodes(opts.nnodes)
+        endpoint = _torchrun.rdzv(opts.rdzv_backend, opts.rdzv_endpoint, opts.rdzv_conf)
+        opts.signals = _torchrun.signal_names(opts.signals_to_handle)
+        opts.redirect_streams = _torchrun.streams("--redirects", opts.redirects, opts.nproc_per_node)
+        opts.tee_streams = _torchrun.streams("--tee", opts.tee, opts.nproc_per_node)
+        opts.shown_ranks = _torchrun.rank_filter(opts.local_ranks_filter, opts.nproc_per_node)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if opts.standalone:
+        if opts.nnodes > 1:
+            parser.error(f"--standalone runs one node; it cannot be combined with --nnodes={opts.nnodes}")
+        endpoint = None  # torchrun: the rendezvous is auto-assigned, explicit values ignored
+        opts.master_addr, opts.master_port = "127.0.0.1", None
+    if endpoint is not None:
+        opts.master_addr = endpoint[0]
+        if endpoint[1] is not None:
+            opts.master_port = endpoint[1]
+    if opts.max_restarts < 0:
+        parser.error(f"--max-restarts={opts.max_restarts} must be 0 or more")
+    if not opts.shutdown_timeout >= 0:
+        parser.error(f"--shutdown-timeout={opts.shutdown_timeout} must be 0 or more seconds")
+    if (opts.redirects or opts.tee) and opts.log_dir is None:
+        parser.error("--redirects and --tee write the ranks' streams into --log-dir's files: give --log-dir DIR")
+    if opts.module and opts.no_python:
+        parser.error("--module and --no-python cannot be combined (a module is run by python)")
+    if opts.no_python and opts.backend == "socket":
+        parser.error("--no-python cannot be combined with --backend socket: simdist's Python worker installs the "
+                     "socket backend under torch.distributed, and an executable is not run by it")  # fmt: skip
+    if opts.max_restarts and opts.nnodes > 1:
+        parser.error(
+            f"--max-restarts with --nnodes={opts.nnodes}: restarting needs every node's launcher to agree on a new "
+            "attempt, which separate 'simdist run' launchers do not do; restart the job on every node instead"
+        )
+    opts.run_id = opts.rdzv_id or _torchrun.new_run_id()
     if not 0 <= opts.node_rank < opts.nnodes:
         parser.error(f"--node-rank={opts.node_rank} must be in 0..{opts.nnodes - 1} for --nnodes={opts.nnodes}")
     for flag, port in (("--master-port", opts.master_port), ("--store-port", opts.store_port)):
@@ -233,13 +305,24 @@ def _check(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         )
     if opts.timeout is not None and not opts.timeout > 0:
         parser.error(f"--timeout={opts.timeout} must be a positive number of seconds")
-    if not os.path.isfile(opts.script):
+    if opts.no_python and opts.backend == "sim":
+        parser.error("--no-python is supported with the process backends only: a simulated rank runs Python")
+    if opts.module:
+        if _module_spec(opts.script) is None:
+            parser.error(f"-m {opts.script}: no module named {opts.script!r} (looked up as python -m does)")
+    elif opts.no_python:
+        if shutil.which(opts.script) is None:
+            parser.error(f"--no-python: {opts.script!r} is not an executable file or a command on PATH")
+    elif not os.path.isfile(opts.script):
         parser.error(f"script {opts.script!r} does not exist")
     if opts.backend == "sim":
         if opts.node_rank != 0:
             parser.error("--backend sim runs every node's ranks in this one process; leave --node-rank at 0")
         if opts.log_dir is not None:
             parser.error("--log-dir is supported with the process backends only, not --backend sim")
+        if opts.virtual_local_rank:
+            parser.error("--virtual-local-rank is supported with the process backends only (it sets "
+                         "CUDA_VISIBLE_DEVICES per rank; simulated ranks see their node's simulated GPUs)")  # fmt: skip
     elif opts.launch == "spawn" or opts.cuda_as_cpu is not None or opts.isolation != "processes":
         flag = {True: "--launch spawn", False: "--cuda-as-cpu"}[opts.launch == "spawn"]
         if opts.isolation != "processes":
@@ -250,19 +333,50 @@ def _check(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         )
 
 
+def _module_spec(name: str) -> Any:
+    """The spec ``python -m name`` would run (the working folder first on ``sys.path``), or ``None``."""
+    import importlib.util
+
+    sys.path.insert(0, os.getcwd())
+    try:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations is not None:  # a package: its __main__
+            spec = importlib.util.find_spec(f"{name}.__main__")
+        return spec
+    except (ImportError, ValueError):
+        return None
+    finally:
+        sys.path.remove(os.getcwd())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``simdist run``'s arguments (without the word ``run``); return the exit status."""
+    """Run ``simdist run``'s arguments (without the word ``run``); return the exit status.
+
+    With ``--max-restarts R``, a job that fails is started again from the script's start, up to
+    R times, as torchrun restarts its worker group (each attempt's ranks see
+    TORCHELASTIC_RESTART_COUNT); a job stopped by a signal is not restarted.
+    """
     parser = _parser()
     opts = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     _check(opts, parser)
-    if opts.backend == "sim":
-        return _run_sim(opts)
-    return _run_socket(opts)
+    run = _run_sim if opts.backend == "sim" else _run_socket
+    for attempt in range(opts.max_restarts + 1):
+        opts.attempt = attempt
+        status = run(opts)
+        if status == 0 or getattr(opts, "stopped_by_signal", False):
+            return status
+        if attempt < opts.max_restarts:
+            sys.stderr.write(
+                f"simdist run: the job failed (exit status {status}); restarting it "
+                f"({attempt + 1} of --max-restarts {opts.max_restarts})\n"
+            )
+    return status
 
 
 COMMANDS = {
     "run": "run a script on several ranks, like torchrun: real processes, or simulated ranks (--backend sim)",
     "calibrate": "measure this machine's latency, bandwidth and reduction speed; write a topology file",
+    "app": "serve the visualizer (Streamlit; needs the app extra: pip install 'simdist[app]')",
 }
 """The subcommands of the ``simdist`` console script, each with its one-line summary."""
 
@@ -278,12 +392,17 @@ def _usage() -> str:
         "options:\n"
         "  -h, --help     show this help and exit\n"
         "  -V, --version  show simdist's version and exit\n\n"
-        "'simdist <command> --help' describes a command.\n"
+        "'simdist <command> --help' describes a command.\n\n"
+        "examples:\n"
+        "  simdist run --nproc-per-node 4 --backend sim train.py\n"
+        "  simdist calibrate --out my-machine.json\n"
+        "  simdist app\n"
     )
 
 
 def cli() -> int:
-    """The ``simdist`` console script: ``simdist run ...``, ``simdist calibrate ...``, ``--version``, ``--help``."""
+    """The ``simdist`` console script: ``simdist run ...``, ``simdist calibrate ...``, ``simdist app ...``, ``--version``,
+    ``--help``."""
     args = sys.argv[1:]
     if args and args[0] == "run":
         return main(args[1:])
@@ -291,6 +410,10 @@ def cli() -> int:
         from simdist._calibrate import main as calibrate_main
 
         return calibrate_main(args[1:])
+    if args and args[0] == "app":
+        from simdist._app_cli import main as app_main
+
+        return app_main(args[1:])
     if args in (["-h"], ["--help"]):
         sys.stdout.write(_usage())
         return 0
@@ -326,7 +449,7 @@ def _rank_env(opts: argparse.Namespace, local: int, ports: tuple[int, int], secr
     from simdist.torch_bridge.processes import TORCH_BACKEND_ENV
 
     n, (master_port, store_port) = opts.nproc_per_node, ports
-    env = {**os.environ, **_launch_env(opts)}
+    env = {**os.environ, **_launch_env(opts), **_elastic_env(opts)}
     for key in (STORE_ENV, SERVED_ENV, TORCH_BACKEND_ENV):  # the launcher's own, never inherited
         env.pop(key, None)
     env.update(
@@ -350,7 +473,16 @@ def _rank_env(opts: argparse.Namespace, local: int, ports: tuple[int, int], secr
         env[TORCH_BACKEND_ENV] = "socket"
     if opts.timeout is not None:
         env["SIMDIST_TIMEOUT"] = str(opts.timeout)
+    if opts.virtual_local_rank:  # torchrun's: each rank sees only its own GPU, as device 0
+        env.update(LOCAL_RANK="0", CUDA_VISIBLE_DEVICES=str(local))
     return env
+
+
+def _elastic_env(opts: argparse.Namespace) -> dict[str, str]:
+    """torchrun's variables beside the ranks' own: TORCHELASTIC_*, ROLE_NAME, GROUP_WORLD_SIZE (this attempt's)."""
+    return _torchrun.elastic_env(
+        opts.run_id, opts.role, opts.attempt, opts.max_restarts, opts.nnodes, opts.signals_to_handle
+    )
 
 
 def _job_ports_and_secret(opts: argparse.Namespace) -> tuple[tuple[int, int], str]:
@@ -364,6 +496,8 @@ def _job_ports_and_secret(opts: argparse.Namespace) -> tuple[tuple[int, int], st
             store = free_port()
         return (master, store), new_secret()
     secret = os.environ.get(SECRET_ENV)
+    if not secret and (opts.backend or "socket") not in STORE_BACKENDS:  # torch's own stores: no secret of ours
+        secret = new_secret()
     if not secret:
         raise SystemExit(
             f"simdist run: --nnodes={opts.nnodes} needs the same {SECRET_ENV} on every node; create one with\n"
@@ -374,16 +508,17 @@ def _job_ports_and_secret(opts: argparse.Namespace) -> tuple[tuple[int, int], st
     return (master, opts.store_port or master + 1), secret
 
 
-def _pump(stream: IO[bytes], out: IO[str], prefix: str, lock: threading.Lock) -> None:
-    """Copy ``stream`` to ``out`` line by line, each line starting with ``prefix``."""
+def _pump(stream: IO[bytes], sinks: list[tuple[IO[str], str]], lock: threading.Lock) -> None:
+    """Copy ``stream`` line by line to each ``(out, prefix)`` of ``sinks``, each line starting with its prefix."""
     with stream:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", errors="replace")
             if not line.endswith("\n"):
                 line += "\n"
             with lock:
-                out.write(prefix + line)
-                out.flush()
+                for out, prefix in sinks:
+                    out.write(prefix + line)
+                    out.flush()
 
 
 def _describe(code: int) -> str:
@@ -409,12 +544,12 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def _stop_all(procs: list[subprocess.Popen]) -> list[int]:
-    """SIGTERM every rank still running, SIGKILL after ``GRACE_SECONDS``; return the ranks it stopped."""
+def _stop_all(procs: list[subprocess.Popen], grace: float = GRACE_SECONDS) -> list[int]:
+    """SIGTERM every rank still running, SIGKILL after ``grace`` seconds; return the ranks it stopped."""
     stopped = [i for i, p in enumerate(procs) if p.poll() is None]
     for p in procs:  # also the groups of ranks that exited: a rank's children go with it
         _signal_group(p, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_SECONDS
+    deadline = time.monotonic() + grace
     for p in procs:
         try:
             p.wait(max(0.0, deadline - time.monotonic()))
@@ -430,21 +565,49 @@ def _raise_stop(signum: int, frame: Any) -> None:
     raise _Stop(signal.Signals(signum).name)
 
 
+def _command(opts: argparse.Namespace) -> list[str]:
+    """What each rank process runs: the script (or module) under simdist's worker, or the executable itself."""
+    if opts.no_python:
+        return [opts.script, *opts.script_args]
+    target = ["-m", opts.script] if opts.module else [opts.script]
+    return [sys.executable, "-u", "-c", _WORKER, *target, *opts.script_args]
+
+
+def _outputs(opts: argparse.Namespace, local: int, rank: int, files: list[IO[str]]) -> dict[str, list]:
+    """Where a rank's stdout and stderr go: ``(stream, prefix)`` sinks, by name (``--redirects``, ``--tee``,
+    ``--local-ranks-filter``). Files it opens are added to ``files``."""
+    prefix = "" if opts.no_prefix else f"[rank {rank}] "
+    sinks: dict[str, list] = {}
+    for name, console in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+        to_file = name in opts.redirect_streams[local] or name in opts.tee_streams[local]
+        sinks[name] = []
+        if local in opts.shown_ranks and name not in opts.redirect_streams[local]:
+            sinks[name].append((console, prefix))
+        if to_file:
+            f = open(os.path.join(opts.log_dir, f"rank_{rank}.{name}.log"), "w", encoding="utf-8")  # noqa: SIM115
+            files.append(f)
+            sinks[name].append((f, ""))
+    return sinks
+
+
 def _run_socket(opts: argparse.Namespace) -> int:
     ports, secret = _job_ports_and_secret(opts)
     n, base = opts.nproc_per_node, opts.node_rank * opts.nproc_per_node
-    command = [sys.executable, "-u", "-c", _WORKER, opts.script, *opts.script_args]
+    command = _command(opts)
     lock = threading.Lock()
     procs: list[subprocess.Popen] = []
     pumps: list[list[threading.Thread]] = []
+    files: list[IO[str]] = []
     exits: Queue[tuple[int, int]] = Queue()
     handlers: dict[int, Any] = {}
     stopped = False
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            handlers[sig] = signal.signal(sig, _raise_stop)
+        for sig in opts.signals:
+            if sig != signal.SIGINT:  # (SIGINT is KeyboardInterrupt, below)
+                handlers[sig] = signal.signal(sig, _raise_stop)
     if opts.log_dir is not None:
         os.makedirs(opts.log_dir, exist_ok=True)
+    one_log = opts.log_dir is not None and not (opts.redirects or opts.tee)  # every stream of a rank in one file
     server = _serve_store(opts, ports[1], secret)
     if server is not None and opts.log_dir is not None:
         server.log_load(os.path.join(opts.log_dir, "store_load.jsonl"))
@@ -452,7 +615,7 @@ def _run_socket(opts: argparse.Namespace) -> int:
         for local in range(n):
             rank = base + local
             env = _rank_env(opts, local, ports, secret)
-            if opts.log_dir is not None:
+            if one_log:
                 with open(os.path.join(opts.log_dir, f"rank_{rank}.log"), "wb") as log:
                     p = subprocess.Popen(
                         command,
@@ -472,10 +635,10 @@ def _run_socket(opts: argparse.Namespace) -> int:
                     stderr=subprocess.PIPE,
                     start_new_session=True,
                 )
-                prefix = "" if opts.no_prefix else f"[rank {rank}] "
+                sinks = _outputs(opts, local, rank, files)
                 threads = [
-                    threading.Thread(target=_pump, args=(p.stdout, sys.stdout, prefix, lock), daemon=True),
-                    threading.Thread(target=_pump, args=(p.stderr, sys.stderr, prefix, lock), daemon=True),
+                    threading.Thread(target=_pump, args=(p.stdout, sinks["stdout"], lock), daemon=True),
+                    threading.Thread(target=_pump, args=(p.stderr, sinks["stderr"], lock), daemon=True),
                 ]
             procs.append(p)
             pumps.append(threads)
@@ -489,18 +652,21 @@ def _run_socket(opts: argparse.Namespace) -> int:
             from simdist.backends.socket import FirstFailure
 
             watch = FirstFailure(*store[:3])
-        status, stopped = _supervise(procs, pumps, exits, base, lock, store, watch)
+        status, stopped = _supervise(procs, pumps, exits, base, lock, store, watch, opts.shutdown_timeout)
     except (KeyboardInterrupt, _Stop) as exc:
         name = "SIGINT" if isinstance(exc, KeyboardInterrupt) else str(exc)
         sys.stderr.write(f"simdist run: got {name}; stopping every rank\n")
-        _stop_all(procs)
+        _stop_all(procs, opts.shutdown_timeout)
         status, stopped = (130 if name == "SIGINT" else 128 + int(getattr(signal, name, 15))), True
+        opts.stopped_by_signal = True
     finally:
         if not stopped:  # nothing outlives the launcher, whatever happened above
-            _stop_all(procs)
+            _stop_all(procs, opts.shutdown_timeout)
         for threads in pumps:
             for t in threads:
                 t.join(5)
+        for f in files:
+            f.close()
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
         if server is not None:
@@ -534,6 +700,7 @@ def _supervise(
     lock: threading.Lock,
     store: tuple[str, int, str, int] | None = None,
     watch: Any = None,
+    grace: float = GRACE_SECONDS,
 ) -> tuple[int, bool]:
     """Wait for the ranks in the order they exit; at the first failure, stop the rest.
 
@@ -568,7 +735,7 @@ def _supervise(
             if first is not None:
                 sys.stderr.write(f"simdist run: the job's first failure: {first}\n")
             sys.stderr.flush()
-        stopped = _stop_all(procs)
+        stopped = _stop_all(procs, grace)
         if stopped:
             with lock:
                 sys.stderr.write(f"simdist run: stopped rank(s) {', '.join(str(base + i) for i in stopped)}\n")
@@ -711,7 +878,7 @@ def _run_sim(opts: argparse.Namespace) -> int:
     from simdist._callsite import format_user_exception
 
     n, world = opts.nproc_per_node, opts.nproc_per_node * opts.nnodes
-    script = os.path.abspath(opts.script)
+    script = _module_spec(opts.script).origin if opts.module else os.path.abspath(opts.script)
     as_parent = opts.launch == "spawn" or (opts.launch == "auto" and _spawn_line(script) is not None)
     if as_parent and opts.nnodes > 1:
         sys.stderr.write(
@@ -750,16 +917,17 @@ def _run_sim(opts: argparse.Namespace) -> int:
     # the swaps do not nest, so the launcher's own values are put back here.
     saved = (sys.argv, sys.modules.get("__main__"), list(sys.path))
     sys.argv = [script, *opts.script_args]
-    sys.path.insert(0, os.path.dirname(script))
+    sys.path.insert(0, os.getcwd() if opts.module else os.path.dirname(script))
+    target = opts.script if opts.module else script
     try:
-        with _environment(_launch_env(opts)):
+        with _environment({**_launch_env(opts), **_elastic_env(opts)}):
             if not as_parent:
-                ranks_args = (script, n, world, master)
+                ranks_args = (target, n, world, master, opts.module)
                 simdist.spawn(_scripts.script_rank, args=ranks_args, nprocs=world, backend="sim", **options)
             else:
                 gpus = torch_bridge.cuda.simulated_gpus(n) if cuda_as_cpu else contextlib.nullcontext()
                 with gpus, torch_bridge.spawn.starting_ranks(start_ranks, run_processes):
-                    _scripts.exit_ok(runpy.run_path, script, None, "__main__")
+                    _scripts.run_main(target, opts.module, "__main__")
         return 0
     except RankError as err:
         cause = err.__cause__

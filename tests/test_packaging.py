@@ -7,6 +7,10 @@ The test builds the wheel from a copy of the checkout, installs it with ``--no-d
 a fresh virtual environment that sees the site-packages of the Python running the tests
 (so torch and numpy need not be installed again), and imports from it with the working directory outside the
 repository, checking that every module comes from the wheel and not from the checkout.
+
+The wheel also ships the visualizer (``app.py``, ``app_pages/`` and ``.streamlit/config.toml`` of the
+root, as ``simdist/app/``) and one version, ``simdist.__version__``; ``simdist app`` from the fresh
+venv serves the installed pages to a real Chromium.
 """
 
 from __future__ import annotations
@@ -18,11 +22,21 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 import zipfile
 from dataclasses import dataclass
+from email.parser import HeaderParser
 from pathlib import Path
 
 import pytest
+from _browser import LAUNCH_ARGS, START_TIMEOUT, free_port, healthy, terminate, wait_for_run
+from _browser import chromium_path as chromium_path  # the fixture
+from test_classroom import _listening_addresses
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # simdist's own dependency there
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 SKIP = shutil.ignore_patterns(
@@ -88,6 +102,14 @@ def _build_wheel(src: Path, out: Path) -> Path:
     return wheels[0]
 
 
+def _purelib(py: Path) -> Path:
+    """``py``'s site-packages."""
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    return Path(
+        subprocess.run([str(py), "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    )
+
+
 def _see_our_dependencies(py: Path) -> None:
     """Put this interpreter's site-packages (torch, numpy, ...) after ``py``'s own, by a ``.pth`` file.
 
@@ -96,15 +118,8 @@ def _see_our_dependencies(py: Path) -> None:
     to ``sys.path`` without running their own ``.pth`` files, so an editable install of
     simdist here does not reach the new environment.
     """
-    theirs = subprocess.run(
-        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout.strip()
     ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
-    Path(theirs, "simdist-test-dependencies.pth").write_text("".join(f"{d}\n" for d in ours))
+    Path(_purelib(py), "simdist-test-dependencies.pth").write_text("".join(f"{d}\n" for d in ours))
 
 
 @dataclass
@@ -213,3 +228,96 @@ def test_checkout_imports_as_installed_wherever_pytest_starts(installed: Install
     # From the root, as run.sh starts it, the GPU suite collects (it skips without a GPU, it does not fail).
     proc = _run([py, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/gpu"], cwd=src)
     assert re.search(r"^\d+ tests collected", proc.stdout, re.M) and "rror" not in proc.stdout, proc.stdout
+
+
+APP_FILES = {"app.py", ".streamlit/config.toml", *(f"app_pages/{p.name}" for p in (ROOT / "app_pages").glob("*.py"))}
+"""The visualizer's files, as the wheel holds them under ``simdist/app/``."""
+
+
+@pytest.mark.timeout(300)
+def test_wheel_ships_the_app_and_one_version(installed: Installed):
+    import simdist
+
+    with zipfile.ZipFile(installed.wheel) as zf:
+        names = zf.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        version = HeaderParser().parsestr(zf.read(metadata).decode())["Version"]
+    assert {n.removeprefix("simdist/app/") for n in names if n.startswith("simdist/app/")} == APP_FILES, names
+    for name in APP_FILES:
+        assert (_purelib(installed.python) / "simdist" / "app" / name).is_file(), name
+
+    # One version: pyproject reads simdist.__version__ (its [project] has none of its own).
+    assert version == simdist.__version__, (version, simdist.__version__)
+    assert metadata == f"simdist-{version}.dist-info/METADATA", metadata
+    assert installed.wheel.name.startswith(f"simdist-{version}-"), installed.wheel.name
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "version" not in project and "version" in project["dynamic"], project
+    cli = _run([installed.python.with_name("simdist"), "--version"], cwd=installed.venv)
+    assert cli.stdout == f"simdist {version}\n", cli.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the server's sockets from /proc (Linux)")
+def test_simdist_app_serves_the_installed_visualizer(installed: Installed, chromium_path: str, tmp_path: Path):
+    """``simdist app`` in the fresh venv, started outside the checkout, serves the wheel's pages on 127.0.0.1 only.
+
+    No ``--server.address``: the address comes from the wheel's ``simdist/app/.streamlit/config.toml``.
+    """
+    from playwright.sync_api import sync_playwright
+
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAMLIT_", "PYTHONPATH", "PYTHONHOME"))}
+    env["HOME"] = str(tmp_path)  # no ~/.streamlit of the person running the tests
+    log_path = tmp_path / "server.log"
+    command = [
+        str(installed.python.with_name("simdist")),
+        "app",
+        "--server.headless",
+        "true",
+        "--server.port",
+        str(port),
+    ]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not healthy(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"simdist app did not serve {url} (exit status {proc.poll()}):\n{log_path.read_text()}")
+            time.sleep(0.5)
+        served = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+        script = Path(next(a for a in served if a.endswith(b"app.py")).decode()).resolve()
+        assert script == (_purelib(installed.python) / "simdist" / "app" / "app.py").resolve(), served
+        assert _listening_addresses(port) == {"127.0.0.1"}, (_listening_addresses(port), log_path.read_text())
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium_path, headless=True, args=LAUNCH_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 720})
+                page.goto(url + "/", wait_until="domcontentloaded", timeout=60_000)
+                wait_for_run(page)
+                assert page.title() == "simdist visualizer", page.title()
+                assert page.locator("h1", has_text="Collectives, step by step").count() == 1
+                assert page.locator('[data-testid="stException"]').count() == 0, log_path.read_text()
+            finally:
+                browser.close()
+    finally:
+        terminate(proc)
+    assert not healthy(url), f"the server still answers on {url} after simdist app was stopped"
+
+
+def test_simdist_app_names_the_extra_it_misses(monkeypatch, capsys):
+    from simdist import _app_cli
+
+    assert _app_cli.app_script() == ROOT / "app.py"  # a checkout serves its own app.py
+    real = _app_cli.importlib.util.find_spec
+    monkeypatch.setattr(_app_cli.importlib.util, "find_spec", lambda name: None if name == "plotly" else real(name))
+    assert _app_cli.main(["--server.port", "8502"]) == 1
+    err = capsys.readouterr().err
+    assert "(not installed: plotly)" in err and "pip install 'simdist[app]'" in err, err
+    assert _app_cli.main(["--help"]) == 0 and "usage: simdist app" in capsys.readouterr().out
