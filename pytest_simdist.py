@@ -14,9 +14,33 @@ record it (``...@test=NODEID``), and ``--simdist-replay`` refuses a token made i
 
 from __future__ import annotations
 
+import argparse
+import re
 from typing import Any
 
 OPTIONS: dict[str, Any] = {"replay": None, "max_schedules": None, "test": None, "isolation": None}
+
+_REPLAY = re.compile(
+    r"(choices:[A-Za-z0-9_,-]+|random:-?\d+|round_robin|pct:-?\d+:\d+:\d+)(@world=[1-9]\d*)?(@test=.+)?", re.DOTALL
+)
+"""The shape of a replay token (``SCHEDULE[@world=N][@test=NODEID]``); simdist decodes its choices when it replays."""
+
+
+def _max_schedules(text: str) -> int:
+    """``--simdist-max-schedules``'s value: a whole number of at least 1 (argparse reports the error as usage)."""
+    if not text.strip().isdecimal() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of schedules; expected a whole number >= 1")
+    return int(text)
+
+
+def _replay(text: str) -> str:
+    """``--simdist-replay``'s value, if it has a replay token's shape (argparse reports the error as usage)."""
+    if not _REPLAY.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a replay token; expected 'random:SEED', 'round_robin', 'pct:SEED:DEPTH:STEPS' or "
+            "'choices:...', then optionally @world=N and @test=NODEID (a token printed by a failing simdist test)"
+        )
+    return text
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -24,13 +48,14 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption(
         "--simdist-replay",
         metavar="TOKEN",
+        type=_replay,
         default=None,
         help="replay this schedule (a token printed by a failing simdist test) in every simulated run",
     )
     group.addoption(
         "--simdist-max-schedules",
         metavar="N",
-        type=int,
+        type=_max_schedules,
         default=None,
         help="schedules that @simdist.testing.spmd tests and explore() try (default 100)",
     )
@@ -45,10 +70,7 @@ def pytest_addoption(parser: Any) -> None:
 
 def pytest_configure(config: Any) -> None:
     OPTIONS["replay"] = config.getoption("simdist_replay")
-    n = config.getoption("simdist_max_schedules")
-    if n is not None and n < 1:
-        raise ValueError(f"--simdist-max-schedules={n}: expected at least 1")
-    OPTIONS["max_schedules"] = n
+    OPTIONS["max_schedules"] = config.getoption("simdist_max_schedules")
     OPTIONS["isolation"] = config.getoption("simdist_isolation")
 
 

@@ -45,6 +45,7 @@ from ._p2p import (
     recv,
     send,
 )
+from ._backend import Backend, is_nccl_available
 from ._ddp import DistributedDataParallel, GradBucket
 from ._errors import (
     AuthenticationError,
@@ -63,10 +64,20 @@ from ._errors import (
 from ._future import Future
 from ._group import group, GroupMember, ProcessGroup
 from ._launch import enumerate_schedules, spawn
-from ._objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
+from ._mesh import init_device_mesh
+from ._monitored import monitored_barrier
+from ._objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
 from ._reduce_op import ReduceOp
 from ._registry import BackendSpec, register_backend
 from ._sampler import DistributedSampler
+from ._subgroups import new_subgroups, split_group
 from ._topology import TOPOLOGIES, Topology
 from ._trace import Event, Trace
 from ._work import Work
@@ -107,6 +118,14 @@ __all__ = [
     "broadcast_object_list",
     "gather_object",
     "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+    "monitored_barrier",
+    "new_subgroups",
+    "split_group",
+    "is_nccl_available",
+    "Backend",
+    "init_device_mesh",
     "AuthenticationError",
     "BufferRaceError",
     "CollectiveMismatchError",

@@ -1,9 +1,27 @@
-"""The errors simdist raises. Every one derives from :class:`DistError`."""
+"""The errors simdist raises. Every one derives from :class:`DistError`.
+
+Each is also the torch error it corresponds to, so code written for torch catches simdist's
+errors unchanged: :class:`DistError` is ``torch.distributed.DistError`` (a ``RuntimeError``), and
+
+- ``DeadlockError``, ``CollectiveMismatchError`` and ``BufferRaceError`` are ``DistBackendError``:
+  a communication op failed (torch's NCCL reports a hung collective so);
+- ``DistTimeoutError`` is ``DistStoreError`` (and the builtin ``TimeoutError``): what torch raises
+  for a wait that timed out, and what torch's own code catches around one;
+- ``PeerLostError``, ``ProtocolError`` and ``AuthenticationError`` are ``DistNetworkError``: a
+  connection failed or carried bytes it should not;
+- ``RankError``, ``RankExitError`` and ``NotInitializedError`` are ``DistError`` only.
+"""
 
 from __future__ import annotations
 
 import sys
 from typing import Any
+
+try:
+    from torch.distributed import DistBackendError, DistNetworkError, DistStoreError
+    from torch.distributed import DistError as _TorchDistError
+except ImportError:  # torch absent or built without distributed: the errors are RuntimeErrors alone
+    DistBackendError = DistNetworkError = DistStoreError = _TorchDistError = RuntimeError  # type: ignore[assignment,misc]
 
 __all__ = [
     "DistError",
@@ -21,8 +39,8 @@ __all__ = [
 ]
 
 
-class DistError(RuntimeError):
-    """Base of every simdist error.
+class DistError(_TorchDistError):
+    """Base of every simdist error; it is also ``torch.distributed.DistError`` (a ``RuntimeError``).
 
     Errors raised by a simulation carry ``schedule``, the replay token that
     reproduces the run (``simdist.simulate(..., schedule=err.schedule)``); the
@@ -49,7 +67,7 @@ class DistError(RuntimeError):
         return text
 
 
-class DeadlockError(DistError):
+class DeadlockError(DistError, DistBackendError):
     """No rank can make progress while some have not finished.
 
     Attributes:
@@ -69,7 +87,7 @@ class DeadlockError(DistError):
         self.cycle = list(cycle)
 
 
-class CollectiveMismatchError(DistError):
+class CollectiveMismatchError(DistError, DistBackendError):
     """The k-th collective on a group differs between ranks.
 
     Attributes:
@@ -85,7 +103,7 @@ class CollectiveMismatchError(DistError):
         self.fields = dict(fields or {})
 
 
-class BufferRaceError(DistError):
+class BufferRaceError(DistError, DistBackendError):
     """A rank wrote to the buffer of its own send or receive before that operation completed.
 
     Raised by the simulator when the rank waits for the operation (or learns from
@@ -145,19 +163,19 @@ class RankExitError(DistError):
         self.exitcode = exitcode
 
 
-class DistTimeoutError(DistError, TimeoutError):
-    """An operation or a run did not finish within its timeout."""
+class DistTimeoutError(DistError, DistStoreError, TimeoutError):
+    """An operation or a run did not finish within its timeout (also torch's ``DistStoreError`` and ``TimeoutError``)."""
 
 
-class ProtocolError(DistError):
+class ProtocolError(DistError, DistNetworkError):
     """Bytes that do not follow the wire protocol were received."""
 
 
-class AuthenticationError(DistError):
+class AuthenticationError(DistError, DistNetworkError):
     """A connection failed the shared-secret challenge (a wrong or missing ``SIMDIST_SECRET``)."""
 
 
-class PeerLostError(DistError):
+class PeerLostError(DistError, DistNetworkError):
     """A peer closed its connection or died; ``rank`` names it when known."""
 
     def __init__(self, message: str, *, rank: int | None = None):

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(60)
 
 ERRORS = Path(__file__).resolve().parent.parent / "simdist" / "_errors.py"
 
-# Loads simdist/_errors.py alone (it imports nothing of simdist, nor torch) and prints what notes do.
+# Loads simdist/_errors.py alone (it imports nothing of simdist, and needs no torch) and prints what notes do.
 ON_OTHER_PYTHON = r"""
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("errors", sys.argv[1])
