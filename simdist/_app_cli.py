@@ -28,10 +28,12 @@ USAGE = """\
 usage: simdist app [streamlit run options...]
 
 Serve simdist's visualizer (Streamlit) at http://localhost:8501, for this machine only.
-Options are those of 'streamlit run' (python -m streamlit run --help lists them), e.g.
-  --server.port 8502          another port
-  --server.address 0.0.0.0    serve everyone on the network (a class)
-  --server.headless true      do not open a browser
+Options are those of 'streamlit run' (python -m streamlit run --help lists them).
+
+examples:
+  simdist app                                # http://localhost:8501, for this machine only
+  simdist app --server.port 8502             # another port
+  simdist app --server.address 0.0.0.0       # serve everyone on the network (a class)
 """
 
 

@@ -73,6 +73,51 @@ FRESH_SIZES = (4 * MIB, 8 * MIB, 16 * MIB, 24 * MIB, 32 * MIB, 48 * MIB, 64 * MI
 """Sizes at which new buffers are timed against used ones (the mmap threshold lies between)."""
 
 
+class Progress:
+    """Says on stderr which measurement runs and how many are left: a line each, or on a terminal one bar.
+
+    ``Progress(names)`` numbers the measurements ``names`` (in the order they run); ``step(i)``
+    announces the ``i``-th. Rank 0 of each calibration job announces its own, so the lines come
+    from the processes that measure.
+    """
+
+    WIDTH = 24
+
+    def __init__(self, names: Sequence[str], stream: Any = None):
+        self.names = list(names)
+        self.stream = sys.stderr if stream is None else stream
+
+    def step(self, i: int) -> None:
+        total, what = len(self.names), self.names[i]
+        if self.stream.isatty():
+            filled = self.WIDTH * i // total
+            bar = "#" * filled + "." * (self.WIDTH - filled)
+            self.stream.write(f"\r\033[Ksimdist calibrate [{bar}] {i + 1}/{total} {what}")
+            if i + 1 == total:
+                self.stream.write("\n")
+        else:
+            left = total - i - 1
+            self.stream.write(f"simdist calibrate: {i + 1}/{total} {what}; {f'{left} left' if left else 'the last'}\n")
+        self.stream.flush()
+
+
+def plan(ping: Sequence[int], shifts: Sequence[int]) -> list[str]:
+    """The measurements of a calibration with these ping-pong and shift sizes, in the order they run."""
+    job2 = [
+        "the cross-rank check (2 ranks)",
+        *(f"ping-pong of {_label(n)} (2 ranks)" for n in ping),
+        "reduction speed (gamma)",
+        "copies into new and used buffers",
+        *(f"ring shift of {_label(n)} (2 ranks)" for n in shifts),
+    ]
+    return job2 + ["the cross-rank check (4 ranks)", *(f"ring shift of {_label(n)} (4 ranks)" for n in shifts)]
+
+
+def _label(nbytes: int) -> str:
+    """``nbytes`` as people read a message size: bytes below 1 KiB, else KiB or MiB."""
+    return f"{nbytes} bytes" if nbytes < KIB else _size(nbytes)
+
+
 def _timed(fn: Any, reps: int, before: Any = None) -> list[float]:
     """Seconds of each of ``reps`` calls of ``fn()`` (after one warm-up call); ``before()`` runs untimed."""
     times = []
@@ -159,9 +204,12 @@ def _gathers(reps: int) -> dict[str, list[float]]:
     return times
 
 
-def _rank(rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], reps: int) -> dict[str, Any]:
+def _rank(
+    rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], reps: int, names: Sequence[str] = ()
+) -> dict[str, Any]:
     """One rank's part: ping-pong, gamma and copies (world 2), its times of a shift around the ring of each
-    size, and of a 4-byte all_gather with the cross-rank check of every collective and without it."""
+    size, and of a 4-byte all_gather with the cross-rank check of every collective and without it. Rank 0
+    announces each measurement through a :class:`Progress` of ``names`` (none without names)."""
     import torch
 
     import simdist as d
@@ -172,11 +220,19 @@ def _rank(rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], rep
     os.environ[CHECK_ENV] = "1"
     d.init_process_group("socket")
     out: dict[str, Any] = {"one_way": {}, "shift": {}}
+    progress, first = Progress(names), 0 if world == 2 else len(names) - 1 - len(shifts)  # (plan's order)
+
+    def announce(i: int) -> None:
+        if rank == 0 and names:
+            progress.step(first + i)
+
     try:
+        announce(0)
         out["all_gather"] = _gathers(reps * 5)
         right, left = (rank + 1) % world, (rank - 1) % world
         if world == 2:
-            for n in ping:
+            for i, n in enumerate(ping):
+                announce(1 + i)
                 buf = torch.zeros(max(1, n // 4))
 
                 def pingpong() -> None:
@@ -189,9 +245,12 @@ def _rank(rank: int, world: int, ping: Sequence[int], shifts: Sequence[int], rep
 
                 out["one_way"][n] = statistics.median(_timed(pingpong, reps, d.barrier)) / 2
             if rank == 0:
+                announce(1 + len(ping))
                 out["gamma"] = _gamma(reps)
+                announce(2 + len(ping))
                 out["copies"] = _copies(reps)
-        for n in shifts:
+        for i, n in enumerate(shifts):
+            announce((3 + len(ping) if world == 2 else 1) + i)
             a, b = torch.zeros(max(1, n // 4)), torch.zeros(max(1, n // 4))
 
             def shift() -> None:
@@ -248,17 +307,21 @@ def fit_check(gathers: dict[int, tuple[float, float]]) -> float:
     return statistics.median(max(c - u, 0.0) / (w - 1).bit_length() for w, (c, u) in gathers.items())
 
 
-def calibrate(path: str | Path | None = None, *, quick: bool = False, name: str = "calibrated") -> dict[str, Any]:
+def calibrate(
+    path: str | Path | None = None, *, quick: bool = False, name: str = "calibrated", progress: bool = False
+) -> dict[str, Any]:
     """The topology file's object for this machine (loopback, socket backend), written to ``path`` if given.
 
-    ``quick`` measures fewer sizes with fewer repetitions.
+    ``quick`` measures fewer sizes with fewer repetitions; ``progress`` says on stderr which measurement
+    runs and how many are left (``simdist calibrate`` does).
     """
     from ._launch import spawn
 
     reps = 3 if quick else 9
     ping, shifts = (QUICK_PING_SIZES, QUICK_SHIFT_SIZES) if quick else (PING_SIZES, SHIFT_SIZES)
-    ranks2 = spawn(_rank, args=(2, ping, shifts, reps), nprocs=2, backend="socket")
-    ranks4 = spawn(_rank, args=(4, (), shifts, reps), nprocs=4, backend="socket")
+    names = plan(ping, shifts) if progress else ()
+    ranks2 = spawn(_rank, args=(2, ping, shifts, reps, names), nprocs=2, backend="socket")
+    ranks4 = spawn(_rank, args=(4, (), shifts, reps, names), nprocs=4, backend="socket")
     two, four = ranks2[0], {"shift": {n: _slowest_median([r["shift"][n] for r in ranks4]) for n in shifts}}
     two["shift"] = {n: _slowest_median([r["shift"][n] for r in ranks2]) for n in shifts}
     terms = fit(two["one_way"], two["shift"], four["shift"])
@@ -307,6 +370,11 @@ def _parser() -> argparse.ArgumentParser:
         description="Measure this machine's latency, bandwidth, host bandwidth sharing, reduction speed, page "
         "faults of new buffers, copy speed and the cost of each collective's cross-rank check with the socket "
         "backend over loopback, and write a topology file for simulate(topology=PATH) and the app.",
+        epilog="examples:\n"
+        "  simdist calibrate --out my-machine.json                 # this machine, about a minute\n"
+        "  simdist calibrate --quick --out laptop.json             # fewer sizes and repetitions\n"
+        "  simdist calibrate --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --out cluster.json   # on host 0 of 2",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
     p.add_argument(
@@ -361,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.nnodes == 1:
         if opts.host_file or opts.nproc_per_node != 1:
             parser.error("--host-file and --nproc-per-node calibrate across hosts: give --nnodes 2 or more")
-        spec = calibrate(opts.out, quick=opts.quick, name=opts.name)
+        spec = calibrate(opts.out, quick=opts.quick, name=opts.name, progress=True)
     else:
         from ._calibrate_hosts import calibrate_hosts
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import subprocess
@@ -13,7 +14,7 @@ import torch
 import simdist
 import simdist as dist
 from simdist import _topology_file as F
-from simdist._calibrate import FRESH_SIZES
+from simdist._calibrate import FRESH_SIZES, QUICK_PING_SIZES, QUICK_SHIFT_SIZES, Progress, plan
 from simdist._topology import FRESH_BYTES as F_BYTES
 from simdist._topology import TOPOLOGIES, as_topology, fully_connected
 from simdist.algorithms import Timed
@@ -300,6 +301,12 @@ def test_simdist_calibrate_quick_writes_a_loadable_file(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert f"wrote {out}" in done.stdout and "alpha" in done.stdout
+    names = plan(QUICK_PING_SIZES, QUICK_SHIFT_SIZES)  # progress: every measurement, in order, with how many left
+    lines = [line for line in done.stderr.splitlines() if line.startswith("simdist calibrate: ")]
+    assert lines == [
+        f"simdist calibrate: {i + 1}/{len(names)} {name}; {f'{len(names) - i - 1} left' if i + 1 < len(names) else 'the last'}"
+        for i, name in enumerate(names)
+    ], done.stderr
     written = F.read_topology_file(out)
     assert written["bandwidth"] > 0 and written["gamma"] > 0 and written["rank_bandwidth"] > 0
     assert set(written["measured"]) == {
@@ -314,6 +321,25 @@ def test_simdist_calibrate_quick_writes_a_loadable_file(tmp_path):
     assert written["check_overhead"] >= 0 and written["fresh_memory"] >= 0
     topo = as_topology(str(out), 3)
     assert topo.gamma == written["gamma"] and topo.alpha_beta()[0] == written["alpha"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_calibrate_progress_is_one_bar_redrawn():
+    screen = _Terminal()
+    names = ["ping-pong of 1 MiB (2 ranks)", "reduction speed (gamma)", "ring shift of 8 bytes (4 ranks)"]
+    progress = Progress(names, stream=screen)
+    for i in range(3):
+        progress.step(i)
+    frames = screen.getvalue()
+    assert frames.count("\r\033[K") == 3 and frames.endswith("\n") and frames.count("\n") == 1
+    screen_frames = [f for f in frames.split("\r\033[K") if f]
+    assert screen_frames[0] == f"simdist calibrate [{'.' * 24}] 1/3 ping-pong of 1 MiB (2 ranks)"
+    assert screen_frames[1] == f"simdist calibrate [{'#' * 8}{'.' * 16}] 2/3 reduction speed (gamma)"
+    assert screen_frames[2] == f"simdist calibrate [{'#' * 16}{'.' * 8}] 3/3 ring shift of 8 bytes (4 ranks)\n"
 
 
 def test_simdist_calibrate_refuses_a_path_it_could_not_load(capsys):

@@ -256,6 +256,20 @@ def test_wheel_ships_the_app_and_one_version(installed: Installed):
     assert cli.stdout == f"simdist {version}\n", cli.stdout
 
 
+@pytest.mark.timeout(300)
+def test_wheel_carries_the_mit_license(installed: Installed):
+    """The LICENSE file (MIT, as pyproject says) is in the repository and in the wheel's metadata."""
+    text = (ROOT / "LICENSE").read_text()
+    assert text.startswith("MIT License\n") and 'THE SOFTWARE IS PROVIDED "AS IS"' in text
+    with zipfile.ZipFile(installed.wheel) as zf:
+        names = zf.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        headers = HeaderParser().parsestr(zf.read(metadata).decode())
+        shipped = [n for n in names if ".dist-info/" in n and n.rsplit("/", 1)[-1] == "LICENSE"]
+        assert len(shipped) == 1 and zf.read(shipped[0]).decode() == text, names
+    assert "MIT" in (headers["License"] or "") + (headers["License-Expression"] or ""), dict(headers)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the server's sockets from /proc (Linux)")

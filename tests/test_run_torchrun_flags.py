@@ -236,6 +236,32 @@ def test_help_screens_end_with_examples(capsys):
     assert out.rstrip().splitlines()[-4] == "examples:", out
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["simdist.run", "calibrate", "--help"],
+        ["simdist.run", "app", "--help"],
+        ["simdist.backends.socket._store", "--help"],
+    ],
+    ids=["calibrate", "app", "store"],
+)
+def test_every_other_help_screen_ends_with_examples(command):
+    """Each command's --help ends with "examples:" and two or three command lines that start as it is typed."""
+    module, *args = command
+    env = dict(os.environ, SIMDIST_SECRET="x")
+    entry = (
+        ["-c", "from simdist.run import cli; raise SystemExit(cli())"] if module == "simdist.run" else ["-m", module]
+    )
+    done = subprocess.run([sys.executable, *entry, *args], capture_output=True, text=True, timeout=100, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.rstrip().splitlines()
+    start = max(i for i, line in enumerate(lines) if line == "examples:")
+    examples = lines[start + 1 :]
+    typed = "simdist " + args[0] if module == "simdist.run" else "SIMDIST_SECRET="
+    assert 2 <= len(examples) <= 3 and all(line.startswith("  " + typed) for line in examples), lines
+
+
 def test_the_flags_page_lists_every_flag_as_the_code_states_it():
     page = (Path(__file__).resolve().parent.parent / "docs" / "torchrun-flags.md").read_text()
     for flag, text in _torchrun.FLAGS.items():

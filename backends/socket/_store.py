@@ -637,6 +637,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m simdist.backends.socket._store",
         description=f"Run a standalone simdist rendezvous store. The secret comes from ${SECRET_ENV} (required).",
+        epilog="examples:\n"
+        f"  {SECRET_ENV}=$(cat secret) python -m simdist.backends.socket._store               # loopback, port "
+        f"{DEFAULT_PORT}\n"
+        f"  {SECRET_ENV}=$(cat secret) python -m simdist.backends.socket._store --host 0.0.0.0 --port 0   # any "
+        "free port, every interface",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks one)")
