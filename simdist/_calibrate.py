@@ -72,13 +72,21 @@ STEPS = 8
 FRESH_SIZES = (4 * MIB, 8 * MIB, 16 * MIB, 24 * MIB, 32 * MIB, 48 * MIB, 64 * MIB, 128 * MIB)
 """Sizes at which new buffers are timed against used ones (the mmap threshold lies between)."""
 
+# The measurements' names, as the progress lines say them
+_CHECK, _PING, _SHIFT = (
+    "the cross-rank check ({world} ranks)",
+    "ping-pong of {size} (2 ranks)",
+    "ring shift of {size} ({world} ranks)",
+)
+_GAMMA, _COPIES = "reduction speed (gamma)", "copies into new and used buffers"
+
 
 class Progress:
     """Says on stderr which measurement runs and how many are left: a line each, or on a terminal one bar.
 
-    ``Progress(names)`` numbers the measurements ``names`` (in the order they run); ``step(i)``
-    announces the ``i``-th. Rank 0 of each calibration job announces its own, so the lines come
-    from the processes that measure.
+    ``Progress(names)`` numbers the measurements ``names`` (in the order they run, as :func:`plan`
+    lists them); ``step(name)`` announces one. Rank 0 of each calibration job announces its own, so
+    the lines come from the processes that measure; without names nothing is said.
     """
 
     WIDTH = 24
@@ -87,8 +95,10 @@ class Progress:
         self.names = list(names)
         self.stream = sys.stderr if stream is None else stream
 
-    def step(self, i: int) -> None:
-        total, what = len(self.names), self.names[i]
+    def step(self, what: str) -> None:
+        if not self.names:
+            return
+        total, i = len(self.names), self.names.index(what)
         if self.stream.isatty():
             filled = self.WIDTH * i // total
             bar = "#" * filled + "." * (self.WIDTH - filled)
@@ -104,13 +114,13 @@ class Progress:
 def plan(ping: Sequence[int], shifts: Sequence[int]) -> list[str]:
     """The measurements of a calibration with these ping-pong and shift sizes, in the order they run."""
     job2 = [
-        "the cross-rank check (2 ranks)",
-        *(f"ping-pong of {_label(n)} (2 ranks)" for n in ping),
-        "reduction speed (gamma)",
-        "copies into new and used buffers",
-        *(f"ring shift of {_label(n)} (2 ranks)" for n in shifts),
+        _CHECK.format(world=2),
+        *(_PING.format(size=_label(n)) for n in ping),
+        _GAMMA,
+        _COPIES,
+        *(_SHIFT.format(size=_label(n), world=2) for n in shifts),
     ]
-    return job2 + ["the cross-rank check (4 ranks)", *(f"ring shift of {_label(n)} (4 ranks)" for n in shifts)]
+    return job2 + [_CHECK.format(world=4), *(_SHIFT.format(size=_label(n), world=4) for n in shifts)]
 
 
 def _label(nbytes: int) -> str:
@@ -209,7 +219,7 @@ def _rank(
 ) -> dict[str, Any]:
     """One rank's part: ping-pong, gamma and copies (world 2), its times of a shift around the ring of each
     size, and of a 4-byte all_gather with the cross-rank check of every collective and without it. Rank 0
-    announces each measurement through a :class:`Progress` of ``names`` (none without names)."""
+    announces each measurement through a :class:`Progress` of ``names``."""
     import torch
 
     import simdist as d
@@ -220,19 +230,14 @@ def _rank(
     os.environ[CHECK_ENV] = "1"
     d.init_process_group("socket")
     out: dict[str, Any] = {"one_way": {}, "shift": {}}
-    progress, first = Progress(names), 0 if world == 2 else len(names) - 1 - len(shifts)  # (plan's order)
-
-    def announce(i: int) -> None:
-        if rank == 0 and names:
-            progress.step(first + i)
-
+    progress = Progress(names if rank == 0 else ())
     try:
-        announce(0)
+        progress.step(_CHECK.format(world=world))
         out["all_gather"] = _gathers(reps * 5)
         right, left = (rank + 1) % world, (rank - 1) % world
         if world == 2:
-            for i, n in enumerate(ping):
-                announce(1 + i)
+            for n in ping:
+                progress.step(_PING.format(size=_label(n)))
                 buf = torch.zeros(max(1, n // 4))
 
                 def pingpong() -> None:
@@ -245,12 +250,12 @@ def _rank(
 
                 out["one_way"][n] = statistics.median(_timed(pingpong, reps, d.barrier)) / 2
             if rank == 0:
-                announce(1 + len(ping))
+                progress.step(_GAMMA)
                 out["gamma"] = _gamma(reps)
-                announce(2 + len(ping))
+                progress.step(_COPIES)
                 out["copies"] = _copies(reps)
-        for i, n in enumerate(shifts):
-            announce((3 + len(ping) if world == 2 else 1) + i)
+        for n in shifts:
+            progress.step(_SHIFT.format(size=_label(n), world=world))
             a, b = torch.zeros(max(1, n // 4)), torch.zeros(max(1, n // 4))
 
             def shift() -> None:
@@ -371,7 +376,7 @@ def _parser() -> argparse.ArgumentParser:
         "faults of new buffers, copy speed and the cost of each collective's cross-rank check with the socket "
         "backend over loopback, and write a topology file for simulate(topology=PATH) and the app.",
         epilog="examples:\n"
-        "  simdist calibrate --out my-machine.json                 # this machine, about a minute\n"
+        "  simdist calibrate --out my-machine.json                 # this machine\n"
         "  simdist calibrate --quick --out laptop.json             # fewer sizes and repetitions\n"
         "  simdist calibrate --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --out cluster.json   # on host 0 of 2",
         formatter_class=argparse.RawDescriptionHelpFormatter,

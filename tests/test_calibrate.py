@@ -332,8 +332,8 @@ def test_on_a_terminal_calibrate_progress_is_one_bar_redrawn():
     screen = _Terminal()
     names = ["ping-pong of 1 MiB (2 ranks)", "reduction speed (gamma)", "ring shift of 8 bytes (4 ranks)"]
     progress = Progress(names, stream=screen)
-    for i in range(3):
-        progress.step(i)
+    for name in names:
+        progress.step(name)
     frames = screen.getvalue()
     assert frames.count("\r\033[K") == 3 and frames.endswith("\n") and frames.count("\n") == 1
     screen_frames = [f for f in frames.split("\r\033[K") if f]
