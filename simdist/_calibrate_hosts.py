@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._calibrate import STEPS, _gathers, _slowest_median, _timed
+from ._calibrate import STEPS, Progress, _gathers, _slowest_median, _timed
 
 __all__ = ["IDLE", "TARGET", "calibrate_hosts", "fit_hosts", "job"]
 
@@ -78,14 +78,27 @@ def _exchange(d: Any, sends: list, recvs: list) -> None:
             w.wait()
 
 
+MEASUREMENTS = (
+    "the cross-rank check across the hosts",
+    "8-byte shifts around the hosts (latency)",
+    "ping-pong between hosts 0 and 1, sizes doubling",
+    "host 0's ranks sending to every other host at once",
+    "a large shift around the hosts",
+    "a large send from host 0 to host 1",
+)
+"""What the job measures, in order: rank 0 says each as it starts (node 0's console)."""
+
+
 def _measure(rank: int, world: int, per_host: int, reps: int, target: float) -> dict[str, Any]:
     """One rank's figures (see the module doc); the same decisions on every rank."""
     import torch
 
     import simdist as d
 
+    progress = Progress(MEASUREMENTS if rank == 0 else ())
     hosts = world // per_host
     leaders = [h * per_host for h in range(hosts)]
+    progress.step(MEASUREMENTS[0])
     out: dict[str, Any] = {"all_gather": _gathers(reps * 5)}
     # 8-byte shifts around the ring of hosts, back to back
     small_a, small_b = torch.zeros(2), torch.zeros(2)
@@ -98,6 +111,7 @@ def _measure(rank: int, world: int, per_host: int, reps: int, target: float) -> 
             for _ in range(STEPS):
                 _exchange(d, [(small_a, right)], [(small_b, left)])
 
+    progress.step(MEASUREMENTS[1])
     out["shift8"] = [t / STEPS for t in _timed(shifts, reps * 3, d.barrier)]
     # ping-pong between hosts 0 and 1 after the links rest, sizes doubling up to the target
     peer = per_host
@@ -110,6 +124,7 @@ def _measure(rank: int, world: int, per_host: int, reps: int, target: float) -> 
             d.recv(buf, 0)
             d.send(buf, 0)
 
+    progress.step(MEASUREMENTS[2])
     out["one_way"] = {}
     sizes = [8]
     n = FIRST
@@ -137,6 +152,7 @@ def _measure(rank: int, world: int, per_host: int, reps: int, target: float) -> 
         elif rank in leaders:
             _exchange(d, [], [(sinks[r], r) for r in range(per_host)])
 
+    progress.step(MEASUREMENTS[3])
     out["fan_out"] = {"bytes": share, "seconds": _timed(fan_out, reps, lambda: _rested(d))}
     # a large shift around the ring of hosts: both directions of every host's link at once
     big_a, big_b = torch.zeros(largest // 4), torch.zeros(largest // 4)
@@ -145,6 +161,7 @@ def _measure(rank: int, world: int, per_host: int, reps: int, target: float) -> 
         if me is not None:
             _exchange(d, [(big_a, right)], [(big_b, left)])
 
+    progress.step(MEASUREMENTS[4])
     out["shift_large"] = {"bytes": largest, "seconds": _timed(big_shift, reps, lambda: _rested(d))}
     # host 0 sends a large message to host 1 after the link rests: how long until its send returns (the rest
     # of its bytes are then in its kernel's buffer)
@@ -157,6 +174,7 @@ def _measure(rank: int, world: int, per_host: int, reps: int, target: float) -> 
         elif rank == peer:
             d.recv(into, 0)
 
+    progress.step(MEASUREMENTS[5])
     out["send_returns"] = {"bytes": many, "seconds": _timed(send_returns, reps, lambda: _rested(d))}
     return out
 
@@ -292,7 +310,11 @@ def calibrate_hosts(opts: Any) -> dict[str, Any] | None:
         ranks = _launch(opts, port, Path(folder), reps, target)
     if opts.node_rank != 0:
         return None
-    host = read_topology_file(opts.host_file) if opts.host_file else calibrate(quick=opts.quick, name=opts.name)
+    host = (
+        read_topology_file(opts.host_file)
+        if opts.host_file
+        else calibrate(quick=opts.quick, name=opts.name, progress=True)
+    )
     if host["layout"] == "two_level":
         raise SystemExit(
             f"simdist calibrate: --host-file={opts.host_file!r} describes several hosts; give one host's file"

@@ -566,6 +566,12 @@ def test_simdist_calibrate_across_two_hosts_measures_their_shaped_link(testbed, 
     results = [p.communicate(timeout=100) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], [r[1][-3000:] for r in results]
     assert f"wrote {out}" in results[0][0] and "node 0 writes the topology file" in results[1][0]
+    from simdist._calibrate_hosts import MEASUREMENTS
+
+    said = [line.removeprefix("[rank 0] ") for line in results[0][1].splitlines()]  # (the launcher's prefix)
+    said = [line.split(" ", 3)[3].split(";")[0] for line in said if line.startswith("simdist calibrate: ")]
+    assert said == list(MEASUREMENTS), results[0][1]  # node 0 says each measurement; node 1 says none
+    assert "simdist calibrate: " not in results[1][1]
     got = F.read_topology_file(out)
     assert (
         got["layout"] == "two_level" and got["per_node"] == 1 and got["gamma"] == 4e-11 and got["link_queues"] is True

@@ -101,6 +101,7 @@ trainer = Trainer(model=model, args=args, train_dataset=Tokens())
 trainer.train()
 if int(os.environ["RANK"]) == 0:
     print("LOSSES", [round(h["loss"], 6) for h in trainer.state.log_history if "loss" in h])
+torch.distributed.destroy_process_group()  # as torch asks: gloo may abort at exit without it (under torchrun too)
 """
 
 
@@ -143,6 +144,7 @@ for step in range(5):
     losses.append(round(fabric.all_reduce(loss.detach(), reduce_op="mean").item(), 6))
 if fabric.global_rank == 0:
     print("FABRIC", losses)
+torch.distributed.destroy_process_group()  # as torch asks: gloo may abort at exit without it (under torchrun too)
 """
 
 
