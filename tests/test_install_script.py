@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.skipif(not shutil.which("bas
 
 BACKEND = '''"""A build backend for a project of no files: its wheel holds only its metadata."""
 import sys
-sys.path.insert(0, "{tests}")
+sys.path.insert(0, {tests!r})
 from _wheels import write_wheel
 
 
@@ -107,7 +107,7 @@ def prepare(tmp_path: Path, default_index: str, cpu_index: str) -> tuple[Path, d
     project.mkdir()
     shutil.copy(ROOT / "install.sh", project / "install.sh")
     project.joinpath("pyproject.toml").write_text(PYPROJECT)
-    project.joinpath("backend.py").write_text(BACKEND.format(tests=Path(__file__).parent))
+    project.joinpath("backend.py").write_text(BACKEND.format(tests=str(Path(__file__).parent)))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON"))}
