@@ -9,6 +9,7 @@ on this machine is the truth their results are compared with.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -167,10 +168,10 @@ def test_lightning_fabric_ddp_gives_torchruns_losses(tmp_path, isolation):
 # -- torch.compile ------------------------------------------------------------------------------------------------
 
 COMPILE = """\
-import sys, torch, torch.distributed as dist
+import json, pathlib, sys, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 torch.manual_seed(0)
-device = sys.argv[1]
+device, out = sys.argv[1], pathlib.Path(sys.argv[2])
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(device)
 compiled = torch.compile(model)
 x = torch.randn(5, 8, device=device) + dist.get_rank()
@@ -178,18 +179,26 @@ y = compiled(x)
 y.sum().backward()
 grad = model[0].weight.grad.clone()
 dist.all_reduce(grad)
-print("COMPILED", [dist.get_rank(), bool(torch.allclose(y, model(x), atol=1e-5)), round(grad.sum().item(), 4)])
+result = [dist.get_rank(), bool(torch.allclose(y, model(x), atol=1e-5)), round(grad.sum().item(), 4)]
+(out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
 dist.destroy_process_group()
 """
 
 
+def _compiled_results(run, script: str, out: Path, device: str) -> list:
+    """Each rank's [rank, compiled output equals eager, gradient sum], read from the file that rank wrote (a file
+    per rank: the ranks' prints share one pipe, where lines of two processes may interleave or go missing)."""
+    out.mkdir()
+    proc = run("--nproc-per-node", "2", script, device, str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = sorted(out.glob("rank*.json"))
+    assert len(files) == 2, (files, proc.stdout[-3000:] + proc.stderr[-3000:])
+    return [json.loads(path.read_text()) for path in files]
+
+
 def test_torch_compile_works_on_simulated_ranks_on_cpu_tensors_and_simulated_gpus(tmp_path):
     script = _script(tmp_path, COMPILE, "compiled.py")
-    theirs = torchrun("--nproc-per-node", "2", script, "cpu")
-    assert theirs.returncode == 0, theirs.stderr[-3000:]
-    expected = sorted(eval(line.split(" ", 1)[1]) for line in theirs.stdout.splitlines() if "COMPILED" in line)  # noqa: S307
+    expected = _compiled_results(torchrun, script, tmp_path / "torchrun", "cpu")
     for device in ("cpu", "cuda"):  # cuda: the ranks' simulated GPUs (this machine has none)
-        ours = simdist_run("--nproc-per-node", "2", script, device)
-        assert ours.returncode == 0, ours.stderr[-3000:]
-        got = sorted(eval(line.split("COMPILED ", 1)[1]) for line in ours.stdout.splitlines() if "COMPILED" in line)  # noqa: S307
+        got = _compiled_results(simdist_run, script, tmp_path / device, device)
         assert got == expected and all(same for _, same, _ in got)
