@@ -40,7 +40,10 @@ from simdist.backends.socket import new_secret  # noqa: E402
 
 HOSTS = 4
 # this tree's launcher (and store) whatever PYTHONPATH says; its ranks import simdist from PYTHONPATH
-LAUNCHER = ("-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); from simdist.run import main; sys.exit(main())")
+LAUNCHER = (
+    "-c",
+    f"import sys; sys.path.insert(0, {str(ROOT)!r}); from simdist.launch.run import main; sys.exit(main())",
+)
 WAIT_S = 8.0
 
 JOB = """\

@@ -36,7 +36,7 @@ import torch
 from _common import KIB, MIB, finish_info, machine_info, machine_markdown, markdown_table, write_json
 
 import simdist
-from simdist._calibrate import calibrate, describe
+from simdist.launch._calibrate import calibrate, describe
 from simdist.algorithms import ALGORITHMS
 from simdist.backends.sim import simulate
 

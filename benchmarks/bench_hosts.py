@@ -121,7 +121,7 @@ def chosen(op, nbytes):
     \"\"\"The all_reduce algorithm the socket group runs for ``nbytes``: its default, else its automatic choice.\"\"\"
     if side != "socket" or op != "all_reduce":
         return None
-    from simdist._group import Options
+    from simdist.core._group import Options
     return current_world().default_group._pick(op, Options(), nbytes)
 
 def timed_ops(d, rank, world, cases):
@@ -153,7 +153,7 @@ side, out_path, cases, algorithm, profiled, timer = sys.argv[1:7]
 torch.set_num_threads(1)
 if side == "socket":
     import simdist as d
-    from simdist._world import current_world
+    from simdist.core._world import current_world
     d.init_process_group("socket")
     if algorithm:
         current_world().default_group.set_default_algorithm("all_reduce", algorithm)

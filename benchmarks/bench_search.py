@@ -31,7 +31,7 @@ from _common import bench_main, markdown_table, median, profile_call, verdict
 from search_bugs import BUGS, WORLD
 from simdist.backends.sim import next_schedule, simulate
 
-from simdist._errors import DistError
+from simdist.core._errors import DistError
 from simdist.testing._search import Search
 
 OPTS = {"leaks": "ignore"}

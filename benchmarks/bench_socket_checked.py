@@ -31,7 +31,7 @@ import torch
 from _common import KIB, MIB, base_parser, finish_info, fmt_ms, fmt_ratio, machine_info, markdown_table, median, publish
 
 import simdist
-from simdist._world import current_world
+from simdist.core._world import current_world
 
 SIZES = (4 * KIB, 64 * MIB)
 WORLDS = (2, 4)

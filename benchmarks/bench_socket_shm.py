@@ -68,7 +68,7 @@ def _per_op(fns: dict, iters: int, blocks: int = 10) -> dict:
 
 
 def overhead_rank(rank: int, iters: int) -> dict | None:
-    from simdist._world import current_world
+    from simdist.core._world import current_world
 
     torch.set_num_threads(1)
     simdist.init_process_group("socket")

@@ -47,7 +47,7 @@ from ._p2p import (
 )
 from ._backend import Backend, is_nccl_available
 from ._ddp import DistributedDataParallel, GradBucket
-from ._errors import (
+from .core._errors import (
     AuthenticationError,
     BufferRaceError,
     CollectiveMismatchError,
@@ -61,9 +61,9 @@ from ._errors import (
     RankError,
     RankExitError,
 )
-from ._future import Future
-from ._group import group, GroupMember, ProcessGroup
-from ._launch import enumerate_schedules, spawn
+from .core._future import Future
+from .core._group import group, GroupMember, ProcessGroup
+from .launch._launch import enumerate_schedules, spawn
 from ._mesh import init_device_mesh
 from ._monitored import monitored_barrier
 from ._objects import (
@@ -74,13 +74,13 @@ from ._objects import (
     scatter_object_list,
     send_object_list,
 )
-from ._reduce_op import ReduceOp
-from ._registry import BackendSpec, register_backend
+from .core._reduce_op import ReduceOp
+from .core._registry import BackendSpec, register_backend
 from ._sampler import DistributedSampler
 from ._subgroups import new_subgroups, split_group
-from ._topology import TOPOLOGIES, Topology
-from ._trace import Event, Trace
-from ._work import Work
+from .core._topology import TOPOLOGIES, Topology
+from .core._trace import Event, Trace
+from .core._work import Work
 from .backends.sim import simulate
 
 __all__ = [

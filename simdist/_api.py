@@ -11,12 +11,12 @@ import os
 
 from typing import Any, Sequence
 
-from ._callsite import user_call_site
-from ._entry import library_call
-from ._checks import check_int, resolve, to_group_rank
-from ._group import GroupMember, ProcessGroup
-from ._registry import BACKEND_ENV, backend_spec
-from ._world import current_world, require_world
+from .core._callsite import user_call_site
+from .core._entry import library_call
+from .core._checks import check_int, resolve, to_group_rank
+from .core._group import GroupMember, ProcessGroup
+from .core._registry import BACKEND_ENV, backend_spec
+from .core._world import current_world, require_world
 
 __all__ = [
     "init_process_group",

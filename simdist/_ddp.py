@@ -38,12 +38,12 @@ from torch import nn
 from ._api import get_global_rank, get_rank, get_world_size
 from ._collectives import all_reduce, broadcast
 from . import torch_bridge
-from ._future import Future
-from ._callsite import skip_directory, user_call_site
+from .core._future import Future
+from .core._callsite import skip_directory, user_call_site
 from ._objects import all_gather_object
-from ._reduce_op import ReduceOp
-from ._work import Work
-from ._world import current_world
+from .core._reduce_op import ReduceOp
+from .core._work import Work
+from .core._world import current_world
 
 __all__ = ["DistributedDataParallel", "GradBucket", "bucket_assignment"]
 

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from ._api import get_rank, get_world_size, init_process_group, is_initialized, new_group
-from ._checks import check_int
-from ._entry import library_call
+from .core._checks import check_int
+from .core._entry import library_call
 
 __all__ = ["init_device_mesh", "DeviceMesh"]
 

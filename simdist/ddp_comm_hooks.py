@@ -19,7 +19,7 @@ import torch
 from ._api import get_world_size
 from ._collectives import all_reduce
 from ._ddp import started_work
-from ._future import Future
+from .core._future import Future
 
 __all__ = ["allreduce_hook", "bf16_compress_hook", "fp16_compress_hook"]
 

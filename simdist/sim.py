@@ -1,9 +1,9 @@
 """The simulator's public names in one place: ``simdist.sim.simulate``, ``simdist.sim.compute``, strategies."""
 
 from simdist._api import compute as compute
-from simdist._launch import enumerate_schedules as enumerate_schedules
-from simdist._topology import TOPOLOGIES as TOPOLOGIES
-from simdist._topology import Topology as Topology
+from simdist.launch._launch import enumerate_schedules as enumerate_schedules
+from simdist.core._topology import TOPOLOGIES as TOPOLOGIES
+from simdist.core._topology import Topology as Topology
 from simdist.backends.sim import PCTStrategy as PCTStrategy
 from simdist.backends.sim import RandomStrategy as RandomStrategy
 from simdist.backends.sim import ReplayStrategy as ReplayStrategy

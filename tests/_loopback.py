@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from simdist import _arrays as A
+from simdist.core import _arrays as A
 
 __all__ = ["Message", "Loopback", "run"]
 

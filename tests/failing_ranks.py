@@ -31,7 +31,7 @@ import time
 import torch
 
 import simdist as dist
-from simdist._world import current_world
+from simdist.core._world import current_world
 
 
 def emit(**fields) -> None:

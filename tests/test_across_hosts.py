@@ -31,7 +31,7 @@ SIMDIST_SCRIPT = """\
 import socket
 import torch
 import simdist as dist
-from simdist._world import current_world
+from simdist.core._world import current_world
 from simdist.backends.socket._shm import Ring
 
 dist.init_process_group("gloo")
@@ -46,7 +46,7 @@ dist.all_reduce(huge)
 ok = ok and bool((huge == world * (torch.arange(1 << 22, dtype=torch.float32) % 7) + world * (world - 1) / 2).all())
 world_ = current_world()
 shm = sorted(p.rank for p in getattr(world_.network, "_peers", []) if isinstance(p.ring, Ring))
-from simdist._group import Options
+from simdist.core._group import Options
 picked = world_.default_group._pick("all_reduce", Options(), big.nbytes)  # the automatic choice for 1 MiB
 print(f"rank={rank} world={world} sum={t.item()} big_ok={ok} shm={shm} engine={type(world_).__name__} picked={picked}")
 dist.destroy_process_group()

@@ -13,10 +13,10 @@ import torch
 
 import simdist
 import simdist as dist
-from simdist import _topology_file as F
-from simdist._calibrate import FRESH_SIZES, QUICK_PING_SIZES, QUICK_SHIFT_SIZES, Progress, plan
-from simdist._topology import FRESH_BYTES as F_BYTES
-from simdist._topology import TOPOLOGIES, as_topology, fully_connected
+from simdist.core import _topology_file as F
+from simdist.launch._calibrate import FRESH_SIZES, QUICK_PING_SIZES, QUICK_SHIFT_SIZES, Progress, plan
+from simdist.core._topology import FRESH_BYTES as F_BYTES
+from simdist.core._topology import TOPOLOGIES, as_topology, fully_connected
 from simdist.algorithms import Timed
 from simdist.algorithms._chunks import combine
 from netns_hosts import testbed
@@ -265,7 +265,7 @@ def test_an_exchange_pays_twice_the_rank_bandwidth():
 
 
 def test_fit_recovers_the_terms_of_times_made_by_the_model():
-    from simdist._calibrate import fit
+    from simdist.launch._calibrate import fit
 
     alpha, bw, rank_bw, host, overhead = 3e-5, 4e9, 3e9, 5e9, 6e-5
     one_way = {n: alpha + n / bw for n in (MIB, 4 * MIB, 16 * MIB)}
@@ -289,7 +289,7 @@ def test_simdist_calibrate_quick_writes_a_loadable_file(tmp_path):
         [
             sys.executable,
             "-c",
-            "from simdist.run import cli; raise SystemExit(cli())",
+            "from simdist.launch.run import cli; raise SystemExit(cli())",
             "calibrate",
             "--quick",
             "--out",
@@ -343,7 +343,7 @@ def test_on_a_terminal_calibrate_progress_is_one_bar_redrawn():
 
 
 def test_simdist_calibrate_refuses_a_path_it_could_not_load(capsys):
-    from simdist._calibrate import main
+    from simdist.launch._calibrate import main
 
     with pytest.raises(SystemExit) as stop:
         main(["--out", "topology.toml"])
@@ -473,7 +473,7 @@ def test_a_link_with_a_burst_passes_it_at_once_after_resting():
 def test_hosts_share_their_uplinks_and_bursts_on_two_level():
     """Two hosts' uplinks with a burst each: the message waits for the emptier bucket; a host's two messages at once
     queue on its uplink."""
-    from simdist._topology import two_level
+    from simdist.core._topology import two_level
 
     inter, burst, n = 1e8, 256 << 10, MIB
     topo = two_level(6, per_node=2, inter_alpha=1e-4, inter_bandwidth=inter, inter_burst=burst)
@@ -497,8 +497,8 @@ def test_bursts_round_trip_through_a_file_and_may_not_be_negative(tmp_path, key)
 
 
 def test_fit_hosts_recovers_the_terms_between_hosts():
-    from simdist._calibrate_hosts import STEPS, _shift_model, fit_hosts
-    from simdist._topology_file import topology_from_spec
+    from simdist.launch._calibrate_hosts import STEPS, _shift_model, fit_hosts
+    from simdist.core._topology_file import topology_from_spec
 
     host = spec(gamma=4e-11, host_overhead=3e-5, check_overhead=2e-4)
     bw, burst, lat, inter_alpha = 1.2e8, 600e3, 4e-4, 9e-5
@@ -520,7 +520,7 @@ def test_fit_hosts_recovers_the_terms_between_hosts():
 
 
 def test_fit_send_buffer_is_what_the_burst_and_the_rate_leave_of_a_sends_time():
-    from simdist._calibrate_hosts import fit_send_buffer
+    from simdist.launch._calibrate_hosts import fit_send_buffer
 
     bw, burst, kept, n = 1.2e8, 600e3, 1.5 * MIB, 8 * MIB
     assert fit_send_buffer(n, (n - burst - kept) / bw, {"inter_bandwidth": bw, "inter_burst": burst}) == int(kept)
@@ -537,7 +537,7 @@ def test_fit_send_buffer_is_what_the_burst_and_the_rate_leave_of_a_sends_time():
     ],
 )
 def test_simdist_calibrate_checks_its_options_across_hosts(capsys, args, words):
-    from simdist._calibrate import main
+    from simdist.launch._calibrate import main
 
     with pytest.raises(SystemExit) as stop:
         main(args)
@@ -556,7 +556,7 @@ def test_simdist_calibrate_across_two_hosts_measures_their_shaped_link(testbed, 
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     env["SIMDIST_SECRET"] = new_secret()
     out = tmp_path / "hosts.json"
-    cli = [sys.executable, "-c", "from simdist.run import cli; raise SystemExit(cli())", "calibrate", "--quick"]
+    cli = [sys.executable, "-c", "from simdist.launch.run import cli; raise SystemExit(cli())", "calibrate", "--quick"]
     common = ["--nnodes", "2", "--master-addr", bed[0].address, "--master-port", "29660", "--host-file", str(host)]
     nodes = [
         h.popen([*cli, *common, "--node-rank", str(h.index), "--out", str(out)], stdout=subprocess.PIPE,
@@ -566,7 +566,7 @@ def test_simdist_calibrate_across_two_hosts_measures_their_shaped_link(testbed, 
     results = [p.communicate(timeout=100) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], [r[1][-3000:] for r in results]
     assert f"wrote {out}" in results[0][0] and "node 0 writes the topology file" in results[1][0]
-    from simdist._calibrate_hosts import MEASUREMENTS
+    from simdist.launch._calibrate_hosts import MEASUREMENTS
 
     said = [line.removeprefix("[rank 0] ") for line in results[0][1].splitlines()]  # (the launcher's prefix)
     said = [line.split(" ", 3)[3].split(";")[0] for line in said if line.startswith("simdist calibrate: ")]

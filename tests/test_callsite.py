@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import simdist as dist
-from simdist import _callsite
+from simdist.core import _callsite
 
 pytestmark = pytest.mark.timeout(60)
 

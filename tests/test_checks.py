@@ -5,7 +5,7 @@ import datetime
 import numpy as np
 import pytest
 
-from simdist._checks import check_int, timeout_seconds
+from simdist.core._checks import check_int, timeout_seconds
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -95,7 +95,7 @@ def test_timeout_seconds_names_the_argument_the_value_and_what_was_expected(valu
 
 
 def test_world_timeout_falls_back_to_the_environment(monkeypatch) -> None:
-    from simdist._world import DEFAULT_TIMEOUT, ProcessWorld
+    from simdist.core._world import DEFAULT_TIMEOUT, ProcessWorld
 
     world_timeout = ProcessWorld.timeout_of
 

@@ -11,9 +11,9 @@ import torch
 
 import simdist
 import simdist as dist
-from simdist import _topology_file as F
-from simdist._calibrate import fit_check, fit_memory
-from simdist._topology import FRESH_BYTES, Topology, fully_connected
+from simdist.core import _topology_file as F
+from simdist.launch._calibrate import fit_check, fit_memory
+from simdist.core._topology import FRESH_BYTES, Topology, fully_connected
 from simdist.algorithms._chunks import copy
 from simdist.algorithms._transport import Timed
 

@@ -1,7 +1,7 @@
 """Notes on errors (the shrunk schedule, the scheduling decisions, a stuck rank) work on every supported Python.
 
 ``BaseException.add_note`` exists from Python 3.11 on; simdist supports 3.10, where
-``simdist._errors.add_note`` keeps the notes in ``__notes__`` and a ``DistError`` prints them
+``simdist.core._errors.add_note`` keeps the notes in ``__notes__`` and a ``DistError`` prints them
 after its message. The 3.10 path is run on a real Python 3.10 where one is installed.
 """
 
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from simdist._errors import DeadlockError, DistError, add_note
+from simdist.core._errors import DeadlockError, DistError, add_note
 
 pytestmark = pytest.mark.timeout(60)
 
-ERRORS = Path(__file__).resolve().parent.parent / "simdist" / "_errors.py"
+ERRORS = Path(__file__).resolve().parent.parent / "simdist" / "core" / "_errors.py"
 
-# Loads simdist/_errors.py alone (it imports nothing of simdist, and needs no torch) and prints what notes do.
+# Loads simdist/core/_errors.py alone (it imports nothing of simdist, and needs no torch) and prints what notes do.
 ON_OTHER_PYTHON = r"""
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("errors", sys.argv[1])

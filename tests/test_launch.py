@@ -55,7 +55,7 @@ def test_init_outside_a_simulation_says_how_to_launch():
 @pytest.fixture
 def registered():
     """Register backends for one test: ``registered(name, target)``; they are removed afterwards."""
-    from simdist import _registry
+    from simdist.core import _registry
 
     names = []
 
@@ -77,7 +77,7 @@ def test_spawn_launches_through_the_registry_for_every_name(registered):
 
 
 def test_spawn_refuses_backends_that_cannot_launch(registered):
-    registered("no-launcher", "simdist._world:World")  # the base class: it cannot start ranks
+    registered("no-launcher", "simdist.core._world:World")  # the base class: it cannot start ranks
     registered("not-a-world", "os:getcwd")
     with pytest.raises(ValueError, match=r"^backend='no-launcher' cannot launch ranks; use backend='sim'$"):
         simdist.spawn(summed, args=(2,), nprocs=2, backend="no-launcher")
@@ -92,7 +92,7 @@ def test_spawn_refuses_backends_that_cannot_launch(registered):
 def test_each_backend_declares_spawn_on_its_world_class():
     """The registered world types launch through a classmethod of their own class body, not a function
     patched onto the class when the backend's package is imported."""
-    from simdist import _registry
+    from simdist.core import _registry
 
     declared = {}
     for name in ("sim", "socket", "gloo", "torch-nccl", "mpi"):
@@ -112,8 +112,8 @@ def test_each_backend_declares_spawn_on_its_world_class():
 
 def test_process_backends_share_the_process_world_base_and_declare_their_capabilities():
     """Capabilities are class attributes of ``World`` that each world type sets, never guessed with getattr."""
-    from simdist import _registry
-    from simdist._world import ProcessWorld, World
+    from simdist.core import _registry
+    from simdist.core._world import ProcessWorld, World
 
     kinds = {}
     for name in ("sim", "socket", "gloo", "torch-nccl", "mpi"):

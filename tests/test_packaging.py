@@ -326,7 +326,7 @@ def test_simdist_app_serves_the_installed_visualizer(installed: Installed, chrom
 
 
 def test_simdist_app_names_the_extra_it_misses(monkeypatch, capsys):
-    from simdist import _app_cli
+    from simdist.launch import _app_cli
 
     assert _app_cli.app_script() == ROOT / "app.py"  # a checkout serves its own app.py
     real = _app_cli.importlib.util.find_spec

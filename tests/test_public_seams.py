@@ -93,12 +93,12 @@ def all_uses(backend: str = "sim") -> list[tuple[str, int, str, str | None]]:
 def test_the_scan_sees_the_known_users():
     """The walk finds the imports it is meant to judge (so an empty result below means something)."""
     seen = {(file, name) for file, _, _, name in all_uses()}
-    assert ("simdist/_launch.py", "next_schedule") in seen
+    assert ("simdist/launch/_launch.py", "next_schedule") in seen
     assert ("simdist/testing/_explore.py", "held") in seen
     assert ("simdist/__init__.py", "simulate") in seen  # relative: ``from .backends.sim import simulate``
     socket = {(file, name) for file, _, _, name in all_uses("socket")}
     assert ("backends/nccl/_world.py", "SocketWorld") in socket
-    assert ("simdist/run.py", "StoreServer") in socket
+    assert ("simdist/launch/run.py", "StoreServer") in socket
 
 
 def test_the_scan_flags_private_imports():

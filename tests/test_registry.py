@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import simdist
-from simdist import _registry
+from simdist.core import _registry
 
 
 def test_sim_is_registered_and_loads():

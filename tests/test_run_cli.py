@@ -21,7 +21,7 @@ import pytest
 from simdist.backends.socket._auth import new_secret
 from simdist.backends.socket._spawn import free_port
 
-from simdist import run
+from simdist.launch import run
 
 ALL_REDUCE = """\
 import sys

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from simdist import run
+from simdist.launch import run
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.torch_release]  # CI: lowest priority, beside the main suite
 
@@ -363,7 +363,7 @@ WITH_GPUS = (
     "torch.cuda.is_available = lambda: True\n"
     "gpus = int(sys.argv[1])\n"
     "torch.cuda.device_count = lambda: gpus\n"
-    "from simdist.run import main\n"
+    "from simdist.launch.run import main\n"
     "sys.exit(main(sys.argv[2:]))\n"
 )
 """``simdist run`` on a machine whose torch reports CUDA with ``argv[1]`` GPUs."""

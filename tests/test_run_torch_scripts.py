@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from simdist.backends.socket import free_port, new_secret
 
-from simdist import run
+from simdist.launch import run
 
 pytestmark = pytest.mark.timeout(300)  # CI runs these at the lowest priority beside the main suite
 BRIDGE = pytest.mark.torch_release  # runs torch code through the bridge: on every torch release CI tests
@@ -73,7 +73,7 @@ dist.destroy_process_group()
 SIMDIST_SCRIPT = """\
 import torch
 import simdist as dist
-from simdist._world import current_world
+from simdist.core._world import current_world
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from simdist import _torchrun, run
+from simdist.launch import _torchrun, run
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -75,7 +75,7 @@ def test_every_torchrun_flag_is_known_to_simdist_run_with_what_it_does():
     missing = sorted(f for f in theirs if f not in ours and f.replace("_", "-") not in ours)
     assert not missing, f"torchrun flags simdist run does not accept: {missing}"
     unexplained = sorted(f for f in theirs if "_" not in f and f not in _torchrun.FLAGS)
-    assert not unexplained, f"torchrun flags without a stated meaning in simdist._torchrun.FLAGS: {unexplained}"
+    assert not unexplained, f"torchrun flags without a stated meaning in simdist.launch._torchrun.FLAGS: {unexplained}"
 
 
 @pytest.mark.parametrize("backend", [[], ["--backend", "sim"]], ids=["processes", "sim"])
@@ -231,7 +231,7 @@ def test_help_screens_end_with_examples(capsys):
         run.main(["--help"])
     tail = capsys.readouterr().out.rstrip().splitlines()[-4:]
     assert tail[0] == "examples:" and all(line.startswith("  simdist run ") for line in tail[1:]), tail
-    out = subprocess.run([sys.executable, "-c", "import sys; from simdist.run import cli; sys.argv = ['simdist', '--help']; "
+    out = subprocess.run([sys.executable, "-c", "import sys; from simdist.launch.run import cli; sys.argv = ['simdist', '--help']; "
                           "sys.exit(cli())"], capture_output=True, text=True, timeout=120).stdout  # fmt: skip
     assert out.rstrip().splitlines()[-4] == "examples:", out
 
@@ -251,7 +251,9 @@ def test_every_other_help_screen_ends_with_examples(command):
     module, *args = command
     env = dict(os.environ, SIMDIST_SECRET="x")
     entry = (
-        ["-c", "from simdist.run import cli; raise SystemExit(cli())"] if module == "simdist.run" else ["-m", module]
+        ["-c", "from simdist.launch.run import cli; raise SystemExit(cli())"]
+        if module == "simdist.run"
+        else ["-m", module]
     )
     done = subprocess.run([sys.executable, *entry, *args], capture_output=True, text=True, timeout=100, env=env)
     assert done.returncode == 0, done.stderr

@@ -7,8 +7,8 @@ import torch
 
 import simdist
 import simdist as dist
-from simdist._flows import Flows
-from simdist._topology import two_level
+from simdist.core._flows import Flows
+from simdist.core._topology import two_level
 from simdist.algorithms._chunks import CHAIN_SEGMENT_BYTES as SEGMENT
 
 N, RATE = 1 << 20, 125e6

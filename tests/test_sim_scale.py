@@ -191,7 +191,7 @@ def test_thousands_of_ranks_wait_on_the_kernels_shared_futex_table():
 
 def _engine_ref(refs: list):
     def rank_fn(rank: int) -> int:
-        from simdist._world import thread_world
+        from simdist.core._world import thread_world
 
         dist.init_process_group("gloo")
         if rank == 0:

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from simdist import _arrays as A
-from simdist._trace import Event, Trace, _packed
+from simdist.core import _arrays as A
+from simdist.core._trace import Event, Trace, _packed
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,7 +13,7 @@ import simdist
 import simdist as dist
 import simdist.sim
 from simdist import algorithms
-from simdist._topology import DEFAULT_ALPHA, DEFAULT_BANDWIDTH, as_topology, two_level
+from simdist.core._topology import DEFAULT_ALPHA, DEFAULT_BANDWIDTH, as_topology, two_level
 
 MB = 1 << 20
 

@@ -244,8 +244,8 @@ def test_simdist_trace_makes_every_rank_write_a_trace_that_merges(tmp_path, monk
 
 
 def picks_for_1_mib(rank, world_size):
-    from simdist._group import Options
-    from simdist._world import current_world
+    from simdist.core._group import Options
+    from simdist.core._world import current_world
 
     dist.init_process_group("gloo")
     picked = current_world().default_group._pick("all_reduce", Options(), 1 << 20)

@@ -19,8 +19,8 @@ from test_socket_backend import every_collective
 
 import simdist
 import simdist as dist
-from simdist._errors import ProtocolError
-from simdist._signatures import decode_signature, encode_signature, mismatch_error, signature_digest
+from simdist.core._errors import ProtocolError
+from simdist.core._signatures import decode_signature, encode_signature, mismatch_error, signature_digest
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -42,8 +42,8 @@ from test_socket_bounds import settle
 from test_socket_store import _read_to_eof as read_to_eof
 
 from simdist import algorithms as alg
-from simdist._errors import AuthenticationError, PeerLostError, ProtocolError
-from simdist._reduce_op import ReduceOp
+from simdist.core._errors import AuthenticationError, PeerLostError, ProtocolError
+from simdist.core._reduce_op import ReduceOp
 
 SECRET = b"fuzzing secret"
 HOST = "127.0.0.1"

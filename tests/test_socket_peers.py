@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 from simdist.backends.socket._peers import PeerNetwork
 from simdist.backends.socket._store import StoreServer
 
-from simdist import _arrays as A
+from simdist.core import _arrays as A
 from simdist import algorithms as alg
-from simdist._errors import AuthenticationError, DistError, DistTimeoutError, PeerLostError, ProtocolError
-from simdist._reduce_op import ReduceOp
+from simdist.core._errors import AuthenticationError, DistError, DistTimeoutError, PeerLostError, ProtocolError
+from simdist.core._reduce_op import ReduceOp
 
 SPAWN = mp.get_context("spawn")
 SECRET = b"peers-test-secret"

@@ -47,7 +47,7 @@ def test_large_buffers_are_not_kept_and_the_pool_stays_small() -> None:
 def reuses_scratch(rank, world_size):
     """Collectives that use scratch, each three times with new values (a lent buffer holds the last call's
     data): the results against sums computed here, and the sizes the pool kept."""
-    from simdist._world import current_world
+    from simdist.core._world import current_world
 
     dist.init_process_group("gloo")
     wrong = []
@@ -80,7 +80,7 @@ def test_collectives_that_reuse_scratch_buffers_give_exact_results() -> None:
 def fails_while_lent(rank, world_size):
     """Rank 0 alone in an all_reduce of 7 elements on a group with a short timeout: its scratch, lent to a
     receive that never completes, must not go back to the pool; a finished all_reduce's does."""
-    from simdist._world import current_world
+    from simdist.core._world import current_world
 
     dist.init_process_group("gloo")
     group = dist.new_group(list(range(world_size)), timeout=1)

@@ -22,7 +22,7 @@ import pytest
 from simdist.backends.socket import _shm
 from test_socket_peers import Job, _pair, _signal
 
-from simdist._errors import DistError, ProtocolError
+from simdist.core._errors import DistError, ProtocolError
 
 SIZES = [_shm.MIN_BYTES - 1, _shm.MIN_BYTES, (1 << 20) + 3, _shm.SLOT_BYTES * _shm.SLOTS * 2 + 5]
 

@@ -22,7 +22,7 @@ import torch.distributed as td
 from every_backend import run_body
 
 import simdist as dist
-from simdist._world import current_world
+from simdist.core._world import current_world
 from simdist.backends.torchdist import MpiWorld, TorchGroup, TorchNcclWorld
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.torch_release]
@@ -157,7 +157,7 @@ def test_simdist_run_launches_gloo(tmp_path: Path) -> None:
         textwrap.dedent("""\
         import torch
         import simdist as dist
-        from simdist._world import current_world
+        from simdist.core._world import current_world
 
         dist.init_process_group("nccl")  # the launcher's --backend decides
         t = torch.tensor([float(dist.get_rank() + 1)])

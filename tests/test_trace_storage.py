@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import simdist
-from simdist import _trace
-from simdist._trace import DTYPE, NONE32, Event, Trace
+from simdist.core import _trace
+from simdist.core._trace import DTYPE, NONE32, Event, Trace
 from visualize._traces import load_traces
 
 pytestmark = pytest.mark.timeout(120)

@@ -33,7 +33,7 @@ from simdist.visualize import (
     timeline,
 )
 
-from simdist._topology import two_level
+from simdist.core._topology import two_level
 from simdist.algorithms import ALGORITHMS, FORMULAS, cost
 from simdist.algorithms._chunks import SEGMENT_BYTES
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from simdist.visualize import buffer_table, collective_run, messages_by_step, round_of, step_graph, steps, timeline
 
-from simdist._trace import Event, Trace
+from simdist.core._trace import Event, Trace
 from simdist.algorithms import ALGORITHMS, cost
 from simdist.algorithms._chunks import ceil_log2, floor_log2
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simdist._trace import Trace
+from simdist.core._trace import Trace
 
 from ._graph import _default_collective, world_of
 from ._rounds import round_of

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from simdist._topology import as_topology
+from simdist.core._topology import as_topology
 from simdist.algorithms import ALGORITHMS, FORMULAS, cost, machines
 from simdist.algorithms._chunks import CHAIN_SEGMENT_BYTES, SEGMENT_BYTES, ceil_log2, floor_log2, pieces
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 import simdist as dist
-from simdist._trace import Event, Trace
+from simdist.core._trace import Event, Trace
 
 __all__ = ["DdpBar", "DdpBucket", "DdpGantt", "DdpRun", "ddp_gantt", "ddp_run"]
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import networkx as nx
 
-from simdist._errors import DeadlockError
-from simdist._topology import Topology, as_topology
-from simdist._trace import Trace
+from simdist.core._errors import DeadlockError
+from simdist.core._topology import Topology, as_topology
+from simdist.core._trace import Trace
 
 from ._colors import rank_colors
 from ._rounds import round_of

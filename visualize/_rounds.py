@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from simdist._trace import Event, Trace
+from simdist.core._trace import Event, Trace
 
 __all__ = ["Rounds", "message_rounds", "round_of"]
 

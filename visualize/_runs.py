@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 import simdist as dist
-from simdist._arrays import snapshot
+from simdist.core._arrays import snapshot
 from simdist.algorithms import ALGORITHMS, chunk_bounds
 
 __all__ = ["collective_run", "decode", "layout_chunk", "layout_chunks", "REDUCING", "MAX_BITS_WORLD"]

@@ -154,7 +154,7 @@ if exercise is not None:  # grade the code as a submission to the exercise (simd
     raise SystemExit(0)
 isolation = payload.get("isolation", "threads")
 if isolation == "processes":  # the rank processes import the code: a module of the private folder
-    from simdist._scripts import importable
+    from simdist.launch._scripts import importable
     main = getattr(importable([(source, "<pasted code>")], os.getcwd(), "pasted"), "main", None)
 else:
     namespace = {"__name__": "pasted"}

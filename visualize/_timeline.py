@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from simdist._trace import Event, Trace
+from simdist.core._trace import Event, Trace
 
 from ._graph import _topology, world_of
 from ._rounds import message_rounds, round_of

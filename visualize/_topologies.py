@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simdist._topology import TOPOLOGIES
-from simdist._topology_file import read_topology_file
+from simdist.core._topology import TOPOLOGIES
+from simdist.core._topology_file import read_topology_file
 
 __all__ = ["topology_choices"]
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from simdist._trace import Trace
+from simdist.core._trace import Trace
 
 from ._figures import timeline_figure
 from ._graph import world_of

@@ -5,7 +5,7 @@ CUDA. Ranks start like the socket backend's (``simdist run --backend nccl``,
 ``simdist.spawn(..., backend="nccl")``, torchrun), whose store carries NCCL's unique ids.
 """
 
-from simdist._callsite import skip_directory
+from simdist.core import skip_directory
 
 skip_directory(__file__)
 

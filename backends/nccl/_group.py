@@ -19,10 +19,10 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from simdist import _arrays as A
-from simdist._errors import DistTimeoutError
-from simdist._library import Handle, LibraryGroup
-from simdist._reduce_op import ReduceOp
+from simdist.core import _arrays as A
+from simdist.core import DistTimeoutError
+from simdist.core import Handle, LibraryGroup
+from simdist.core import ReduceOp
 
 __all__ = ["NcclGroup", "NcclHandle"]
 

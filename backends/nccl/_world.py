@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from typing import Any, Sequence
 
-from simdist._world import set_process_world
+from simdist.core import set_process_world
 from simdist.backends.socket import SocketWorld
 
 from ._group import NcclGroup

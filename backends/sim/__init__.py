@@ -7,7 +7,7 @@ choice list, ``make_token``/``split_token`` for the ``@world``/``@test`` suffixe
 runs sharing rank threads and the process-wide stand-ins).
 """
 
-from simdist._callsite import skip_directory
+from simdist.core import skip_directory
 
 skip_directory(__file__)
 

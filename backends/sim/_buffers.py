@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from simdist import _arrays as A
-from simdist._callsite import user_call_site
-from simdist._errors import BufferRaceError
+from simdist.core import _arrays as A
+from simdist.core import user_call_site
+from simdist.core import BufferRaceError
 
 __all__ = ["BufferCheck", "posted_over", "unsettled_race"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from simdist._group import Options
-from simdist._reduce_op import ReduceOp
+from simdist.core import Options
+from simdist.core import ReduceOp
 
 __all__ = [
     "Channel",

@@ -17,14 +17,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from simdist import algorithms
-from simdist._errors import CollectiveMismatchError
-from simdist._signatures import mismatch_error
+from simdist.core import CollectiveMismatchError
+from simdist.core import mismatch_error
 
 from ._discrete import end_run, run_collective
 from ._messages import CollectiveRun
 
 if TYPE_CHECKING:
-    from simdist._algorithmic import CollectiveCall
+    from simdist.algorithms import CollectiveCall
 
     from ._engine import Engine, RankState
     from ._group import SimGroup

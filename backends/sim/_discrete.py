@@ -10,7 +10,7 @@ free, so links are shared in the order the bytes reach them, whatever order the 
 were simulated in. A member whose step's messages have all completed resumes at the
 latest of their times and posts its next step.
 
-On a topology with ``flows`` (:mod:`simdist._flows`) a send is an event from its post
+On a topology with ``flows`` (:mod:`simdist.core._flows`) a send is an event from its post
 instead, matched or not, as the socket backend writes it to its connection at once: the
 messages in flight share the links fairly, a pair's messages follow each other, and a send
 is done when its bytes have arrived or once the rest fits in ``Topology.send_buffer``.
@@ -27,9 +27,9 @@ import heapq
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from simdist import _arrays as A
-from simdist._errors import DistError, RankError
-from simdist._flows import Flows
+from simdist.core import _arrays as A
+from simdist.core import DistError, RankError
+from simdist.core import Flows
 from simdist.algorithms import Timed
 
 from ._record import recorded

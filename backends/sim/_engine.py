@@ -20,10 +20,10 @@ from collections import deque
 from functools import partial
 from typing import Any, Callable, NoReturn
 
-from simdist import _arrays as A
-from simdist._errors import DistError, DistTimeoutError, RankError, add_note
-from simdist._trace import Trace
-from simdist._world import set_thread_world
+from simdist.core import _arrays as A
+from simdist.core import DistError, DistTimeoutError, RankError, add_note
+from simdist.core import Trace
+from simdist.core import set_thread_world
 
 from . import _isolation, _threads
 from ._collective_runs import GroupState

@@ -2,7 +2,7 @@
 
 The engine, its groups and the step recorder (:mod:`._record`) report what happened here,
 in their own terms (a matched message, a finished collective, a step's snapshot); this
-module decides which event fields that makes (:class:`simdist._trace.Event`). Like an
+module decides which event fields that makes (:class:`simdist.core._trace.Event`). Like an
 instrument of trio's run loop, it only observes: nothing here changes the run.
 
 Kinds written: ``send``/``recv`` (a user's point-to-point call, on its rank's lane),
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from simdist._trace import Trace
+    from simdist.core import Trace
 
     from ._discrete import Message
     from ._messages import CollectiveRun, Post

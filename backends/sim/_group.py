@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from simdist import _arrays as A
-from simdist._algorithmic import AlgorithmicGroup, CollectiveCall
-from simdist._entry import library_call
-from simdist._group import GroupMember, Options
-from simdist._registry import TORCH_NAMES, backend_spec
-from simdist._work import Work
-from simdist._world import World
+from simdist.core import _arrays as A
+from simdist.algorithms import AlgorithmicGroup, CollectiveCall
+from simdist.core import library_call
+from simdist.core import GroupMember, Options
+from simdist.core import TORCH_NAMES, backend_spec
+from simdist.core import Work
+from simdist.core import World
 
 from ._buffers import BufferCheck, posted_over
 from ._collective_runs import group_state, start_collective
@@ -227,7 +227,7 @@ class SimWorld(World):
 
     def _sync(self, op: str, signature: dict) -> None:
         """Wait until every rank of the world reaches the same call (checked like a collective)."""
-        from simdist._callsite import user_call_site
+        from simdist.core import user_call_site
 
         call = CollectiveCall(
             op=op,

@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from simdist import torch_bridge
-from simdist._callsite import user_tracer
+from simdist.core import user_tracer
 
 from . import _threads
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from simdist._algorithmic import CollectiveCall
+    from simdist.algorithms import CollectiveCall
 
     from ._group import SimGroup
 

@@ -28,9 +28,9 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
-from simdist._callsite import set_remote_site
-from simdist._errors import RankExitError, add_note
-from simdist._group import GroupMember
+from simdist.core import set_remote_site
+from simdist.core import RankExitError, add_note
+from simdist.core import GroupMember
 
 from . import _channel as C
 from . import _forkserver, _isolation
@@ -217,7 +217,7 @@ class ProcessRanks:
 
     def serve(self, rank: int) -> Any:
         """Rank ``rank``'s part of the run: run its process, making each of its calls on the rank's world."""
-        from simdist._world import thread_world
+        from simdist.core import thread_world
 
         engine = self.engine
         assert engine is not None

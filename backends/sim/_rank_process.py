@@ -32,10 +32,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from simdist._callsite import format_user_exception, user_call_site
-from simdist._group import GroupMember, Options, ProcessGroup
-from simdist._work import Work
-from simdist._world import World, set_thread_world
+from simdist.core import format_user_exception, user_call_site
+from simdist.core import GroupMember, Options, ProcessGroup
+from simdist.core import Work
+from simdist.core import World, set_thread_world
 
 from . import _channel as C
 from ._buffers import BufferCheck, posted_over

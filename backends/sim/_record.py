@@ -12,7 +12,7 @@ transport. The recorder adds to the trace:
   combine), before anything of the next step arrives; ``k = 0`` is before any wait and
   the last one is after the algorithm returned. The data is the output buffer, or what
   the algorithm :func:`~simdist.algorithms.observe`\\ s (kind ``'work'`` then); a plain CPU tensor's
-  values are kept as their bytes (:class:`simdist._trace.Raw`), read as numbers when the trace is read.
+  values are kept as their bytes (:class:`simdist.core._trace.Raw`), read as numbers when the trace is read.
 
 A snapshot never shows a message before the rank has waited on it: where a receive
 still pending (posted, maybe already arrived, not yet waited on) covers recorded
@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from simdist import _arrays as A
-from simdist._algorithmic import CollectiveCall
-from simdist._trace import Raw
+from simdist.core import _arrays as A
+from simdist.algorithms import CollectiveCall
+from simdist.core import Raw
 from simdist.algorithms import Observer, Timed
 
 _Tensor = torch.Tensor
@@ -37,7 +37,7 @@ _Tensor = torch.Tensor
 __all__ = ["LIMIT", "recorded"]
 
 LIMIT = 64
-"""Leading values recorded per snapshot (as ``simdist._arrays.snapshot``)."""
+"""Leading values recorded per snapshot (as ``simdist.core._arrays.snapshot``)."""
 
 
 def recorded(call: CollectiveCall, transport: Any, writers: tuple[Any, Any]) -> Iterator[list]:
@@ -174,8 +174,8 @@ class Recorder(Observer, Timed):
 def _snapshot_values(buf: Any) -> list | Raw:
     """The leading ``LIMIT`` values of ``buf`` as a step snapshot takes them (``Trace.record``'s ``snapshot``).
 
-    Their bytes (:class:`~simdist._trace.Raw`: iterated, the numbers :func:`simdist._arrays.snapshot` lists)
-    where :func:`simdist._arrays.values_view` reads the buffer's memory, else that list.
+    Their bytes (:class:`~simdist.core._trace.Raw`: iterated, the numbers :func:`simdist.core._arrays.snapshot` lists)
+    where :func:`simdist.core._arrays.values_view` reads the buffer's memory, else that list.
     """
     exact = A.values_view(buf, LIMIT)
     if exact is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from simdist._errors import DeadlockError
+from simdist.core import DeadlockError
 
 from ._messages import CollectiveRun, Post
 

@@ -13,10 +13,10 @@ from typing import Any, Callable
 
 import torch
 
-from simdist._callsite import user_call_site
-from simdist._errors import DistError, LeakWarning
-from simdist._topology import Topology, as_topology
-from simdist._trace import Trace
+from simdist.core import user_call_site
+from simdist.core import DistError, LeakWarning
+from simdist.core import Topology, as_topology
+from simdist.core import Trace
 
 from ._buffers import unsettled_race
 from ._engine import Engine
@@ -193,7 +193,7 @@ def simulate(
             host, page faults of new buffers (``fresh_memory`` from ``fresh_from`` bytes), copies that
             stage list arguments (``memcpy``) and a fixed start of every collective (``call_overhead``,
             ``check_overhead`` per round of the socket backend's cross-rank check); all off by default
-            (formulas in :mod:`simdist._topology`).
+            (formulas in :mod:`simdist.core._topology`).
         eager_limit: sends of at most this many bytes complete at once (buffered); larger
             ones wait for their receive, as on real transports. 0: every send waits.
         timeout: real seconds after which a run that does not finish raises ``DistTimeoutError``

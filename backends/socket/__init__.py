@@ -7,7 +7,7 @@ launch of local processes (``_spawn``). Code outside this package uses only ``__
 world and ``spawn``, and what a launcher such as ``simdist run`` needs.
 """
 
-from simdist._callsite import skip_directory
+from simdist.core import skip_directory
 
 skip_directory(__file__)
 

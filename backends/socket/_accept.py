@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from simdist._errors import AuthenticationError, DistError, ProtocolError
+from simdist.core import AuthenticationError, DistError, ProtocolError
 
 __all__ = [
     "FRAME_DEADLINE_S", "FRAME_MIN_RATE", "HANDSHAKE_DEADLINE_S", "MAX_HANDSHAKES", "REFUSAL_LOG_INTERVAL_S",

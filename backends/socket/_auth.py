@@ -28,7 +28,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from simdist._errors import AuthenticationError, DistTimeoutError, ProtocolError
+from simdist.core import AuthenticationError, DistTimeoutError, ProtocolError
 
 from ._frames import MAX_SOCKET_TIMEOUT
 

@@ -1,7 +1,7 @@
 """Collectives checked across ranks before data moves (on unless ``SIMDIST_CHECK_COLLECTIVES=0``).
 
 Before the k-th collective on a group moves any data, its ranks all-gather a 16-byte digest
-of their signature (:mod:`simdist._signatures`: op, dtype, shape or counts, root, reduce op,
+of their signature (:mod:`simdist.core._signatures`: op, dtype, shape or counts, root, reduce op,
 algorithm, async or not, plus the group's id and ranks and the sequence number ``k``), with
 the same all-gather algorithms as user data, on the collective's own context under tags
 above every algorithm's. Every rank then holds every digest, so all ranks reach the same
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from simdist import algorithms
-from simdist._signatures import decode_signature, encode_signature, mismatch_error, signature_digest
+from simdist.core import decode_signature, encode_signature, mismatch_error, signature_digest
 
 __all__ = ["CHECK_ENV", "CHECK_KEY", "agreed_checks", "check_collective", "checks_enabled"]
 

@@ -37,7 +37,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from simdist._errors import DistError, DistTimeoutError, PeerLostError
+from simdist.core import DistError, DistTimeoutError, PeerLostError
 
 from ._store import StoreClient
 

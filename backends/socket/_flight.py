@@ -87,7 +87,7 @@ class FlightRecorder:
             entry["state"] = "completed"
             entry["t"] = time.time()
             if self.events is not None:
-                from simdist._trace import Event
+                from simdist.core import Event
 
                 self.events.append(
                     Event(
@@ -115,7 +115,7 @@ class FlightRecorder:
         """Record (tracing only) a point-to-point ``kind`` (``'send'``/``'recv'``) begun at wall time ``t0``, done now."""
         if self.events is None:
             return
-        from simdist._trace import Event
+        from simdist.core import Event
 
         event = Event(
             rank=self.rank,
@@ -167,7 +167,7 @@ class FlightRecorder:
 
     def write_trace(self) -> str:
         """Write this rank's trace to ``DIR/rank{r}.trace.json``; return the path."""
-        from simdist._trace import Trace
+        from simdist.core import Trace
 
         os.makedirs(self.trace_dir, exist_ok=True)
         path = os.path.join(self.trace_dir, f"rank{self.rank}.trace.json")

@@ -29,8 +29,8 @@ import struct
 import time
 from typing import NamedTuple
 
-from simdist._checks import check_int
-from simdist._errors import DistTimeoutError, PeerLostError, ProtocolError
+from simdist.core import check_int
+from simdist.core import DistTimeoutError, PeerLostError, ProtocolError
 
 __all__ = [
     "CHUNK",

@@ -7,12 +7,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from simdist import _arrays as A
+from simdist.core import _arrays as A
 from simdist import algorithms
-from simdist._algorithmic import AlgorithmicGroup, CollectiveCall
-from simdist._errors import DistTimeoutError
-from simdist._group import Options
-from simdist._work import CompletedWork, DeferredWork, Work
+from simdist.algorithms import AlgorithmicGroup, CollectiveCall
+from simdist.core import DistTimeoutError
+from simdist.core import Options
+from simdist.core import CompletedWork, DeferredWork, Work
 
 from ._checked import check_collective
 

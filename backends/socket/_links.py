@@ -21,7 +21,7 @@ import struct
 import time
 from typing import Any
 
-from simdist._errors import PeerLostError, ProtocolError
+from simdist.core import PeerLostError, ProtocolError
 
 from . import _shm
 from ._failures import FAILING

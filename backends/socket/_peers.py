@@ -62,9 +62,9 @@ from collections.abc import Iterable, Sequence
 from queue import SimpleQueue
 from typing import Any
 
-from simdist import _arrays as A
-from simdist._checks import check_int
-from simdist._errors import DistError, DistTimeoutError, PeerLostError, ProtocolError
+from simdist.core import _arrays as A
+from simdist.core import check_int
+from simdist.core import DistError, DistTimeoutError, PeerLostError, ProtocolError
 from simdist.algorithms import Lender
 
 from . import _links, _shm

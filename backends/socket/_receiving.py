@@ -23,7 +23,7 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
-from simdist._errors import DistError, PeerLostError, ProtocolError
+from simdist.core import DistError, PeerLostError, ProtocolError
 
 from . import _links, _shm
 from ._accept import frame_deadline

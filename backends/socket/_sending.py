@@ -25,7 +25,7 @@ import select
 import socket
 from typing import TYPE_CHECKING
 
-from simdist._errors import DistError, PeerLostError
+from simdist.core import DistError, PeerLostError
 
 from . import _links, _shm
 from ._frames import CLOSE, DATA, encode_header, frame_parts, send_frame, send_parts

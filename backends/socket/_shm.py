@@ -40,7 +40,7 @@ import threading
 
 import numpy as np
 
-from simdist._errors import ProtocolError
+from simdist.core import ProtocolError
 
 from ._frames import (
     CHUNK,

@@ -11,8 +11,8 @@ import traceback
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from simdist._errors import DistTimeoutError, PeerLostError, RankError, add_note
-from simdist._registry import BACKEND_ENV
+from simdist.core import DistTimeoutError, PeerLostError, RankError, add_note
+from simdist.core import BACKEND_ENV
 
 __all__ = ["spawn", "free_port"]
 
@@ -56,7 +56,7 @@ def _child(fn: Callable, args: tuple, rank: int, world_size: int, env: dict, con
             _send(conn, ("error", RuntimeError(f"{type(exc).__name__}: {exc}"), traceback.format_exc()))
         raise SystemExit(1) from None
     finally:
-        from simdist._world import current_world
+        from simdist.core import current_world
 
         world = current_world()
         if world is not None and world.initialized:

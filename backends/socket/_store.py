@@ -39,8 +39,8 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 
-from simdist._checks import timeout_seconds
-from simdist._errors import DistError, DistTimeoutError, ProtocolError
+from simdist.core import timeout_seconds
+from simdist.core import DistError, DistTimeoutError, ProtocolError
 
 from ._accept import FRAME_DEADLINE_S, HANDSHAKE_DEADLINE_S, Acceptor
 from ._auth import SECRET_ENV, authenticated, resolve_secret, secret_from_env, server_handshake

@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from simdist._errors import ProtocolError
+from simdist.core import ProtocolError
 
 from ._accept import frame_deadline
 from ._frames import MAX_SOCKET_TIMEOUT

@@ -10,9 +10,9 @@ import sys
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
-from simdist._errors import DistError, DistTimeoutError, PeerLostError
-from simdist._group import GroupMember
-from simdist._world import ProcessWorld, set_process_world
+from simdist.core import DistError, DistTimeoutError, PeerLostError
+from simdist.core import GroupMember
+from simdist.core import ProcessWorld, set_process_world
 
 from ._checked import agreed_checks
 from ._failures import FailureMonitor, Heartbeat, JobStore, caused_by, failure_text

@@ -6,7 +6,7 @@ group (:class:`TorchGroup`). Ranks are launched like the socket backend's (``sim
 ``simdist.spawn``, or torchrun with ``env://``).
 """
 
-from simdist._callsite import skip_directory
+from simdist.core import skip_directory
 
 skip_directory(__file__)
 

@@ -8,9 +8,9 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as td
 
-from simdist import _arrays as A
-from simdist._library import Handle, LibraryGroup
-from simdist._reduce_op import ReduceOp
+from simdist.core import _arrays as A
+from simdist.core import Handle, LibraryGroup
+from simdist.core import ReduceOp
 
 __all__ = ["TorchGroup", "TorchHandle"]
 
@@ -57,7 +57,7 @@ def mpi_reduces(dtype: torch.dtype, op: ReduceOp) -> bool:
 
 
 class TorchHandle:
-    """A torch ``Work`` seen as a :class:`~simdist._library.Handle`."""
+    """A torch ``Work`` seen as a :class:`~simdist.core._library.Handle`."""
 
     def __init__(self, work: Any):
         self.work = work

@@ -9,8 +9,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as td
 
-from simdist._group import GroupMember
-from simdist._world import ProcessWorld, set_process_world
+from simdist.core import GroupMember
+from simdist.core import ProcessWorld, set_process_world
 
 from ._group import TorchGroup
 

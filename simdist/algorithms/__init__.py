@@ -43,6 +43,8 @@ next piece's phase before it (``hierarchical``'s pieces from 16 MiB).
 from __future__ import annotations
 
 from . import oneshot as oneshot
+from ._algorithmic import AlgorithmicGroup as AlgorithmicGroup
+from ._algorithmic import CollectiveCall as CollectiveCall
 from ._chunks import chunk_bounds as chunk_bounds
 from ._select import ACROSS_MACHINES_BYTES as ACROSS_MACHINES_BYTES
 from ._select import ALGORITHMS as ALGORITHMS
@@ -65,6 +67,8 @@ from ._transport import together as together
 __all__ = [
     "ACROSS_MACHINES_BYTES",
     "ALGORITHMS",
+    "AlgorithmicGroup",
+    "CollectiveCall",
     "FORMULAS",
     "Algorithm",
     "Handle",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _arrays as A
+from ..core import _arrays as A
 from ._chunks import check_numel, copy, first_of, fold, real_of, recv, scratch, send
 from ._transport import Algorithm, Transport, observe
 

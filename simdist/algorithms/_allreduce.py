@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _arrays as A
-from .._reduce_op import ReduceOp
+from ..core import _arrays as A
+from ..core._reduce_op import ReduceOp
 from ._broadcast import binomial_tree_bcast
 from ._chunks import (
     PIECE_BYTES,

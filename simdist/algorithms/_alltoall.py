@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .. import _arrays as A
+from ..core import _arrays as A
 from ._chunks import check_counts, copy, offsets, recv, scratch, send
 from ._transport import Algorithm, Transport, observe
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from .._reduce_op import ReduceOp
+from ..core._reduce_op import ReduceOp
 
 __all__ = [
     "AllGatherArgs",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _arrays as A
+from ..core import _arrays as A
 from ._transport import Algorithm, Transport
 
 __all__ = ["dissemination"]

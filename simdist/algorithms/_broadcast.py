@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _arrays as A
+from ..core import _arrays as A
 from ._chunks import CHAIN_SEGMENT_BYTES, ceil_log2, chunk_bounds, recv, segment, segment_grid, send
 from ._transport import Algorithm, Transport
 

@@ -6,8 +6,8 @@ import operator
 from itertools import accumulate
 from typing import Any, Sequence
 
-from .. import _arrays as A
-from .._reduce_op import ReduceOp
+from ..core import _arrays as A
+from ..core._reduce_op import ReduceOp
 from ._transport import Handle, Lender, Timed, Transport
 
 __all__ = [

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .. import _arrays as A
-from .._reduce_op import ReduceOp
+from ..core import _arrays as A
+from ..core._reduce_op import ReduceOp
 from ._chunks import (
     SEGMENT_BYTES,
     WINDOW,

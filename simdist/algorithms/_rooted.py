@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _arrays as A
-from .._reduce_op import ReduceOp
+from ..core import _arrays as A
+from ..core._reduce_op import ReduceOp
 from ._chunks import ceil_log2, check_numel, combine, copy, recv, scratch, send
 from ._transport import Algorithm, Transport
 

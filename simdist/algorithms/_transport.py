@@ -19,7 +19,7 @@ An algorithm that keeps partial results in scratch rather than in its output cal
 
 Ranks seen by an algorithm are group ranks ``0 .. t.size - 1``. Messages between one
 pair of ranks with one tag arrive in the order they were sent. Buffers are flat,
-contiguous arrays handled only through :mod:`simdist._arrays`.
+contiguous arrays handled only through :mod:`simdist.core._arrays`.
 
 A transport may say which machine each group rank runs on (``t.hosts``, a label per group
 rank, ``None`` where the backend does not know): the two-level algorithms read it through

@@ -22,8 +22,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from simdist import _scripts
-from simdist._errors import BufferRaceError, CollectiveMismatchError, DeadlockError, DistError, RankError
+from simdist.launch import _scripts
+from simdist.core._errors import BufferRaceError, CollectiveMismatchError, DeadlockError, DistError, RankError
 from simdist.algorithms import ALGORITHMS
 
 from ._format import Exercise

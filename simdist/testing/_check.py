@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from simdist._errors import DistError
+from simdist.core._errors import DistError
 
 __all__ = ["CheckError", "check_argument", "run_checked", "unrecorded"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's

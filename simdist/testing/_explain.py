@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from simdist._errors import DistError, RankError, add_note
+from simdist.core._errors import DistError, RankError, add_note
 
 __all__ = ["MAX_NOTED", "explain", "note_decisions"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's

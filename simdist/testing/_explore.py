@@ -10,8 +10,8 @@ from typing import Any, Callable
 import numpy as np
 
 from pytest_simdist import OPTIONS
-from simdist._callsite import trace_user_code
-from simdist._errors import DistError
+from simdist.core._callsite import trace_user_code
+from simdist.core._errors import DistError
 
 from ._check import check_argument, run_checked, unrecorded
 from ._explain import note_decisions

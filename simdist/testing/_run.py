@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 from pytest_simdist import OPTIONS
 
-from simdist._callsite import is_user_file, trace_user_code, user_call_site
-from simdist._errors import CollectiveMismatchError, DeadlockError, DistError, LeakWarning
+from simdist.core._callsite import is_user_file, trace_user_code, user_call_site
+from simdist.core._errors import CollectiveMismatchError, DeadlockError, DistError, LeakWarning
 
 from ._check import check_argument, run_checked
 from ._explain import note_decisions

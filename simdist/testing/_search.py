@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from simdist._errors import DistError
+from simdist.core._errors import DistError
 from simdist.backends.sim import Strategy
 
 __all__ = ["RunRecord", "Search", "SearchRun", "SearchStrategy", "preemptions", "signature"]

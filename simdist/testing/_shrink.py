@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from simdist._errors import DistError, add_note
+from simdist.core._errors import DistError, add_note
 
 from ._check import run_checked, unrecorded
 from ._run import check_replays, same_failure

@@ -84,7 +84,7 @@ def topologies() -> st.SearchStrategy[str]:
         >>> find(sdt.topologies(), lambda name: True, settings=quiet)
         'switch'
     """
-    from simdist._topology import TOPOLOGIES
+    from simdist.core._topology import TOPOLOGIES
 
     names = sorted(TOPOLOGIES, key=lambda n: (n != "switch", n))
     return st.sampled_from(names)

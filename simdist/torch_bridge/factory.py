@@ -44,8 +44,8 @@ def group_timeout(timeout: Any) -> Any:
     --timeout``, ``simdist.spawn(timeout=)``). The simulator ignores it (its timeout is ``simulate``'s)."""
     if timeout is None or not os.environ.get("SIMDIST_TIMEOUT"):
         return timeout
-    from .._checks import timeout_seconds
-    from .._world import ProcessWorld
+    from ..core._checks import timeout_seconds
+    from ..core._world import ProcessWorld
 
     return min(timeout_seconds(timeout, "timeout", positive=True), ProcessWorld.timeout_of(None))
 
@@ -93,7 +93,7 @@ def helper(
 def creator(opts: Any, backend_options: Any = None) -> Any:
     """torch's backend factory (extended API) for ``"simdist"``: a bridge group over the pending simdist group."""
     from .. import _api as api
-    from .._world import current_world
+    from ..core._world import current_world
     from .group import bridge_classes
 
     pending = getattr(_local, "pending", None)

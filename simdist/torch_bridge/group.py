@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from .._checks import timeout_seconds
-from .._errors import DistTimeoutError
+from ..core._checks import timeout_seconds
+from ..core._errors import DistTimeoutError
 
 __all__ = ["bridge_classes"]
 
@@ -40,7 +40,7 @@ def _reduction(opts: Any, what: str) -> tuple[Any, Any]:
     """
     import torch.distributed as tdist
 
-    from .._reduce_op import ReduceOp
+    from ..core._reduce_op import ReduceOp
 
     reduce_op = getattr(opts, "reduceOp", None)
     op = getattr(reduce_op, "op", tdist.ReduceOp.SUM)
@@ -61,7 +61,7 @@ def _scaled(t: Any, factor: Any, copy: bool = False) -> Any:
 
 def _in_process_world() -> bool:
     """Whether the calling rank is a real process (its works complete in the background), not a simulated rank."""
-    from .._world import current_world
+    from ..core._world import current_world
 
     world = current_world()
     return world is not None and world.process_world
@@ -264,7 +264,7 @@ def bridge_classes() -> tuple[type, type]:
         def _sparse_sum(self, tensors: list, op: Any) -> list:
             """gloo's sparse all_reduce: each sparse COO tensor becomes the sum of every rank's (nnz may differ)."""
             from .._objects import all_gather_object
-            from .._reduce_op import ReduceOp
+            from ..core._reduce_op import ReduceOp
 
             if op is not ReduceOp.SUM:
                 raise ValueError(f"simdist: all_reduce of sparse tensors takes ReduceOp.SUM only (as gloo), not {op}")

@@ -30,7 +30,7 @@ from multiprocessing.process import BaseProcess
 
 import torch
 
-from .._callsite import skip_directory
+from ..core._callsite import skip_directory
 from . import factory, profiler, versions
 
 __all__ = ["TORCH_BACKEND_ENV", "BRIDGED_BACKENDS", "install", "install_from_env", "installed"]

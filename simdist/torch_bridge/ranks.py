@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from . import factory, profiler, versions
-from .._callsite import INSTALLED, is_library_file, skip_directory, user_call_site
+from ..core._callsite import INSTALLED, is_library_file, skip_directory, user_call_site
 
 __all__ = ["install", "uninstall", "new_store", "enter_rank", "leave_rank", "in_rank"]
 

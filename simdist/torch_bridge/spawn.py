@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator
 
 import torch.multiprocessing as tmp
 
-from .._world import thread_world
+from ..core._world import thread_world
 
 __all__ = ["install", "uninstall", "starting_ranks", "SimulatedProcess"]
 

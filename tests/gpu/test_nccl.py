@@ -17,7 +17,7 @@ from reference import ARRAY_TYPES, TORCH_DTYPES
 from test_api_collectives import OPS, REDUCING, Case, _dtype_batch, _subgroup_batch, check
 
 import simdist as dist
-from simdist._errors import RankError
+from simdist.core._errors import RankError
 
 pytestmark = pytest.mark.timeout(600)
 

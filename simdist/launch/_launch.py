@@ -67,7 +67,7 @@ def spawn(
     """
     if not join:
         raise ValueError("join=False is not supported: spawn returns once every rank has finished")
-    from ._registry import backend_spec
+    from ..core._registry import backend_spec
 
     # ValueError naming the registered backends, or saying the target is no World subclass
     world_type = backend_spec(backend).load()

@@ -98,7 +98,7 @@ def importable(parts: list[tuple[str, str]], folder: str, name: str) -> Any:
 
     path = os.path.join(folder, f"{name}.py")
     with open(path, "w", encoding="utf-8") as f:
-        f.write(f"from simdist._scripts import run_parts\nrun_parts(globals(), {parts!r})\n")
+        f.write(f"from simdist.launch._scripts import run_parts\nrun_parts(globals(), {parts!r})\n")
     if folder not in sys.path:
         sys.path.insert(0, folder)
     importlib.invalidate_caches()

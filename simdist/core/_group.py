@@ -75,7 +75,7 @@ class ProcessGroup(ABC):
 
     def set_default_algorithm(self, op: str, algorithm: str | None) -> None:
         """Use ``algorithm`` for every ``op`` on this group that does not name one (``None``: automatic)."""
-        from . import algorithms
+        from .. import algorithms
 
         if algorithm is None:
             self.default_algorithms.pop(op, None)

@@ -60,7 +60,7 @@ TARGET = 0.1
 FIRST, LARGEST = 256 * KIB, 64 * MIB
 SEND_BYTES = 8 * MIB
 """The least size of the send whose return measures ``send_buffer`` (more than the kernel keeps)."""
-RANK_SCRIPT = "from simdist._calibrate_hosts import job\njob()\n"
+RANK_SCRIPT = "from simdist.launch._calibrate_hosts import job\njob()\n"
 """What each rank runs (``simdist run`` starts a script; this one lives in a temporary folder)."""
 
 
@@ -203,7 +203,7 @@ def job(argv: Sequence[str] | None = None) -> None:
 
 def _launch(opts: Any, port: int, folder: Path, reps: int, target: float) -> list[dict]:
     """Run the job on this node with ``simdist run``'s launcher; node 0 returns every rank's figures."""
-    from .backends.socket import CHECK_ENV
+    from ..backends.socket import CHECK_ENV
     from .run import main as run
 
     script, results = folder / "calibrate_rank.py", folder / "results.json"
@@ -265,7 +265,7 @@ def fit_hosts(
     the figures between hosts: ``one_way`` seconds by size (8 bytes and the ping-pong sizes), ``shift8``
     seconds per 8-byte shift around the hosts, ``gathers`` the 4-byte all_gather's seconds with and
     without the check (see the module doc)."""
-    from ._topology_file import topology_from_spec
+    from ..core._topology_file import topology_from_spec
 
     big = dict(sorted(one_way.items())[-3:])
     slope, intercept = _line(big)
@@ -301,7 +301,7 @@ def calibrate_hosts(opts: Any) -> dict[str, Any] | None:
     """Run the calibration across hosts on this node (``opts``: ``simdist calibrate``'s); node 0 returns the
     topology file's object (not yet written), the other nodes ``None``."""
     from ._calibrate import calibrate
-    from ._topology_file import FORMAT, read_topology_file, topology_from_spec
+    from ..core._topology_file import FORMAT, read_topology_file, topology_from_spec
 
     reps = 3 if opts.quick else 5
     target = TARGET / 2 if opts.quick else TARGET

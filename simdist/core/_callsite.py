@@ -165,4 +165,4 @@ def trace_user_code(frame: FrameType) -> Callable | None:
     return trace
 
 
-skip_directory(os.path.dirname(os.path.abspath(__file__)))
+skip_directory(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the whole simdist package

@@ -49,7 +49,7 @@ runs on, and simdist ships reference files for common clusters (:data:`REFERENCE
 
 ``alpha`` and ``bandwidth`` are per link: on ``switch`` a message crosses two links (its
 latency is ``2 * alpha``), on ``fully_connected`` and ``ring`` neighbours one. The terms
-are those of :mod:`simdist._topology`. ``simdist calibrate --nnodes N`` run on N hosts writes a
+are those of :mod:`simdist.core._topology`. ``simdist calibrate --nnodes N`` run on N hosts writes a
 ``two_level`` file: a node per host, ``inter_*`` its link to the others.
 """
 
@@ -117,7 +117,7 @@ _TWO_LEVEL = ("per_node", "inter_alpha", "inter_bandwidth")
 
 def reference_path(name: str) -> Path:
     """The shipped file of reference topology ``name`` (one of :data:`REFERENCES`)."""
-    return Path(__file__).resolve().parent / "topologies" / f"{name}.json"
+    return Path(__file__).resolve().parent.parent / "topologies" / f"{name}.json"
 
 
 def _check_field(key: str, value: Any, kind: type, where: str) -> None:

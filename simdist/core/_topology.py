@@ -18,7 +18,7 @@ seconds instead of ``n / bandwidth`` (none while ``n <= T``), and spends that cr
 ``burst`` 0 (the default) a link is the plain one above.
 
 A topology with ``flows`` set times a collective's messages as TCP flows instead
-(:mod:`simdist._flows`): a message leaves when its send is posted, and the messages crossing a
+(:mod:`simdist.core._flows`): a message leaves when its send is posted, and the messages crossing a
 link at the same time share its bandwidth fairly.
 
 Two optional terms make a calibrated model (:mod:`simdist.calibrate`):
@@ -137,7 +137,7 @@ class Topology:
         link_queues: each link of a route serves the messages that reach it in turn, on its own, as a
             switch queues a message for its next link; ``False`` (default): a message holds every link of
             its route at once, so a busy last link keeps the first one idle.
-        flows: a collective's messages are flows, as TCP's (:mod:`simdist._flows`): each leaves when it is
+        flows: a collective's messages are flows, as TCP's (:mod:`simdist.core._flows`): each leaves when it is
             posted, matched or not; messages that cross a link at the same time share its bandwidth max-min
             fairly; the messages of one sender to one receiver follow each other. ``False`` (default): a
             message leaves once its receive is posted too, and takes its links as ``link_queues`` says.
@@ -569,7 +569,7 @@ def _is_graph(spec: Any) -> bool:
 
 def as_topology(spec: Any, size: int) -> Topology:
     """A :class:`Topology` for ``size`` ranks from ``None`` (``'switch'``), a name, a topology file
-    (a path ending in ``.json``, see :mod:`simdist._topology_file`), a graph or a Topology."""
+    (a path ending in ``.json``, see :mod:`simdist.core._topology_file`), a graph or a Topology."""
     if spec is None:
         spec = "switch"
     if isinstance(spec, os.PathLike) or (isinstance(spec, str) and spec.endswith(".json")):

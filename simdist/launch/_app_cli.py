@@ -43,7 +43,7 @@ def app_script() -> Path:
     Raises:
         FileNotFoundError: neither holds ``app.py`` beside its ``app_pages/``.
     """
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parent.parent  # simdist/
     for folder in (package / "app", package.parent):
         if (folder / "app.py").is_file() and (folder / "app_pages").is_dir():
             return folder / "app.py"

@@ -2,7 +2,7 @@
 
 ``simdist calibrate`` (or :func:`calibrate`) starts real ranks of the socket backend on this
 machine (loopback) and measures, in the ranks themselves, the terms of the topology model
-(:mod:`simdist._topology`):
+(:mod:`simdist.core._topology`):
 
 - **bandwidth**: ping-pong between 2 ranks; the slope of the one-way time (half a round
   trip) over the sizes from 1 to 64 MiB.
@@ -38,10 +38,10 @@ machine (loopback) and measures, in the ranks themselves, the terms of the topol
   bytes after a barrier is ``call_overhead``.
 
 Each figure is the median of several repetitions. It writes a topology file
-(:mod:`simdist._topology_file`, layout ``fully_connected``, every rank on one host) that
+(:mod:`simdist.core._topology_file`, layout ``fully_connected``, every rank on one host) that
 ``simulate(topology=path)`` and the app load. ``simdist calibrate --nnodes N`` run on each of N
 hosts measures the links between them as well and writes a ``two_level`` file
-(:mod:`simdist._calibrate_hosts`).
+(:mod:`simdist.launch._calibrate_hosts`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._topology_file import FORMAT, write_topology_file
+from ..core._topology_file import FORMAT, write_topology_file
 
 __all__ = ["calibrate", "describe", "fit", "fit_check", "fit_memory", "main"]
 
@@ -194,7 +194,7 @@ def _gathers(reps: int) -> dict[str, list[float]]:
 
     import simdist as d
 
-    from ._world import require_world
+    from ..core._world import require_world
 
     group: Any = require_world("simdist calibrate").default_group  # the socket backend's group: its ``checked``
     one, every = torch.ones(1), torch.zeros(d.get_world_size())
@@ -224,7 +224,7 @@ def _rank(
 
     import simdist as d
 
-    from .backends.socket import CHECK_ENV
+    from ..backends.socket import CHECK_ENV
 
     torch.set_num_threads(1)  # one intra-op thread per rank, as torchrun gives several ranks of one node
     os.environ[CHECK_ENV] = "1"
@@ -475,7 +475,7 @@ def describe(spec: dict[str, Any]) -> str:
 
 def _size(nbytes: int | None) -> str:
     """``nbytes`` in KiB or MiB (the default threshold where ``None``)."""
-    from ._topology import FRESH_BYTES
+    from ..core._topology import FRESH_BYTES
 
     nbytes = nbytes or FRESH_BYTES
     return f"{nbytes / MIB:g} MiB" if nbytes >= MIB else f"{nbytes / KIB:g} KiB"

@@ -20,7 +20,7 @@ import heapq
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from simdist._topology import Topology
+    from simdist.core._topology import Topology
 
 __all__ = ["Flows"]
 

@@ -20,12 +20,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _arrays as A
-from . import algorithms
-from ._group import Options, ProcessGroup
-from ._reduce_op import ReduceOp
-from ._work import Work
-from .algorithms._args import (
+from ..core import _arrays as A
+from . import _select as algorithms  # get, choose, ACROSS_MACHINES_BYTES
+from ..core._group import Options, ProcessGroup
+from ..core._reduce_op import ReduceOp
+from ..core._work import Work
+from ._args import (
     AllGatherArgs,
     AllReduceArgs,
     AllToAllArgs,
