@@ -11,7 +11,7 @@ import pandas  # noqa: F401 - imported whole before any page draws
 import streamlit as st
 
 # The tab's icon is an emoji, drawn by the browser; a ":material/...:" one would be fetched from
-# fonts.gstatic.com (tests/test_classroom.py checks that the app makes no request elsewhere).
+# fonts.gstatic.com (tests/app/test_classroom.py checks that the app makes no request elsewhere).
 st.set_page_config(page_title="simdist visualizer", page_icon="🔀", layout="wide")
 pages = [
     st.Page("app_pages/collectives.py", title="Collectives", icon=":material/hub:", default=True),

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_control_plane.py --old COMMIT [--worlds 8 16 32] [--json PATH]
 
-Issue 29, item 6. Four hosts made as network namespaces (``tests/netns_hosts.py``, needs root), a
+Issue 29, item 6. Four hosts made as network namespaces (``tests/support/netns_hosts.py``, needs root), a
 job of 8, 16 or 32 ranks spread evenly over them (``simdist run --nnodes 4`` on each host, the socket
 backend). Rank 0 sleeps ``WAIT_S`` seconds while the others wait in an all_reduce; node 0's launcher
 serves the store and logs its load each second (``--log-dir``: ``store_load.jsonl``: requests and
@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _common import machine_info, machine_markdown, markdown_table, write_json  # noqa: E402

@@ -3,7 +3,7 @@
     python benchmarks/bench_cost_model_hosts.py [--rates 1gbit,100mbit] [--worlds 2,3,4] [--json PATH]
     python benchmarks/bench_cost_model_hosts.py --measured JSON [--topology RATE=PATH ...]
 
-Issue 29, item 5. Needs root (hosts as network namespaces, tests/netns_hosts.py): 4 hosts on one
+Issue 29, item 5. Needs root (hosts as network namespaces, tests/support/netns_hosts.py): 4 hosts on one
 bridge, each host's link shaped in both directions (``tc tbf``) to the rate. For each rate:
 
 1. ``simdist calibrate --nnodes 4 --node-rank i --master-addr HOST0 --out FILE`` on every host, as a
@@ -38,7 +38,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 
 from _common import KIB, MIB, finish_info, machine_info, machine_markdown, markdown_table, write_json  # noqa: E402
 from bench_cost_model import OPS, make_call  # noqa: E402

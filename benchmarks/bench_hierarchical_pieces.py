@@ -3,7 +3,7 @@
     flock /tmp/simdist-bench.lock python benchmarks/bench_hierarchical_pieces.py [--iters 12] [--json PATH]
         [--links unshaped,1gbit,100mbit] [--layouts 4x2,2x2]
 
-Issue 29, item 4. Needs root (``tests/netns_hosts.py``). The socket backend's ``hierarchical``
+Issue 29, item 4. Needs root (``tests/support/netns_hosts.py``). The socket backend's ``hierarchical``
 all_reduce cuts its buffer into pieces (``simdist.algorithms._chunks.pieces``) so that one piece's
 phases within the machines run beside another's across them. Each job here (``simdist run --backend
 socket`` on every host, H hosts x K ranks) forces the piece count of each iteration (it sets the
@@ -27,7 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 
 from _common import finish_info, machine_info, machine_markdown, markdown_table, write_json  # noqa: E402
 from netns_hosts import NetnsTestbed, unavailable  # noqa: E402

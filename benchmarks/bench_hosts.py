@@ -4,7 +4,7 @@
         [--links unshaped,1gbit,100mbit] [--layouts 2x1,4x1,2x2,4x2] [--ops all_reduce,...]
         [--algorithm NAME] [--profile] [--profile-timer cpu|wall]
 
-Issue 29, item 4. Needs root, iproute2 and tc (``tests/netns_hosts.py``). Four hosts, each a network
+Issue 29, item 4. Needs root, iproute2 and tc (``tests/support/netns_hosts.py``). Four hosts, each a network
 namespace whose ``eth0`` is one end of a veth pair on one bridge; a job of H hosts x K ranks runs
 ``python -m simdist.run --nnodes H --node-rank i --master-addr <host 0> --nproc-per-node K rank.py``
 on each host i, as on a lab's machines: 2x1 (world 2), 4x1 and 2x2 (world 4), 4x2 (world 8). Ranks
@@ -71,7 +71,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 
 from _common import (  # noqa: E402
     KIB,

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_search.py [--reps 3] [--quick] [--json PATH] [--profile]
 
-The seven programs are those of ``tests/search_bugs.py`` (3 ranks each): a parameter
+The seven programs are those of ``tests/support/search_bugs.py`` (3 ranks each): a parameter
 server with any-source receives, a pipeline that reuses its isend buffer, uneven gradient
 accumulation, a hand-written ring, subgroups created in different orders, a ragged
 all_gather, and a torch.distributed task server run through the torch bridge.
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 from _common import bench_main, markdown_table, median, profile_call, verdict
 from search_bugs import BUGS, WORLD

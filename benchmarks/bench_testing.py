@@ -10,7 +10,7 @@ schedules and every run passes, so the figure is N / wall time of the whole call
 reuse one pool of rank threads). Median of ``--reps``. Target: >= 1,000 schedules/s (issue 18;
 it was 200 in issue 5).
 
-(ii) Detection: the race of the testing demonstrations (tests/test_testing_demos.py (a)):
+(ii) Detection: the race of the testing demonstrations (tests/testing/test_testing_demos.py (a)):
 3 ranks, rank 0 takes one message with ``recv(src=None)`` and asserts it came from rank 1.
 For each of 100 seeds ``s`` we count the runs that ``explore(strategy="pct", depth=2,
 max_runs=100, seed=s * 1000)`` needs to meet the failure. ``explore`` does not report how

@@ -5,10 +5,10 @@
     python benchmarks/public_programs.py run --folder DIR [--only REGEX] [--path PATH ...] [--try-cuda]
                                               [--repeat] [--timeout S] [--json FILE]
 
-``extract`` copies each pinned file (``tests/public_programs.py``) out of a git clone or bare
+``extract`` copies each pinned file (``tests/support/public_programs.py``) out of a git clone or bare
 repository that has its commit (``git show COMMIT:PATH``) into ``DIR/OWNER/REPO/PATH`` and checks
 its sha256. ``run`` runs every program on every launch path that starts its style
-(``tests/launch_paths.py``) and prints one markdown table (a row per program, a column per path)
+(``tests/support/launch_paths.py``) and prints one markdown table (a row per program, a column per path)
 and the details: each failure's error and each difference. ``--try-cuda`` also runs programs that
 need CUDA on the paths without simulated GPUs, to record how they fail; ``--repeat`` runs the
 simulator's paths twice and says whether the results are the same. ``--json`` keeps the outcomes.
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 import public_programs as pp  # noqa: E402
 from launch_paths import PATHS, SIM_PATHS, applies  # noqa: E402

@@ -97,6 +97,16 @@ class AlgorithmicGroup(ProcessGroup):
 
     network: dict[str, float] = {}
 
+    def set_default_algorithm(self, op: str, algorithm: str | None) -> None:
+        """Use ``algorithm`` for every ``op`` on this group that does not name one (``None``: automatic).
+
+        Raises:
+            ValueError: ``op`` has no algorithm of that name (:func:`simdist.algorithms.get` names them).
+        """
+        if algorithm is not None:
+            algorithms.get(op, algorithm)
+        super().set_default_algorithm(op, algorithm)
+
     @abstractmethod
     def _run_collective(self, call: CollectiveCall, opts: Options) -> Work:
         """Start ``call`` on this rank and return its Work."""

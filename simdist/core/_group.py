@@ -74,13 +74,13 @@ class ProcessGroup(ABC):
             return None
 
     def set_default_algorithm(self, op: str, algorithm: str | None) -> None:
-        """Use ``algorithm`` for every ``op`` on this group that does not name one (``None``: automatic)."""
-        from .. import algorithms
+        """Use ``algorithm`` for every ``op`` on this group that does not name one (``None``: automatic).
 
+        A group that runs simdist's algorithms checks the name first (``AlgorithmicGroup``); a library's group
+        keeps it and warns at the call that the library picks its own."""
         if algorithm is None:
             self.default_algorithms.pop(op, None)
         else:
-            algorithms.get(op, algorithm)
             self.default_algorithms[op] = algorithm
 
     # point to point

@@ -22,7 +22,7 @@ lowering by one still fails: a local minimum.
 Budget: at most ``MINIMIZE_RUNS`` (1000) replays per failure. A replay of a small program
 costs a few milliseconds. A failure that needs one preemption, found by PCT or random
 schedules of 3 to 8 ranks, shrank in a median of 5 to 14 replays and at most 24
-(tests/test_shrink.py measures it over 100 seeds); the final round alone tries every
+(tests/testing/test_shrink.py measures it over 100 seeds); the final round alone tries every
 single deletion and lowering, so the cost grows with the length of the shrunk schedule.
 When the budget runs out the simplest failing schedule found so far is returned; it
 still fails the same way, it just may not be a local minimum.
