@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from simdist.core import _arrays as A
+from simdist.core import arrays as A
 from simdist.core import DistTimeoutError
 from simdist.core import Handle, LibraryGroup
 from simdist.core import ReduceOp

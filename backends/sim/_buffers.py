@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from simdist.core import _arrays as A
+from simdist.core import arrays as A
 from simdist.core import user_call_site
 from simdist.core import BufferRaceError
 

@@ -27,7 +27,7 @@ import heapq
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from simdist.core import _arrays as A
+from simdist.core import arrays as A
 from simdist.core import DistError, RankError
 from simdist.core import Flows
 from simdist.algorithms import Timed

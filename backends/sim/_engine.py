@@ -20,7 +20,7 @@ from collections import deque
 from functools import partial
 from typing import Any, Callable, NoReturn
 
-from simdist.core import _arrays as A
+from simdist.core import arrays as A
 from simdist.core import DistError, DistTimeoutError, RankError, add_note
 from simdist.core import Trace
 from simdist.core import set_thread_world

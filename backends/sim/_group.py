@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from simdist.core import _arrays as A
+from simdist.core import arrays as A
 from simdist.algorithms import AlgorithmicGroup, CollectiveCall
 from simdist.core import library_call
 from simdist.core import GroupMember, Options

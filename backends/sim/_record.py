@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from simdist.core import _arrays as A
+from simdist.core import arrays as A
 from simdist.algorithms import CollectiveCall
 from simdist.core import Raw
 from simdist.algorithms import Observer, Timed

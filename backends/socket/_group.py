@@ -7,7 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from simdist.core import _arrays as A
+from simdist.core import arrays as A
 from simdist import algorithms
 from simdist.algorithms import AlgorithmicGroup, CollectiveCall
 from simdist.core import DistTimeoutError

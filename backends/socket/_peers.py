@@ -62,7 +62,7 @@ from collections.abc import Iterable, Sequence
 from queue import SimpleQueue
 from typing import Any
 
-from simdist.core import _arrays as A
+from simdist.core import arrays as A
 from simdist.core import check_int
 from simdist.core import DistError, DistTimeoutError, PeerLostError, ProtocolError
 from simdist.algorithms import Lender

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simdist.core import _arrays as A
+from simdist.core import arrays as A
 
 __all__ = ["ScratchPool"]
 

@@ -7,7 +7,7 @@ import ipaddress
 import os
 import socket
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 from urllib.parse import urlparse
 
 from simdist.core import DistError, DistTimeoutError, PeerLostError
@@ -130,6 +130,24 @@ def _address_towards(host: str, port: int) -> str:
 
 class SocketWorld(ProcessWorld):
     """This process's place among the ranks of a socket job."""
+
+    @classmethod
+    def spawn(
+        cls,
+        fn: Callable,
+        args: tuple,
+        nprocs: int,
+        *,
+        daemon: bool,
+        start_method: str | None,
+        backend: str,
+        **options: Any,
+    ) -> list:
+        """The values of ``fn(rank, *args)`` on ``nprocs`` processes of this machine, each with torchrun's
+        environment (:func:`spawn`)."""
+        from ._spawn import spawn
+
+        return spawn(fn, args, nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
 
     def __init__(self) -> None:
         self.server: Any = None

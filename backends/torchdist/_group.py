@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as td
 
-from simdist.core import _arrays as A
+from simdist.core import arrays as A
 from simdist.core import Handle, LibraryGroup
 from simdist.core import ReduceOp
 

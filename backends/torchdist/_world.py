@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as td
@@ -25,6 +25,24 @@ class TorchWorld(ProcessWorld):
 
     name = "?"
     torch_backend = "?"
+
+    @classmethod
+    def spawn(
+        cls,
+        fn: Callable,
+        args: tuple,
+        nprocs: int,
+        *,
+        daemon: bool,
+        start_method: str | None,
+        backend: str,
+        **options: Any,
+    ) -> list:
+        """The values of ``fn(rank, *args)`` on ``nprocs`` processes of this machine, each with torchrun's
+        environment, as for the socket backend (:func:`simdist.backends.socket.spawn`)."""
+        from simdist.backends.socket import spawn
+
+        return spawn(fn, args, nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
 
     def __init__(self) -> None:
         self.groups: list[TorchGroup] = []

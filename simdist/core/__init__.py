@@ -8,7 +8,7 @@ time; a backend imports only the names below (and :mod:`simdist.algorithms`), as
 
 from __future__ import annotations
 
-from . import _arrays as _arrays
+from . import _arrays as arrays  # the array adapter (dtype, shape, views, reductions)
 from ._callsite import format_user_exception as format_user_exception
 from ._callsite import set_remote_site as set_remote_site
 from ._callsite import skip_directory as skip_directory
@@ -59,7 +59,7 @@ from ._world import set_thread_world as set_thread_world
 from ._world import thread_world as thread_world
 
 __all__ = [
-    "BACKEND_ENV", "TORCH_NAMES", "AuthenticationError", "BufferRaceError", "CollectiveMismatchError",
+    "BACKEND_ENV", "TORCH_NAMES", "arrays", "AuthenticationError", "BufferRaceError", "CollectiveMismatchError",
     "CompletedWork", "DeadlockError", "DeferredWork", "DistError", "DistTimeoutError", "Event", "Flows",
     "GroupMember", "Handle", "LeakWarning", "LibraryGroup", "Options", "PeerLostError", "ProcessGroup",
     "ProcessWorld", "ProtocolError", "RankError", "RankExitError", "Raw", "ReduceOp", "Topology", "Trace", "Work",

@@ -129,24 +129,6 @@ class ProcessWorld(World):
         except ValueError:
             raise ValueError(f"SIMDIST_TIMEOUT={raw!r} must be a finite number of seconds > 0") from None
 
-    @classmethod
-    def spawn(
-        cls,
-        fn: Callable,
-        args: tuple,
-        nprocs: int,
-        *,
-        daemon: bool,
-        start_method: str | None,
-        backend: str,
-        **options: Any,
-    ) -> list:
-        """The values of ``fn(rank, *args)`` on ``nprocs`` processes of this machine, each with torchrun's
-        environment (:func:`simdist.backends.socket.spawn`)."""
-        from simdist.backends.socket import spawn
-
-        return spawn(fn, args, nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
-
 
 class _Local(threading.local):
     world: World | None = None  # a class default: reading it where no thread world was set raises nothing

@@ -100,13 +100,14 @@ def test_each_backend_declares_spawn_on_its_world_class():
         owner = next(c for c in world_type.__mro__ if "spawn" in vars(c))
         assert isinstance(vars(owner)["spawn"], classmethod), (name, owner)
         declared[name] = world_type.spawn.__qualname__
-    # the process backends share the process-world base's launcher (processes with torchrun's environment)
+    # the process backends start processes with torchrun's environment (the socket backend's launcher); the
+    # core's ProcessWorld names no backend
     assert declared == {
         "sim": "SimWorld.spawn",
-        "socket": "ProcessWorld.spawn",
-        "gloo": "ProcessWorld.spawn",
-        "torch-nccl": "ProcessWorld.spawn",
-        "mpi": "ProcessWorld.spawn",
+        "socket": "SocketWorld.spawn",
+        "gloo": "TorchWorld.spawn",
+        "torch-nccl": "TorchWorld.spawn",
+        "mpi": "TorchWorld.spawn",
     }
 
 

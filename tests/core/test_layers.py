@@ -1,0 +1,72 @@
+"""The layers of the source tree, as ``benchmarks/structure.py`` measures them (sources parsed, never imported).
+
+The core (``simdist.core``) is the bottom: it imports nothing of simdist outside itself. The backends build on
+what ``simdist.core`` and ``simdist.algorithms`` export, never on a private module of either; the only other
+parts of simdist a backend reaches are named below with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("structure", ROOT / "benchmarks" / "structure.py")
+structure = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(structure)
+
+# What a backend may import besides simdist.core, simdist.algorithms and the backends themselves, and why.
+BEYOND_THE_CORE = {
+    # the simulator gives each rank its own torch world (torch.distributed, torch.cuda, mp.spawn routed to it)
+    ("simdist.backends.sim._isolation", "simdist.torch_bridge"),
+    ("simdist.backends.sim._rank_process", "simdist.torch_bridge"),
+    ("simdist.backends.sim._runner", "simdist.torch_bridge"),
+    ("simdist.backends.sim._forkserver", "simdist.torch_bridge"),
+    # the fork server imports simdist once, so that every rank process it forks starts with it imported
+    ("simdist.backends.sim._forkserver", "simdist"),
+    # a socket job's processes run torch's process groups on simdist's socket backend when asked
+    ("simdist.backends.socket._spawn", "simdist.torch_bridge.processes"),
+}
+
+
+def _edges() -> list[tuple[str, str, bool]]:
+    mods = structure.modules()
+    known = set(mods)
+    return [
+        (name, target, eager) for name, path in mods.items() for target, eager in structure.imports(name, path, known)
+    ]
+
+
+def test_the_core_imports_nothing_of_simdist_outside_itself():
+    outside = sorted(
+        {(a, b) for a, b, _ in _edges() if a.startswith("simdist.core") and not b.startswith("simdist.core")}
+    )
+    assert outside == []
+
+
+def test_backends_import_what_the_core_and_the_algorithms_export():
+    seen = set()
+    for a, b, _ in _edges():
+        if not a.startswith("simdist.backends") or b.startswith("simdist.backends"):
+            continue
+        if b in ("simdist.core", "simdist.algorithms"):
+            continue
+        assert (a, b) in BEYOND_THE_CORE, f"{a} imports {b}: a backend imports only simdist.core and simdist.algorithms"
+        seen.add((a, b))
+    assert seen == BEYOND_THE_CORE, f"no longer imported, take off the list: {sorted(BEYOND_THE_CORE - seen)}"
+
+
+def test_the_core_exports_the_names_the_backends_use():
+    import simdist.algorithms
+    import simdist.core
+
+    for package in (simdist.core, simdist.algorithms):
+        missing = [name for name in package.__all__ if not hasattr(package, name)]
+        assert missing == [], (package.__name__, missing)
+
+
+def test_the_figures_script_runs_and_counts_every_module():
+    figures = structure.measure()
+    assert figures["modules"] == sum(figures["modules per folder"].values())
+    assert figures["modules per folder"]["simdist.core"] >= 15
+    assert figures["backends -> private modules"] == []
