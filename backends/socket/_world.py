@@ -132,22 +132,12 @@ class SocketWorld(ProcessWorld):
     """This process's place among the ranks of a socket job."""
 
     @classmethod
-    def spawn(
-        cls,
-        fn: Callable,
-        args: tuple,
-        nprocs: int,
-        *,
-        daemon: bool,
-        start_method: str | None,
-        backend: str,
-        **options: Any,
-    ) -> list:
+    def spawn(cls, fn: Callable, args: tuple, nprocs: int, **options: Any) -> list:
         """The values of ``fn(rank, *args)`` on ``nprocs`` processes of this machine, each with torchrun's
-        environment (:func:`spawn`)."""
+        environment (``daemon``, ``start_method``, ``backend`` and the backend's options as for :func:`spawn`)."""
         from ._spawn import spawn
 
-        return spawn(fn, args, nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
+        return spawn(fn, args, nprocs, **options)
 
     def __init__(self) -> None:
         self.server: Any = None

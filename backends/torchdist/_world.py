@@ -27,22 +27,12 @@ class TorchWorld(ProcessWorld):
     torch_backend = "?"
 
     @classmethod
-    def spawn(
-        cls,
-        fn: Callable,
-        args: tuple,
-        nprocs: int,
-        *,
-        daemon: bool,
-        start_method: str | None,
-        backend: str,
-        **options: Any,
-    ) -> list:
+    def spawn(cls, fn: Callable, args: tuple, nprocs: int, **options: Any) -> list:
         """The values of ``fn(rank, *args)`` on ``nprocs`` processes of this machine, each with torchrun's
-        environment, as for the socket backend (:func:`simdist.backends.socket.spawn`)."""
+        environment: the socket backend's launcher (:func:`simdist.backends.socket.spawn`) starts them."""
         from simdist.backends.socket import spawn
 
-        return spawn(fn, args, nprocs, daemon=daemon, start_method=start_method, backend=backend, **options)
+        return spawn(fn, args, nprocs, **options)
 
     def __init__(self) -> None:
         self.groups: list[TorchGroup] = []
