@@ -2,7 +2,7 @@
 
     simdist app                                   # http://localhost:8501, for this machine only
     simdist app --server.port 8502                # any option of `streamlit run`, passed on unchanged
-    simdist app --server.address 0.0.0.0          # serve a class (see the README, "Serving a class")
+    simdist app --server.address 0.0.0.0          # serve a class (docs/visualizer.md, "Serving a class")
 
 A wheel installs the visualizer's ``app.py``, ``app_pages/`` and ``.streamlit/config.toml`` in
 ``simdist/app/``; in a checkout (``pip install -e .``) they are the repository root's. The command

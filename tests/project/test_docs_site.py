@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 INDEX = ROOT / "docs" / "index.md"
 PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
