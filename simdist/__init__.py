@@ -81,7 +81,7 @@ from ._subgroups import new_subgroups, split_group
 from .core._topology import TOPOLOGIES, Topology
 from .core._trace import Event, Trace
 from .core._work import Work
-from .backends.sim import simulate
+from .backends.sim import SimOptions, simulate
 
 __all__ = [
     "P2POp",
@@ -155,5 +155,6 @@ __all__ = [
     "register_backend",
     "enumerate_schedules",
     "simulate",
+    "SimOptions",
     "spawn",
 ]

@@ -14,7 +14,8 @@ skip_directory(__file__)
 from ._group import SimGroup as SimGroup  # noqa: E402
 from ._group import SimWorld as SimWorld  # noqa: E402
 from ._isolation import held as held  # noqa: E402
-from ._runner import DETAILS as DETAILS  # noqa: E402
+from ._options import DETAILS as DETAILS  # noqa: E402
+from ._options import SimOptions as SimOptions  # noqa: E402
 from ._runner import SimResult as SimResult  # noqa: E402
 from ._runner import simulate as simulate  # noqa: E402
 from ._strategies import PCTStrategy as PCTStrategy  # noqa: E402
@@ -36,6 +37,7 @@ __all__ = [
     "SimWorld",
     "SimResult",
     "simulate",
+    "SimOptions",
     "DETAILS",
     "Strategy",
     "RandomStrategy",

@@ -43,8 +43,9 @@ def spawn(
         daemon: torch's; for process backends, whether the rank processes are daemons.
         start_method: torch's; for process backends, the ``multiprocessing`` start method.
         backend: ``"sim"`` (default), or a process backend's name.
-        options: for ``"sim"``, :func:`simulate`'s keyword arguments (``seed``, ``topology``,
-            ...); for process backends only ``timeout`` (seconds).
+        options: for ``"sim"``, :func:`simulate`'s: ``options=`` a :class:`simdist.SimOptions`, or any of
+            its fields as a keyword (``seed``, ``topology``, ...); for process backends only ``timeout``
+            (seconds).
 
     Returns:
         Each rank's return value, by rank (``simulate(...).values`` for ``"sim"``).

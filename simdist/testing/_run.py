@@ -16,6 +16,8 @@ from pytest_simdist import OPTIONS
 from simdist.core._callsite import is_user_file, trace_user_code, user_call_site
 from simdist.core._errors import CollectiveMismatchError, DeadlockError, DistError, LeakWarning
 
+from simdist.backends.sim import SimOptions
+
 from ._check import check_argument, run_checked
 from ._explain import note_decisions
 
@@ -186,15 +188,9 @@ def run(
     nprocs: int,
     *,
     args: tuple = (),
-    seed: int | None = None,
-    strategy: Any = None,
-    schedule: Any = None,
-    detail: str = "messages",
-    topology: Any = None,
-    eager_limit: int = 0,
-    timeout: float | None = None,
     check: Callable | None = None,
-    **options: Any,
+    options: SimOptions | None = None,
+    **fields: Any,
 ) -> Any:
     """Run ``fn(rank, *args)`` on ``nprocs`` simulated ranks: a ``SimResult`` (``values``, ``trace``, ``schedule``).
 
@@ -215,17 +211,15 @@ def run(
         fn: the program of one rank, called as ``fn(rank, *args)``.
         nprocs: the number of ranks.
         args: the arguments after ``rank``.
-        seed: the strategy's seed; ``None`` draws one from Hypothesis's registered random.
-        strategy: ``'random'``, ``'round_robin'``, ``'pct'`` or a ``Strategy``.
-        schedule: a replay token or a list of choices (a :class:`Schedule`) to replay.
-        detail: ``'messages'`` or ``'collectives'``, as for :func:`simdist.simulate`.
-        topology: as for :func:`simdist.simulate`.
-        eager_limit: as for :func:`simdist.simulate`.
-        timeout: real seconds before the run raises ``DistTimeoutError``, or ``None``.
         check: ``check(values)`` after the run; raising or returning ``False`` fails it.
-        options: more of :func:`simdist.simulate`'s keyword arguments; unlike ``simulate``,
-            ``check_buffers`` defaults to ``True`` (``BufferRaceError`` on early writes), and
-            ``isolation`` to ``pytest --simdist-isolation``'s (else ``'threads'``).
+        options: how the run goes, a :class:`simdist.SimOptions`. Its default here differs from
+            ``simulate``'s in three fields: ``check_buffers=True`` (``BufferRaceError`` on early writes),
+            ``test`` the running pytest test, and ``isolation`` that of ``pytest --simdist-isolation``
+            (else ``'threads'``). With no ``seed``, ``strategy`` or ``schedule`` the seed is drawn from
+            Hypothesis's registered random.
+        fields: any field of :class:`simdist.SimOptions` as a keyword (``seed``, ``strategy``,
+            ``schedule``, ``detail``, ``topology``, ``eager_limit``, ``timeout``, ...): it replaces that
+            field of ``options``.
 
     Returns:
         The run's ``SimResult`` (``values`` by rank, ``trace``, ``schedule``, ...).
@@ -248,13 +242,12 @@ def run(
         >>> sdt.run(ring_sum, 4, check=lambda values: values == [6.0] * 4).values
         [6.0, 6.0, 6.0, 6.0]
     """
-    kwargs = dict(detail=detail, topology=topology, eager_limit=eager_limit, timeout=timeout, **options)
-    kwargs.setdefault("leaks", "warn")
-    kwargs.setdefault("test", current_test())
-    kwargs.setdefault("isolation", OPTIONS.get("isolation") or "threads")
-    kwargs.setdefault("check_buffers", True)
+    if options is None:
+        options = SimOptions(check_buffers=True, test=current_test(), isolation=OPTIONS.get("isolation") or "threads")
+    opts = SimOptions.of(options, fields)
     check_argument(check)
-    chosen = _options_from(nprocs, seed, strategy, schedule)
+    chosen = _options_from(nprocs, opts.seed, opts.strategy, opts.schedule)
+    kwargs = {name: value for name, value in opts.fields().items() if name not in ("seed", "strategy", "schedule")}
     outer_trace = trace_user_code(sys._getframe())
     try:
         return run_checked(fn, nprocs, args, kwargs, check, **chosen)
