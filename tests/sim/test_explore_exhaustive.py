@@ -13,7 +13,10 @@ import simdist.testing as sdt
 from simdist.sim import enumerate_schedules
 from simdist.testing._search import Search, preemptions
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.slow,
+]  # slow: starts processes or explores many schedules (quick feedback: -m 'not slow')
 
 OPTS = {"leaks": "ignore"}
 

@@ -35,6 +35,8 @@ JOIN_TIMEOUT = 240.0  # s for one round of every job at once (a bound, never rea
 _LOG: list[str] = []  # the tag of each step of the jobs below, in the order the steps ran
 _SHARED_RING = simdist.TOPOLOGIES["ring"](4)  # one Topology object given to two jobs at once
 
+pytestmark = pytest.mark.slow  # slow: starts processes or explores many schedules (quick feedback: -m 'not slow')
+
 
 # -- the programs ----------------------------------------------------------------------------------------
 

@@ -28,6 +28,8 @@ import pytest
 import simdist
 import simdist as dist
 
+pytestmark = pytest.mark.slow  # slow: starts processes or explores many schedules (quick feedback: -m 'not slow')
+
 SCRIPT = textwrap.dedent(
     """
     import faulthandler, hashlib, signal, sys, threading, time

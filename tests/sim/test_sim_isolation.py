@@ -12,6 +12,8 @@ import torch
 import simdist
 import simdist as dist
 
+pytestmark = pytest.mark.slow  # slow: starts processes or explores many schedules (quick feedback: -m 'not slow')
+
 
 def draws(rank, seed_rank0):
     dist.init_process_group("gloo")

@@ -25,7 +25,10 @@ import simdist as dist
 import simdist.testing as sdt
 
 MODES = ("threads", "processes")
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+]  # slow: starts processes or explores many schedules (quick feedback: -m 'not slow')
 
 
 def _gone(pid: int) -> bool:

@@ -19,7 +19,10 @@ from simdist.backends.sim._runner import FULL_PASS_EVERY, LARGE_WORLD
 
 import simdist as dist
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+]  # slow: starts processes or explores many schedules (quick feedback: -m 'not slow')
 
 
 def _one_all_reduce(rank: int) -> float:

@@ -15,6 +15,8 @@ import simdist as dist
 from simdist.backends.sim import PCTStrategy, RandomStrategy, ReplayStrategy
 from simdist.backends.sim._strategies import decode_choices, encode_choices
 
+pytestmark = pytest.mark.slow  # slow: starts processes or explores many schedules (quick feedback: -m 'not slow')
+
 
 def racy(rank):
     """Rank 0 records the order in which the others' messages arrive."""
