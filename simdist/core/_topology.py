@@ -543,7 +543,7 @@ def _reference(name: str) -> Callable[[int], Topology]:
     """A factory for the shipped reference topology ``name`` (its file is read when it is used)."""
 
     def make(n: int) -> Topology:
-        from ._topology_file import load_topology, reference_path
+        from ._topology_file import load_topology, reference_path  # a circle by choice: files build Topology objects
 
         return load_topology(reference_path(name), n)
 
@@ -573,7 +573,7 @@ def as_topology(spec: Any, size: int) -> Topology:
     if spec is None:
         spec = "switch"
     if isinstance(spec, os.PathLike) or (isinstance(spec, str) and spec.endswith(".json")):
-        from ._topology_file import load_topology
+        from ._topology_file import load_topology  # (the circle above)
 
         return load_topology(os.fspath(spec), size)
     if isinstance(spec, Topology):

@@ -117,6 +117,7 @@ class ProcessWorld(World):
     def timeout_of(timeout: Any) -> float:
         """The seconds an operation waits: ``timeout`` (``init_process_group``'s), else ``$SIMDIST_TIMEOUT``, else
         :data:`DEFAULT_TIMEOUT`."""
+        # a circle by choice: _checks reads the world at import; this reads a check only when called
         from ._checks import timeout_seconds
 
         if timeout is not None:
