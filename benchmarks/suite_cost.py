@@ -11,6 +11,7 @@ of the suite (none leaves a process behind).
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
@@ -68,6 +69,8 @@ class Cost:
 
 
 def main() -> int:
+    sys.path.insert(0, str(ROOT))  # as `python3 -m pytest` started at the root has it
+    os.chdir(ROOT)
     return pytest.main(["-p", "no:cacheprovider", *sys.argv[1:]], plugins=[Cost()])
 
 

@@ -11,7 +11,7 @@ import torch
 import simdist
 from simdist.core import _trace
 from simdist.core._trace import DTYPE, NONE32, Event, Trace
-from visualize._traces import load_traces
+from simdist.visualize._traces import load_traces
 
 pytestmark = pytest.mark.timeout(120)
 
