@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: reference.py, every_backend.py
+TESTS = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TESTS / "support"))  # reference.py, nccl_emulation.py, every_backend.py
+sys.path.insert(0, str(TESTS / "core"))  # test_api_collectives.py: the cases test_nccl.py runs on GPUs
 
 
 def _unavailable() -> str | None:
