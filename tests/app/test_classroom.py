@@ -18,6 +18,7 @@ import pytest
 
 from _browser import APP, LAUNCH_ARGS, ROOT, START_TIMEOUT, free_port, healthy, page_links, terminate, wait_for_run
 from _browser import chromium_path as chromium_path  # the fixture
+from _net import listening_addresses as _listening_addresses
 
 CONFIG = ROOT / ".streamlit" / "config.toml"
 
@@ -29,21 +30,6 @@ def test_the_config_binds_to_loopback_and_sends_no_statistics():
     assert config["server"]["showEmailPrompt"] is False
     assert config["browser"]["gatherUsageStats"] is False
     assert config["client"]["toolbarMode"] == "viewer"
-
-
-def _listening_addresses(port: int) -> set[str]:
-    """The local addresses of the sockets listening on ``port``, from /proc/net/tcp{,6} (Linux)."""
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            local, state = line.split()[1], line.split()[3]
-            address, hex_port = local.split(":")
-            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
-                if len(address) == 8:
-                    found.add(".".join(str(b) for b in reversed(bytes.fromhex(address))))
-                else:
-                    found.add(address)
-    return found
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -396,7 +397,7 @@ def test_the_app_simulates_on_a_calibrated_file(tmp_path, monkeypatch):
     pytest.importorskip("streamlit")
     from streamlit.testing.v1 import AppTest
 
-    from tests.test_app import APP
+    APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
     F.write_topology_file(tmp_path / "simdist-topology.json", spec(name="calibrated"))
     monkeypatch.chdir(tmp_path)

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from _browser import LAUNCH_ARGS, START_TIMEOUT, free_port, healthy, terminate, wait_for_run
 from _browser import chromium_path as chromium_path  # the fixture
-from test_classroom import _listening_addresses
+from _net import listening_addresses as _listening_addresses
 
 if sys.version_info >= (3, 11):
     import tomllib

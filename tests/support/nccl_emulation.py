@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))  # test_api_collectives: the cases it runs
 
 import simdist as dist  # noqa: E402
 
