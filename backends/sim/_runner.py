@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
 import gc
 import os
 import warnings
@@ -144,9 +146,8 @@ def simulate(
         nprocs: the number of ranks (the world size).
         args: the arguments after ``rank``.
         options: how the run goes, a :class:`SimOptions` (default: its defaults).
-        fields: any field of :class:`SimOptions` as a keyword (``seed``, ``strategy``, ``schedule``,
-            ``detail``, ``topology``, ``eager_limit``, ``timeout``, ``isolation``, ...): it replaces
-            that field of ``options``.
+        fields: any field of :class:`SimOptions` as a keyword: it replaces that field of ``options``.
+            The fields (from SimOptions):
 
     Returns:
         A ``SimResult``: ``values`` (each rank's return value, by rank), ``trace``, ``schedule``
@@ -207,7 +208,7 @@ def simulate(
             gpus_per_node=nprocs if opts.gpus_per_node is None else opts.gpus_per_node,
             timeout=opts.timeout,
             make_world=partial(SimWorld, check_buffers=opts.check_buffers),
-            algorithms=opts.algorithms,
+            algorithms=None if opts.algorithms is None else dict(opts.algorithms),
             pin_cpu=opts.pin_cpu,
             test=opts.test,
             pool=opts.pool,
@@ -217,6 +218,23 @@ def simulate(
             return _result(engine, opts.leaks, opts.trace_file)
         finally:
             engine.release()
+
+
+def _signature() -> inspect.Signature:
+    """``simulate``'s signature as ``help`` shows it: each field of :class:`SimOptions` a keyword of its own."""
+    own = list(inspect.signature(simulate).parameters.values())[:-1]  # fn, nprocs, args, options (no **fields)
+    fields = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+        for f in dataclasses.fields(SimOptions)
+    ]
+    return inspect.signature(simulate).replace(parameters=[*own, *fields])
+
+
+simulate.__signature__ = _signature()  # type: ignore[attr-defined]
+_FIELDS_DOC = (SimOptions.__doc__ or "").split("    Attributes:\n", 1)[1].split("\n\n    Example:", 1)[0]
+simulate.__doc__ = (simulate.__doc__ or "").replace(
+    "            The fields (from SimOptions):\n", _FIELDS_DOC + "\n", 1
+)
 
 
 def _result(engine: Engine, leaks: str, trace_file: Any) -> SimResult:
