@@ -122,7 +122,7 @@ def _on_hosts(hosts, argvs, env: dict[str, str], timeout: float) -> None:
 
 def calibrate_on(bed, path: Path, port: int, env: dict[str, str], quick: bool = False) -> dict:
     """``simdist calibrate --nnodes N`` on every host of ``bed``; the topology file node 0 wrote."""
-    simdist_cli = [sys.executable, "-c", "import sys; from simdist.launch.run import cli; sys.exit(cli())"]
+    simdist_cli = [sys.executable, "-c", "import sys; from simdist.run import cli; sys.exit(cli())"]
     common = ["calibrate", "--nnodes", str(len(bed)), "--master-addr", bed[0].address, "--master-port", str(port)]
     argvs = [
         [*simdist_cli, *common, "--node-rank", str(h.index), "--out", str(path), *(["--quick"] if quick else [])]

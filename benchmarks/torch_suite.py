@@ -130,7 +130,8 @@ def _socket_case_class() -> type:
       torch's ``TestDistBackend._run`` calls ``init_process_group``: from then on every group
       the test makes is a simdist socket group, whatever backend it names.
     """
-    from simdist.backends.socket import SECRET_ENV, SERVED_ENV, STORE_ENV, free_port, new_secret
+    from simdist.backends.socket import SECRET_ENV, new_secret
+    from simdist.core import SERVED_ENV, STORE_ENV, free_port
 
     class SocketSpawnCase(_gloo_case_class()):
         def setUp(self):

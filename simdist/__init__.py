@@ -9,43 +9,51 @@ __version__ = "0.1.0"
 
 from . import _source_layout  # noqa: F401  (first: in a checkout, maps backends/ and visualize/ as installed)
 
-from ._api import (
+from .api import (
+    Backend,
+    DistributedSampler,
+    P2POp,
+    all_gather,
+    all_gather_into_tensor,
+    all_gather_object,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    batch_isend_irecv,
+    broadcast,
+    broadcast_object_list,
     compute,
     destroy_process_group,
+    gather,
+    gather_object,
     get_backend,
     get_global_rank,
     get_group_rank,
     get_process_group_ranks,
     get_rank,
     get_world_size,
+    init_device_mesh,
     init_process_group,
+    irecv,
     is_available,
     is_initialized,
+    is_nccl_available,
+    isend,
+    monitored_barrier,
     new_group,
-)
-from ._collectives import (
-    all_gather,
-    all_gather_into_tensor,
-    all_reduce,
-    all_to_all,
-    all_to_all_single,
-    barrier,
-    broadcast,
-    gather,
+    new_subgroups,
+    recv,
+    recv_object_list,
     reduce,
     reduce_scatter,
     reduce_scatter_tensor,
     scatter,
-)
-from ._p2p import (
-    batch_isend_irecv,
-    irecv,
-    isend,
-    P2POp,
-    recv,
+    scatter_object_list,
     send,
+    send_object_list,
+    split_group,
 )
-from ._backend import Backend, is_nccl_available
 from ._ddp import DistributedDataParallel, GradBucket
 from .core._errors import (
     AuthenticationError,
@@ -64,20 +72,8 @@ from .core._errors import (
 from .core._future import Future
 from .core._group import group, GroupMember, ProcessGroup
 from .launch._launch import enumerate_schedules, spawn
-from ._mesh import init_device_mesh
-from ._monitored import monitored_barrier
-from ._objects import (
-    all_gather_object,
-    broadcast_object_list,
-    gather_object,
-    recv_object_list,
-    scatter_object_list,
-    send_object_list,
-)
 from .core._reduce_op import ReduceOp
 from .core._registry import BackendSpec, register_backend
-from ._sampler import DistributedSampler
-from ._subgroups import new_subgroups, split_group
 from .core._topology import TOPOLOGIES, Topology
 from .core._trace import Event, Trace
 from .core._work import Work

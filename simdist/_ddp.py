@@ -35,12 +35,10 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ._api import get_global_rank, get_rank, get_world_size
-from ._collectives import all_reduce, broadcast
 from . import torch_bridge
+from .api import all_gather_object, all_reduce, broadcast, get_global_rank, get_rank, get_world_size
 from .core._future import Future
 from .core._callsite import skip_directory, user_call_site
-from ._objects import all_gather_object
 from .core._reduce_op import ReduceOp
 from .core._work import Work
 from .core._world import current_world

@@ -16,8 +16,7 @@ from typing import Any
 
 import torch
 
-from ._api import get_world_size
-from ._collectives import all_reduce
+from .api import all_reduce, get_world_size
 from ._ddp import started_work
 from .core._future import Future
 

@@ -1,6 +1,6 @@
 """The simulator's public names in one place: ``simdist.sim.simulate``, ``simdist.sim.compute``, strategies."""
 
-from simdist._api import compute as compute
+from simdist.api import compute as compute
 from simdist.launch._launch import enumerate_schedules as enumerate_schedules
 from simdist.core._topology import TOPOLOGIES as TOPOLOGIES
 from simdist.core._topology import Topology as Topology

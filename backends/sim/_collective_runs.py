@@ -26,7 +26,8 @@ from ._messages import CollectiveRun
 if TYPE_CHECKING:
     from simdist.algorithms import CollectiveCall
 
-    from ._engine import Engine, RankState
+    from ._engine import Engine
+    from ._state import RankState
     from ._group import SimGroup
 
 __all__ = ["GroupState", "group_state", "start_collective"]

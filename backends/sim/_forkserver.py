@@ -76,8 +76,7 @@ def boot(fd: int) -> None:
     import torch.distributed  # noqa: F401
     import torch.nn.parallel  # noqa: F401
 
-    import simdist  # noqa: F401
-    from simdist import torch_bridge  # noqa: F401
+    from simdist import torch_bridge  # noqa: F401  (importing this module imported simdist and its API)
 
     from . import _rank_process
 

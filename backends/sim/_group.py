@@ -15,9 +15,11 @@ from simdist.core import World
 from ._buffers import BufferCheck, posted_over
 from ._collective_runs import group_state, start_collective
 from ._messages import Post, Waitable
+from ._state import Abort
 
 if TYPE_CHECKING:
-    from ._engine import Engine, RankState
+    from ._engine import Engine
+    from ._state import RankState
 
 __all__ = ["SimGroup", "SimWorld", "SimWork"]
 
@@ -107,8 +109,6 @@ class SimGroup(AlgorithmicGroup):
     def _p2p(self, kind: str, tensor: Any, peer: int | None, opts: Options) -> Work:
         engine, me = self.engine, self.me
         if engine.aborting:
-            from ._engine import Abort
-
             raise Abort
         src: int | None
         if kind == "send":
@@ -157,8 +157,6 @@ class SimGroup(AlgorithmicGroup):
     def _run_collective(self, call: CollectiveCall, opts: Options) -> Work:
         engine, me = self.engine, self.me
         if engine.aborting:
-            from ._engine import Abort
-
             raise Abort
         run = start_collective(engine, me, self, call)
         work = SimWork(self, run, call.op, call.outputs, track=bool(opts.async_op))

@@ -66,7 +66,8 @@ from simdist.core import user_tracer
 from . import _threads
 
 if TYPE_CHECKING:
-    from ._engine import Engine, RankState
+    from ._engine import Engine
+    from ._state import RankState
 
 __all__ = [
     "abandon",

@@ -34,10 +34,11 @@ from simdist.core import GroupMember
 
 from . import _channel as C
 from . import _forkserver, _isolation
-from ._engine import Abort
+from ._state import Abort
 
 if TYPE_CHECKING:
-    from ._engine import Engine, RankState
+    from ._engine import Engine
+    from ._state import RankState
 
 __all__ = ["ProcessRanks", "prepare"]
 __tracebackhide__ = True

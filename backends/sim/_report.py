@@ -9,7 +9,8 @@ from simdist.core import DeadlockError
 from ._messages import CollectiveRun, Post
 
 if TYPE_CHECKING:
-    from ._engine import Engine, RankState
+    from ._engine import Engine
+    from ._state import RankState
 
 __all__ = ["deadlock_error", "leaks", "undestroyed"]
 

@@ -16,25 +16,19 @@ from ._auth import new_secret as new_secret  # noqa: E402
 from ._checked import CHECK_ENV as CHECK_ENV  # noqa: E402
 from ._failures import FirstFailure as FirstFailure  # noqa: E402
 from ._failures import launcher_saw as launcher_saw  # noqa: E402
-from ._spawn import free_port as free_port  # noqa: E402
 from ._spawn import spawn as spawn  # noqa: E402
 from ._store import StoreServer as StoreServer  # noqa: E402
-from ._world import SERVED_ENV as SERVED_ENV  # noqa: E402
-from ._world import STORE_ENV as STORE_ENV  # noqa: E402
 from ._world import SocketWorld as SocketWorld  # noqa: E402
 from ._world import is_loopback as is_loopback  # noqa: E402
 
 __all__ = [
     "SocketWorld",
     "spawn",
-    # What a launcher (``simdist run``) uses: the job's secret and port, the store it serves, and how
-    # it learns which rank failed first.
+    # What a launcher (``simdist run``) uses: the job's secret, the store it serves, and how it learns which
+    # rank failed first (the job's store address and a free port are the core's: STORE_ENV, free_port).
     "SECRET_ENV",
-    "STORE_ENV",
-    "SERVED_ENV",
     "CHECK_ENV",
     "new_secret",
-    "free_port",
     "is_loopback",
     "StoreServer",
     "FirstFailure",

@@ -5,26 +5,18 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
-import socket
 import time
 import traceback
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from simdist.core import DistTimeoutError, PeerLostError, RankError, add_note
-from simdist.core import BACKEND_ENV
+from simdist.core import BACKEND_ENV, SERVED_ENV, STORE_ENV, free_port
 
-__all__ = ["spawn", "free_port"]
+__all__ = ["spawn"]
 
 SETTLE_S = 5.0
 """How long spawn waits for the original error once a rank reported only another rank's failure (or a timeout)."""
-
-
-def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _send(conn: Any, message: tuple) -> None:
@@ -141,8 +133,6 @@ def spawn(
     from ._auth import new_secret
 
     from simdist.torch_bridge.processes import TORCH_BACKEND_ENV
-
-    from ._world import SERVED_ENV, STORE_ENV
 
     master_port, store_port = free_port(), free_port()
     while store_port == master_port:

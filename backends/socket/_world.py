@@ -12,25 +12,14 @@ from urllib.parse import urlparse
 
 from simdist.core import DistError, DistTimeoutError, PeerLostError
 from simdist.core import GroupMember
-from simdist.core import ProcessWorld, set_process_world
+from simdist.core import SERVED_ENV, STORE_ENV, ProcessWorld, set_process_world
 
 from ._checked import agreed_checks
 from ._failures import FailureMonitor, Heartbeat, JobStore, caused_by, failure_text
 from ._flight import FlightRecorder
 from ._group import SocketGroup
 
-__all__ = ["SocketWorld", "rendezvous", "STORE_ENV", "SERVED_ENV"]
-
-STORE_ENV = "SIMDIST_STORE"
-"""``HOST:PORT`` of the job's store for ``env://``, set by simdist's launchers. ``MASTER_ADDR`` and
-``MASTER_PORT`` then stay what torchrun makes them: the address where a torch program's own
-``TCPStore`` listens, so a torch program and simdist's store never compete for a port. Unset,
-``env://`` means ``MASTER_ADDR:MASTER_PORT``, as for torch."""
-
-SERVED_ENV = "SIMDIST_STORE_SERVED"
-"""Set by a launcher that serves the job's store itself (``simdist run``): ``HOST:PORT``. Rank 0
-then serves none at that address, and the store outlives every rank, so the launcher reads the
-job's failures after the ranks are gone."""
+__all__ = ["SocketWorld", "rendezvous"]
 
 
 def _env_int(name: str) -> int:

@@ -37,6 +37,9 @@ from ._library import Handle as Handle
 from ._library import LibraryGroup as LibraryGroup
 from ._reduce_op import ReduceOp as ReduceOp
 from ._registry import BACKEND_ENV as BACKEND_ENV
+from ._registry import SERVED_ENV as SERVED_ENV
+from ._registry import STORE_ENV as STORE_ENV
+from ._registry import free_port as free_port
 from ._registry import TORCH_NAMES as TORCH_NAMES
 from ._registry import backend_spec as backend_spec
 from ._signatures import decode_signature as decode_signature
@@ -59,12 +62,12 @@ from ._world import set_thread_world as set_thread_world
 from ._world import thread_world as thread_world
 
 __all__ = [
-    "BACKEND_ENV", "TORCH_NAMES", "arrays", "AuthenticationError", "BufferRaceError", "CollectiveMismatchError",
+    "BACKEND_ENV", "SERVED_ENV", "STORE_ENV", "TORCH_NAMES", "arrays", "AuthenticationError", "BufferRaceError", "CollectiveMismatchError",
     "CompletedWork", "DeadlockError", "DeferredWork", "DistError", "DistTimeoutError", "Event", "Flows",
     "GroupMember", "Handle", "LeakWarning", "LibraryGroup", "Options", "PeerLostError", "ProcessGroup",
     "ProcessWorld", "ProtocolError", "RankError", "RankExitError", "Raw", "ReduceOp", "Topology", "Trace", "Work",
     "World", "add_note", "as_topology", "backend_spec", "check_int", "current_world", "decode_signature",
-    "encode_signature", "format_user_exception", "library_call", "mismatch_error", "set_process_world",
+    "encode_signature", "format_user_exception", "free_port", "library_call", "mismatch_error", "set_process_world",
     "set_remote_site", "set_thread_world", "signature_digest", "skip_directory", "thread_world", "timeout_seconds",
     "user_call_site", "user_tracer",
 ]  # fmt: skip

@@ -1,22 +1,45 @@
-"""Backends by name: a registry that imports nothing heavy until a backend is used."""
+"""Backends by name (a registry that imports nothing heavy until a backend is used), and the environment
+simdist's launchers give a rank process: its backend, the job's store, a free port for one."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._world import World
 
-__all__ = ["BackendSpec", "register_backend", "backend_spec", "backend_names", "TORCH_NAMES"]
+__all__ = [
+    "BACKEND_ENV", "SERVED_ENV", "STORE_ENV", "TORCH_NAMES", "BackendSpec", "backend_names", "backend_spec",
+    "free_port", "register_backend",
+]  # fmt: skip
 
 BACKEND_ENV = "SIMDIST_BACKEND"
 """Set by simdist's launchers: ``init_process_group`` binds to this backend whatever name the code gives."""
 
+STORE_ENV = "SIMDIST_STORE"
+"""``HOST:PORT`` of the job's store for ``env://``, set by simdist's launchers. ``MASTER_ADDR`` and
+``MASTER_PORT`` then stay what torchrun makes them: the address where a torch program's own
+``TCPStore`` listens, so a torch program and simdist's store never compete for a port. Unset,
+``env://`` means ``MASTER_ADDR:MASTER_PORT``, as for torch."""
+
+SERVED_ENV = "SIMDIST_STORE_SERVED"
+"""Set by a launcher that serves the job's store itself (``simdist run``): ``HOST:PORT``. Rank 0
+then serves none at that address, and the store outlives every rank, so the launcher reads the
+job's failures after the ranks are gone."""
+
 TORCH_NAMES = ("gloo", "nccl", "mpi", "ucc", "cpu:gloo,cuda:nccl")
 """Backend names of torch.distributed. Inside a simulation they all bind to the simulator."""
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago (for a job's store or ``MASTER_PORT``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)

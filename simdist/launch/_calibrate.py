@@ -192,7 +192,7 @@ def _gathers(reps: int) -> dict[str, list[float]]:
     machine in the same state."""
     import torch
 
-    import simdist as d
+    from simdist import api as d
 
     from ..core._world import require_world
 
@@ -222,7 +222,7 @@ def _rank(
     announces each measurement through a :class:`Progress` of ``names``."""
     import torch
 
-    import simdist as d
+    from simdist import api as d
 
     from ..backends.socket import CHECK_ENV
 

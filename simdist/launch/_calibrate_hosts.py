@@ -93,7 +93,7 @@ def _measure(rank: int, world: int, per_host: int, reps: int, target: float) -> 
     """One rank's figures (see the module doc); the same decisions on every rank."""
     import torch
 
-    import simdist as d
+    from simdist import api as d
 
     progress = Progress(MEASUREMENTS if rank == 0 else ())
     hosts = world // per_host
@@ -184,7 +184,7 @@ def job(argv: Sequence[str] | None = None) -> None:
     ``RESULTS`` (a JSON list by rank)."""
     import torch
 
-    import simdist as d
+    from simdist import api as d
 
     results, per_host, reps, target = list(sys.argv[1:] if argv is None else argv)
     torch.set_num_threads(1)

@@ -47,7 +47,7 @@ from typing import IO, Any
 
 from . import _scripts, _torchrun
 
-__all__ = ["COMMANDS", "ENGINES", "cli", "main"]
+__all__ = ["ENGINES", "main"]
 
 GRACE_SECONDS = 5.0
 """How long ranks get between SIGTERM and SIGKILL once the job is being stopped."""
@@ -373,63 +373,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
-COMMANDS = {
-    "run": "run a script on several ranks, like torchrun: real processes, or simulated ranks (--backend sim)",
-    "calibrate": "measure this machine's latency, bandwidth and reduction speed; write a topology file",
-    "app": "serve the visualizer (Streamlit; needs the app extra: pip install 'simdist[app]')",
-}
-"""The subcommands of the ``simdist`` console script, each with its one-line summary."""
-
-
-def _usage() -> str:
-    width = max(map(len, COMMANDS))
-    lines = [f"  {name.ljust(width)}  {summary}" for name, summary in COMMANDS.items()]
-    return (
-        "usage: simdist <command> [options]\n"
-        "       simdist --version\n\n"
-        "simdist teaches and tests distributed training code written for torch.distributed.\n\n"
-        "commands:\n" + "\n".join(lines) + "\n\n"
-        "options:\n"
-        "  -h, --help     show this help and exit\n"
-        "  -V, --version  show simdist's version and exit\n\n"
-        "'simdist <command> --help' describes a command.\n\n"
-        "examples:\n"
-        "  simdist run --nproc-per-node 4 --backend sim train.py\n"
-        "  simdist calibrate --out my-machine.json\n"
-        "  simdist app\n"
-    )
-
-
-def cli() -> int:
-    """The ``simdist`` console script: ``simdist run ...``, ``simdist calibrate ...``, ``simdist app ...``, ``--version``,
-    ``--help``."""
-    args = sys.argv[1:]
-    if args and args[0] == "run":
-        return main(args[1:])
-    if args and args[0] == "calibrate":
-        from simdist.launch._calibrate import main as calibrate_main
-
-        return calibrate_main(args[1:])
-    if args and args[0] == "app":
-        from simdist.launch._app_cli import main as app_main
-
-        return app_main(args[1:])
-    if args in (["-h"], ["--help"]):
-        sys.stdout.write(_usage())
-        return 0
-    if args in (["-V"], ["--version"]):
-        from simdist import __version__
-
-        sys.stdout.write(f"simdist {__version__}\n")
-        return 0
-    problem = f"unknown command {args[0]!r}" if args else "a command is required"
-    sys.stderr.write(
-        f"usage: simdist <command> [options]  (simdist --help lists the commands)\n"
-        f"simdist: error: {problem}; expected one of: {', '.join(COMMANDS)}\n"
-    )
-    return 2
-
-
 # --- process backends: one process per rank -----------------------------------------------------
 
 
@@ -445,7 +388,7 @@ def _launch_env(opts: argparse.Namespace) -> dict[str, str]:
 
 def _rank_env(opts: argparse.Namespace, local: int, ports: tuple[int, int], secret: str) -> dict[str, str]:
     """A rank's environment: torchrun's variables, simdist's store and secret, and the bridge where asked for."""
-    from simdist.backends.socket import SERVED_ENV, STORE_ENV
+    from simdist.core import SERVED_ENV, STORE_ENV
     from simdist.torch_bridge.processes import TORCH_BACKEND_ENV
 
     n, (master_port, store_port) = opts.nproc_per_node, ports
@@ -487,7 +430,8 @@ def _elastic_env(opts: argparse.Namespace) -> dict[str, str]:
 
 def _job_ports_and_secret(opts: argparse.Namespace) -> tuple[tuple[int, int], str]:
     """``((master port, store port), secret)``: free ports and a new secret on one node; agreed ones on several."""
-    from simdist.backends.socket import SECRET_ENV, free_port, new_secret
+    from simdist.backends.socket import SECRET_ENV, new_secret
+    from simdist.core import free_port
 
     if opts.nnodes == 1:
         master = opts.master_port or free_port()
@@ -873,8 +817,10 @@ def _too_few_gpus(per_node: int) -> bool:
 def _run_sim(opts: argparse.Namespace) -> int:
     import torch
 
-    import simdist
-    from simdist import DistError, RankError, RankExitError, torch_bridge
+    from simdist import torch_bridge
+    from simdist.core import DistError, RankError, RankExitError
+
+    from ._launch import spawn
     from simdist.core._callsite import format_user_exception
 
     n, world = opts.nproc_per_node, opts.nproc_per_node * opts.nnodes
@@ -906,12 +852,12 @@ def _run_sim(opts: argparse.Namespace) -> int:
     def start_ranks(fn: Any, args: Any, nprocs: int, start_method: str) -> None:
         own = processes and start_method != "fork"
         main = script if _reimports(fn, start_method) and not own else None
-        simdist.spawn(_scripts.spawned, args=(main, fn, *args), nprocs=nprocs, backend="sim", **_as(options, own))
+        spawn(_scripts.spawned, args=(main, fn, *args), nprocs=nprocs, backend="sim", **_as(options, own))
 
     def run_processes(calls: list, start_method: str) -> None:
         own = processes and start_method != "fork"
         mains = [script if _reimports(target, start_method) and not own else None for target, _, _ in calls]
-        simdist.spawn(_scripts.started, args=(mains, calls), nprocs=len(calls), backend="sim", **_as(options, own))
+        spawn(_scripts.started, args=(mains, calls), nprocs=len(calls), backend="sim", **_as(options, own))
 
     # runpy swaps sys.modules["__main__"] and sys.argv[0] in and out; with ranks interleaved
     # the swaps do not nest, so the launcher's own values are put back here.
@@ -923,7 +869,7 @@ def _run_sim(opts: argparse.Namespace) -> int:
         with _environment({**_launch_env(opts), **_elastic_env(opts)}):
             if not as_parent:
                 ranks_args = (target, n, world, master, opts.module)
-                simdist.spawn(_scripts.script_rank, args=ranks_args, nprocs=world, backend="sim", **options)
+                spawn(_scripts.script_rank, args=ranks_args, nprocs=world, backend="sim", **options)
             else:
                 gpus = torch_bridge.cuda.simulated_gpus(n) if cuda_as_cpu else contextlib.nullcontext()
                 with gpus, torch_bridge.spawn.starting_ranks(start_ranks, run_processes):

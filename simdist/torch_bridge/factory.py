@@ -70,7 +70,7 @@ def helper(
     """
     from torch.distributed import distributed_c10d as c10d
 
-    from .. import _api as api
+    from .. import api
 
     if not global_ranks:  # the default group
         join(group_rank, group_size, kwargs.get("timeout"))
@@ -92,7 +92,7 @@ def helper(
 
 def creator(opts: Any, backend_options: Any = None) -> Any:
     """torch's backend factory (extended API) for ``"simdist"``: a bridge group over the pending simdist group."""
-    from .. import _api as api
+    from .. import api
     from ..core._world import current_world
     from .group import bridge_classes
 

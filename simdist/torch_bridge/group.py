@@ -96,7 +96,7 @@ def bridge_classes() -> tuple[type, type]:
     """``(BridgeGroup, BridgeWork)``, made on first use."""
     import torch.distributed as tdist
 
-    from .. import _api, _collectives, _p2p
+    from .. import api
     from . import profiler
 
     class BridgeWork(tdist.Work):
@@ -258,12 +258,12 @@ def bridge_classes() -> tuple[type, type]:
             op, factor = _reduction(opts, "all_reduce")
             if any(t.layout == torch.sparse_coo for t in tensors):
                 return self._start(self._sparse_sum(tensors, op), tensors)
-            works = [_collectives.all_reduce(_scaled(t, factor), op=op, group=self._g, async_op=True) for t in tensors]
+            works = [api.all_reduce(_scaled(t, factor), op=op, group=self._g, async_op=True) for t in tensors]
             return self._start(works, tensors)
 
         def _sparse_sum(self, tensors: list, op: Any) -> list:
             """gloo's sparse all_reduce: each sparse COO tensor becomes the sum of every rank's (nnz may differ)."""
-            from .._objects import all_gather_object
+            from ..api import all_gather_object
             from ..core._reduce_op import ReduceOp
 
             if op is not ReduceOp.SUM:
@@ -279,45 +279,39 @@ def bridge_classes() -> tuple[type, type]:
         def broadcast(self, tensors, opts):
             self._record("broadcast", tensors)
             src = self._global(opts.rootRank)
-            works = [_collectives.broadcast(t, src=src, group=self._g, async_op=True) for t in tensors]
+            works = [api.broadcast(t, src=src, group=self._g, async_op=True) for t in tensors]
             return self._start(works, tensors)
 
         def reduce(self, tensors, opts):
             self._record("reduce", tensors)
             dst, (op, factor) = self._global(opts.rootRank), _reduction(opts, "reduce")
-            works = [
-                _collectives.reduce(_scaled(t, factor), dst=dst, op=op, group=self._g, async_op=True) for t in tensors
-            ]
+            works = [api.reduce(_scaled(t, factor), dst=dst, op=op, group=self._g, async_op=True) for t in tensors]
             return self._start(works, tensors)
 
         def allgather(self, output_lists, inputs, opts=None):
             self._record("all_gather", inputs)
-            works = [
-                _collectives.all_gather(outs, x, group=self._g, async_op=True) for outs, x in zip(output_lists, inputs)
-            ]
+            works = [api.all_gather(outs, x, group=self._g, async_op=True) for outs, x in zip(output_lists, inputs)]
             return self._start(works, output_lists)
 
         def allgather_coalesced(self, output_lists, inputs, opts=None):
             """``output_lists[r][i]`` receives rank r's ``inputs[i]``."""
             self._record("all_gather", inputs)
             works = [
-                _collectives.all_gather([outs[i] for outs in output_lists], x, group=self._g, async_op=True)
+                api.all_gather([outs[i] for outs in output_lists], x, group=self._g, async_op=True)
                 for i, x in enumerate(inputs)
             ]
             return self._start(works, output_lists)
 
         def _allgather_base(self, output, input, opts=None):
             self._record("all_gather", [input])
-            work = _collectives.all_gather_into_tensor(output, input, group=self._g, async_op=True)
+            work = api.all_gather_into_tensor(output, input, group=self._g, async_op=True)
             return self._start([work], [output])
 
         all_gather_single = all_gather_into_tensor = _allgather_base
 
         def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
             self._record("all_gather", inputs)
-            works = [
-                _collectives.all_gather_into_tensor(o, x, group=self._g, async_op=True) for o, x in zip(outputs, inputs)
-            ]
+            works = [api.all_gather_into_tensor(o, x, group=self._g, async_op=True) for o, x in zip(outputs, inputs)]
             return self._start(works, outputs)
 
         all_gather_single_coalesced = allgather_into_tensor_coalesced
@@ -326,9 +320,7 @@ def bridge_classes() -> tuple[type, type]:
             self._record("reduce_scatter", [x for xs in input_lists for x in xs])
             op, factor = _reduction(opts, "reduce_scatter")
             works = [
-                _collectives.reduce_scatter(
-                    o, [_scaled(x, factor, copy=True) for x in xs], op=op, group=self._g, async_op=True
-                )
+                api.reduce_scatter(o, [_scaled(x, factor, copy=True) for x in xs], op=op, group=self._g, async_op=True)
                 for o, xs in zip(outputs, input_lists)
             ]
             return self._start(works, outputs)
@@ -336,7 +328,7 @@ def bridge_classes() -> tuple[type, type]:
         def _reduce_scatter_base(self, output, input, opts=None):
             self._record("all_reduce", [input])  # gloo's own title for it
             op, factor = _reduction(opts, "reduce_scatter_tensor")
-            work = _collectives.reduce_scatter_tensor(
+            work = api.reduce_scatter_tensor(
                 output, _scaled(input, factor, copy=True), op=op, group=self._g, async_op=True
             )
             return self._start([work], [output])
@@ -347,9 +339,7 @@ def bridge_classes() -> tuple[type, type]:
             self._record("reduce_scatter_tensor_coalesced", inputs)
             op, factor = _reduction(opts, "reduce_scatter_tensor")
             works = [
-                _collectives.reduce_scatter_tensor(
-                    o, _scaled(x, factor, copy=True), op=op, group=self._g, async_op=True
-                )
+                api.reduce_scatter_tensor(o, _scaled(x, factor, copy=True), op=op, group=self._g, async_op=True)
                 for o, x in zip(outputs, inputs)
             ]
             return self._start(works, outputs)
@@ -358,7 +348,7 @@ def bridge_classes() -> tuple[type, type]:
 
         def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
             self._record("all_to_all", [input])
-            work = _collectives.all_to_all_single(
+            work = api.all_to_all_single(
                 output,
                 input,
                 list(output_split_sizes) or None,
@@ -372,13 +362,13 @@ def bridge_classes() -> tuple[type, type]:
 
         def alltoall(self, outputs, inputs, opts=None):
             self._record("all_to_all", inputs)
-            return self._start([_collectives.all_to_all(outputs, inputs, group=self._g, async_op=True)], outputs)
+            return self._start([api.all_to_all(outputs, inputs, group=self._g, async_op=True)], outputs)
 
         def gather(self, output_lists, inputs, opts):
             self._record("gather", inputs)
             dst, root = self._global(opts.rootRank), self.rank() == opts.rootRank
             works = [
-                _collectives.gather(x, outs if root else None, dst=dst, group=self._g, async_op=True)
+                api.gather(x, outs if root else None, dst=dst, group=self._g, async_op=True)
                 for outs, x in zip(output_lists or [None] * len(inputs), inputs)
             ]
             return self._start(works, output_lists)
@@ -388,7 +378,7 @@ def bridge_classes() -> tuple[type, type]:
             """torch 2.14's ``gather_into_tensor``/``gather_single``: the root's ``output`` holds every input."""
             root = self.rank() == opts.rootRank
             parts = list(output.chunk(self.size())) if root else None
-            work = _collectives.gather(input, parts, dst=self._global(opts.rootRank), group=self._g, async_op=True)
+            work = api.gather(input, parts, dst=self._global(opts.rootRank), group=self._g, async_op=True)
             return self._start([work], [output])
 
         gather_single = gather_into_tensor = _gather_base
@@ -397,14 +387,14 @@ def bridge_classes() -> tuple[type, type]:
             self._record("scatter", [x for xs in input_lists or () for x in xs])
             src, root = self._global(opts.rootRank), self.rank() == opts.rootRank
             works = [
-                _collectives.scatter(o, xs if root else None, src=src, group=self._g, async_op=True)
+                api.scatter(o, xs if root else None, src=src, group=self._g, async_op=True)
                 for o, xs in zip(outputs, input_lists or [None] * len(outputs))
             ]
             return self._start(works, outputs)
 
         def barrier(self, opts=None):
             self._record("barrier", [])
-            return self._start([_collectives.barrier(group=self._g, async_op=True)], [])
+            return self._start([api.barrier(group=self._g, async_op=True)], [])
 
         def monitored_barrier(self, timeout=None, wait_all_ranks=False):
             """gloo's monitored barrier, its timeout in virtual time: group rank 0 waits for every other rank.
@@ -417,9 +407,9 @@ def bridge_classes() -> tuple[type, type]:
             seconds = timeout_seconds(timeout, "timeout", default=0.0)  # torch passes its group timeout
             me, token = self.rank(), torch.zeros(1)
             if me != 0:
-                sent = _p2p.isend(token, group=self._g, group_dst=0, tag=_MONITORED)
+                sent = api.isend(token, group=self._g, group_dst=0, tag=_MONITORED)
                 try:
-                    _p2p.irecv(torch.zeros(1), group=self._g, group_src=0, tag=_MONITORED).wait(seconds)
+                    api.irecv(torch.zeros(1), group=self._g, group_src=0, tag=_MONITORED).wait(seconds)
                 except DistTimeoutError:
                     raise RuntimeError(
                         f"[Rank {me}]: Rank {me} successfully reached monitoredBarrier, but received errors while "
@@ -432,7 +422,7 @@ def bridge_classes() -> tuple[type, type]:
             missing = []
             for r in range(1, self.size()):
                 try:
-                    _p2p.irecv(torch.zeros(1), group=self._g, group_src=r, tag=_MONITORED).wait(seconds)
+                    api.irecv(torch.zeros(1), group=self._g, group_src=r, tag=_MONITORED).wait(seconds)
                 except DistTimeoutError:
                     missing.append(r)
                     if not wait_all_ranks:
@@ -443,24 +433,24 @@ def bridge_classes() -> tuple[type, type]:
                 raise RuntimeError(f"[Rank 0]: Ranks {ranks} failed to pass monitoredBarrier in {ms} ms")
             if missing:
                 raise RuntimeError(f"[Rank 0]: Rank {missing[0]} failed to pass monitoredBarrier in {ms} ms")
-            for work in [_p2p.isend(token, group=self._g, group_dst=r, tag=_MONITORED) for r in range(1, self.size())]:
+            for work in [api.isend(token, group=self._g, group_dst=r, tag=_MONITORED) for r in range(1, self.size())]:
                 work.wait()
 
         # -- point to point: posted at once, complete at wait() ------------------------------------------
 
         def send(self, tensors, dst, tag):
             self._record("send", tensors)
-            works = [_p2p.isend(t, group=self._g, group_dst=dst, tag=tag) for t in tensors]
+            works = [api.isend(t, group=self._g, group_dst=dst, tag=tag) for t in tensors]
             return self._start(works, tensors)
 
         def recv(self, tensors, src, tag):
             self._record("recv", tensors)
-            works = [_p2p.irecv(t, group=self._g, group_src=src, tag=tag) for t in tensors]
+            works = [api.irecv(t, group=self._g, group_src=src, tag=tag) for t in tensors]
             return self._start(works, tensors)
 
         def recv_anysource(self, tensors, tag):
             self._record("recvAnySource", tensors)
-            works = [_p2p.irecv(t, None, group=self._g, tag=tag) for t in tensors]
+            works = [api.irecv(t, None, group=self._g, tag=tag) for t in tensors]
             return self._start(works, tensors, source=(self._g, works[-1]) if works else None)
 
         # -- life cycle ---------------------------------------------------------------------------------
@@ -468,12 +458,12 @@ def bridge_classes() -> tuple[type, type]:
         def shutdown(self) -> None:
             """torch's ``destroy_process_group`` calls this for each group it destroys: destroy the simdist group."""
             self._keeper = _Keeper()
-            if not _api.is_initialized() or self._g.destroyed:
+            if not api.is_initialized() or self._g.destroyed:
                 return
             if self._g.group_id == 0:  # the default group
-                _api.destroy_process_group()
+                api.destroy_process_group()
             else:
-                _api.destroy_process_group(self._g)
+                api.destroy_process_group(self._g)
 
         def abort(self) -> None:
             pass

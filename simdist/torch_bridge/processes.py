@@ -101,9 +101,9 @@ def _join(rank: int, world_size: int, timeout: Any) -> None:
     ``env://`` finds the store there but asks for ``MASTER_ADDR`` too, which a program whose torch
     rendezvous is a ``file://`` store (torch's own tests) does not set: the store is then named as ``tcp://``.
     """
-    from simdist.backends.socket import STORE_ENV
+    from ..core import STORE_ENV
 
-    from .. import _api as api
+    from .. import api
 
     if not api.is_initialized():
         store = os.environ.get(STORE_ENV)
@@ -122,7 +122,7 @@ def _join(rank: int, world_size: int, timeout: Any) -> None:
 
 def _child(backend: str, store: str, target: Callable, args: tuple, kwargs: dict) -> Any:
     """A process started by a bridged one: its own job's store, the bridge, then its ``target``."""
-    from simdist.backends.socket import SERVED_ENV, STORE_ENV
+    from ..core import SERVED_ENV, STORE_ENV
 
     os.environ[STORE_ENV] = store
     os.environ.pop(SERVED_ENV, None)
@@ -138,7 +138,7 @@ def _start(process: BaseProcess) -> None:
     started while others of this process run are one job, with a store of their own on a free
     loopback port that their rank 0 serves; once they have all ended, the next ones get a new one.
     """
-    from simdist.backends.socket import free_port
+    from ..core import free_port
 
     if process._target is not None and process._target is not _child:
         children = _state["children"]

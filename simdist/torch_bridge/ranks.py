@@ -106,7 +106,7 @@ def _rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs: Any) -
     if not in_rank():
         yield from _state["rendezvous"](url, rank, world_size, **kwargs)
         return
-    from .. import _api as api
+    from .. import api
 
     _join_simdist(rank, world_size, kwargs.get("timeout"))
     if isinstance(_local.store, _Lazy):
@@ -116,7 +116,7 @@ def _rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs: Any) -
 
 def _join_simdist(rank: int, world_size: int, timeout: Any) -> None:
     """Initialize the rank's simdist world (once); ``rank``/``world_size`` must match the simulation."""
-    from .. import _api as api
+    from .. import api
 
     if not api.is_initialized():
         api.init_process_group("sim", rank=rank, world_size=world_size, timeout=timeout)

@@ -1,8 +1,9 @@
 """The layers of the source tree, as ``benchmarks/structure.py`` measures them (sources parsed, never imported).
 
-The core (``simdist.core``) is the bottom: it imports nothing of simdist outside itself. The backends build on
-what ``simdist.core`` and ``simdist.algorithms`` export, never on a private module of either; the only other
-parts of simdist a backend reaches are named below with the reason.
+Each folder imports only folders of its own layer or below (``LAYERS``), so no import circle joins two
+folders. The core (``simdist.core``) is the bottom: it imports nothing of simdist outside itself. The backends
+build on what ``simdist.core`` and ``simdist.algorithms`` export, never on a private module of either; the only
+other part of simdist a backend reaches is the torch bridge, named below with the reason.
 """
 
 from __future__ import annotations
@@ -22,11 +23,21 @@ BEYOND_THE_CORE = {
     ("simdist.backends.sim._rank_process", "simdist.torch_bridge"),
     ("simdist.backends.sim._runner", "simdist.torch_bridge"),
     ("simdist.backends.sim._forkserver", "simdist.torch_bridge"),
-    # the fork server imports simdist once, so that every rank process it forks starts with it imported
-    ("simdist.backends.sim._forkserver", "simdist"),
     # a socket job's processes run torch's process groups on simdist's socket backend when asked
     ("simdist.backends.socket._spawn", "simdist.torch_bridge.processes"),
 }
+
+# The folders from the bottom up: a folder imports folders of its own layer or of a layer below.
+LAYERS = [
+    {"simdist.core"},  # the group interface, world and registry, arrays, errors, checks, trace, topology
+    {"simdist.algorithms", "simdist.api"},  # each collective once; torch.distributed's functions over a world
+    {"simdist.torch_bridge"},  # torch's process groups as simdist groups, simulated GPUs
+    {"simdist.backends", "simdist.backends.sim", "simdist.backends.socket", "simdist.backends.nccl",
+     "simdist.backends.torchdist"},  # the group interface implemented; sim and socket install the bridge
+    {"simdist.launch"},  # simdist run, spawn, calibrate, the app command
+    {"simdist"},  # the public names, DDP, the console script
+    {"simdist.testing", "simdist.visualize", "simdist.exercises"},  # built on all of it
+]  # fmt: skip
 
 
 def _edges() -> list[tuple[str, str, bool]]:
@@ -35,6 +46,18 @@ def _edges() -> list[tuple[str, str, bool]]:
     return [
         (name, target, eager) for name, path in mods.items() for target, eager in structure.imports(name, path, known)
     ]
+
+
+def test_every_folder_imports_only_its_own_layer_and_those_below():
+    mods = structure.modules()
+    folder = {name: structure.package_of(name, path) for name, path in mods.items()}
+    layer = {name: i for i, names in enumerate(LAYERS) for name in names}
+    assert set(folder.values()) == set(layer), "every folder has a layer in LAYERS"
+    upward = sorted(
+        {(a, b) for a, b, _ in _edges() if layer[folder[b]] > layer[folder[a]]},
+    )
+    assert upward == [], f"imports of a layer above: {upward}"
+    assert structure.measure()["folder circles"] == []
 
 
 def test_the_core_imports_nothing_of_simdist_outside_itself():

@@ -114,7 +114,7 @@ def test_star_import_gives_exactly_all() -> None:
 
 
 def test_public_objects_come_from_private_modules() -> None:
-    """Implementation lives in private modules (``simdist._api``), re-exported by name."""
+    """Implementation lives in private modules (``simdist.api._setup``), re-exported by name."""
     for name in simdist.__all__:
         obj = getattr(simdist, name)
         module = getattr(obj, "__module__", None)

@@ -290,7 +290,7 @@ def test_simdist_calibrate_quick_writes_a_loadable_file(tmp_path):
         [
             sys.executable,
             "-c",
-            "from simdist.launch.run import cli; raise SystemExit(cli())",
+            "from simdist.run import cli; raise SystemExit(cli())",
             "calibrate",
             "--quick",
             "--out",
@@ -557,7 +557,7 @@ def test_simdist_calibrate_across_two_hosts_measures_their_shaped_link(testbed, 
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     env["SIMDIST_SECRET"] = new_secret()
     out = tmp_path / "hosts.json"
-    cli = [sys.executable, "-c", "from simdist.launch.run import cli; raise SystemExit(cli())", "calibrate", "--quick"]
+    cli = [sys.executable, "-c", "from simdist.run import cli; raise SystemExit(cli())", "calibrate", "--quick"]
     common = ["--nnodes", "2", "--master-addr", bed[0].address, "--master-port", "29660", "--host-file", str(host)]
     nodes = [
         h.popen([*cli, *common, "--node-rank", str(h.index), "--out", str(out)], stdout=subprocess.PIPE,

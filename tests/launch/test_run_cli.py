@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from simdist.backends.socket._auth import new_secret
-from simdist.backends.socket._spawn import free_port
+from simdist.core import free_port
 
 from simdist.launch import run
 

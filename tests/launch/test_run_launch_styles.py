@@ -257,7 +257,7 @@ def test_a_deadlock_among_process_ranks_is_reported_with_its_lines(tmp_path: Pat
 @pytest.mark.timeout(330)
 def test_process_ranks_of_a_script_get_the_bridge_on_real_processes(tmp_path: Path) -> None:
     """On the socket backend the Process ranks are real processes; their torch groups are the bridge's."""
-    from simdist.backends.socket import free_port
+    from simdist.core import free_port
 
     script = _script(tmp_path, PROCESS_STYLE.format(deadlock=False))
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}

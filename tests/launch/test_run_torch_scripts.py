@@ -20,7 +20,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from simdist.backends.socket import free_port, new_secret
+from simdist.backends.socket import new_secret
+from simdist.core import free_port
 
 from simdist.launch import run
 

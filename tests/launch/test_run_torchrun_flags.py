@@ -183,7 +183,7 @@ def test_rdzv_endpoint_is_the_jobs_master_address_and_port(tmp_path):
 
 
 def _free_port() -> int:
-    from simdist.backends.socket._spawn import free_port
+    from simdist.core import free_port
 
     return free_port()
 
@@ -231,7 +231,7 @@ def test_help_screens_end_with_examples(capsys):
         run.main(["--help"])
     tail = capsys.readouterr().out.rstrip().splitlines()[-4:]
     assert tail[0] == "examples:" and all(line.startswith("  simdist run ") for line in tail[1:]), tail
-    out = subprocess.run([sys.executable, "-c", "import sys; from simdist.launch.run import cli; sys.argv = ['simdist', '--help']; "
+    out = subprocess.run([sys.executable, "-c", "import sys; from simdist.run import cli; sys.argv = ['simdist', '--help']; "
                           "sys.exit(cli())"], capture_output=True, text=True, timeout=120).stdout  # fmt: skip
     assert out.rstrip().splitlines()[-4] == "examples:", out
 
@@ -251,9 +251,7 @@ def test_every_other_help_screen_ends_with_examples(command):
     module, *args = command
     env = dict(os.environ, SIMDIST_SECRET="x")
     entry = (
-        ["-c", "from simdist.launch.run import cli; raise SystemExit(cli())"]
-        if module == "simdist.run"
-        else ["-m", module]
+        ["-c", "from simdist.run import cli; raise SystemExit(cli())"] if module == "simdist.run" else ["-m", module]
     )
     done = subprocess.run([sys.executable, *entry, *args], capture_output=True, text=True, timeout=100, env=env)
     assert done.returncode == 0, done.stderr

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from simdist.backends.socket._flight import FlightRecorder
-from simdist.backends.socket._spawn import free_port
+from simdist.core import free_port
 from simdist.backends.socket._store import StoreClient, StoreServer
 from simdist.backends.socket._store_wire import Op
 from test_socket_failfast import event, run_job

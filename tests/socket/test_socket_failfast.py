@@ -17,7 +17,7 @@ import sys
 import time
 
 import pytest
-from simdist.backends.socket._spawn import free_port
+from simdist.core import free_port
 
 import simdist
 

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from simdist.backends.socket import free_port, new_secret
+from simdist.backends.socket import new_secret
+from simdist.core import free_port
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from simdist.backends.socket._secret import user_secret, user_secret_path
-from simdist.backends.socket._spawn import free_port
+from simdist.core import free_port
 from simdist.backends.socket._world import shared_secret
 
 RANK_SCRIPT = textwrap.dedent(

@@ -6,8 +6,8 @@ import os
 
 import torch.distributed
 
-from .core._registry import BACKEND_ENV, backend_spec
-from .core._world import current_world
+from ..core._registry import BACKEND_ENV, backend_spec
+from ..core._world import current_world
 
 __all__ = ["Backend", "is_nccl_available"]
 

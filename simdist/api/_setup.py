@@ -1,8 +1,8 @@
 """The torch.distributed-compatible set-up: the process group, groups, ranks, and virtual compute.
 
 Every function resolves the world, then the group, checks its arguments, then calls the
-group. Point-to-point operations are in :mod:`simdist._p2p`, collectives in
-:mod:`simdist._collectives`; ``simdist`` exports all three.
+group. Point-to-point operations are in :mod:`._p2p`, collectives in :mod:`._collectives`;
+:mod:`simdist.api` (and ``simdist``) exports all three.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import os
 
 from typing import Any, Sequence
 
-from .core._callsite import user_call_site
-from .core._entry import library_call
-from .core._checks import check_int, resolve, to_group_rank
-from .core._group import GroupMember, ProcessGroup
-from .core._registry import BACKEND_ENV, backend_spec
-from .core._world import current_world, require_world
+from ..core._callsite import user_call_site
+from ..core._entry import library_call
+from ..core._checks import check_int, resolve, to_group_rank
+from ..core._group import GroupMember, ProcessGroup
+from ..core._registry import BACKEND_ENV, backend_spec
+from ..core._world import current_world, require_world
 
 __all__ = [
     "init_process_group",

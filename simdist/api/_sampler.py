@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from ._api import get_rank, get_world_size
-from .core._checks import check_int
-from .core._errors import NotInitializedError
+from ._setup import get_rank, get_world_size
+from ..core._checks import check_int
+from ..core._errors import NotInitializedError
 
 __all__ = ["DistributedSampler"]
 

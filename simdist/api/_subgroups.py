@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from ._api import get_process_group_ranks, get_world_size, new_group
-from .core._checks import check_int, resolve
-from .core._entry import library_call
-from .core._group import ProcessGroup
+from ._setup import get_process_group_ranks, get_world_size, new_group
+from ..core._checks import check_int, resolve
+from ..core._entry import library_call
+from ..core._group import ProcessGroup
 
 __all__ = ["new_subgroups", "split_group"]
 

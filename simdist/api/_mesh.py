@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from ._api import get_rank, get_world_size, init_process_group, is_initialized, new_group
-from .core._checks import check_int
-from .core._entry import library_call
+from ._setup import get_rank, get_world_size, init_process_group, is_initialized, new_group
+from ..core._checks import check_int
+from ..core._entry import library_call
 
 __all__ = ["init_device_mesh", "DeviceMesh"]
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .core import _arrays as A
-from .core._callsite import user_call_site
-from .core._entry import library_call
-from .core._checks import check_list, check_splits, resolve, root_of, same_kind
-from .core._group import Options
-from .core._reduce_op import ReduceOp, as_reduce_op
-from .core._work import Work
+from ..core import _arrays as A
+from ..core._callsite import user_call_site
+from ..core._entry import library_call
+from ..core._checks import check_list, check_splits, resolve, root_of, same_kind
+from ..core._group import Options
+from ..core._reduce_op import ReduceOp, as_reduce_op
+from ..core._work import Work
 
 __all__ = [
     "broadcast",

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .core import _arrays as A
-from .core._callsite import user_call_site
-from .core._entry import library_call
-from .core._checks import check_int, resolve, root_of
-from .core._group import Options
-from .core._work import Work
+from ..core import _arrays as A
+from ..core._callsite import user_call_site
+from ..core._entry import library_call
+from ..core._checks import check_int, resolve, root_of
+from ..core._group import Options
+from ..core._work import Work
 
 __all__ = [
     "send",

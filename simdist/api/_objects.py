@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from ._collectives import all_gather, broadcast, gather, scatter
-from .core._checks import resolve, root_of
-from .core._entry import library_call
+from ..core._checks import resolve, root_of
+from ..core._entry import library_call
 from ._p2p import P2POp, batch_isend_irecv, irecv, isend
 
 __all__ = [

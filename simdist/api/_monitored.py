@@ -7,11 +7,11 @@ from typing import Any, cast
 import torch
 
 from . import _p2p
-from .core._checks import resolve, timeout_seconds
-from .core._entry import library_call
-from .core._errors import DistTimeoutError
-from .core._work import Work
-from .core._world import ProcessWorld
+from ..core._checks import resolve, timeout_seconds
+from ..core._entry import library_call
+from ..core._errors import DistTimeoutError
+from ..core._work import Work
+from ..core._world import ProcessWorld
 
 __all__ = ["monitored_barrier"]
 
