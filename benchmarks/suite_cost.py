@@ -71,7 +71,8 @@ class Cost:
 def main() -> int:
     sys.path.insert(0, str(ROOT))  # as `python3 -m pytest` started at the root has it
     os.chdir(ROOT)
-    return pytest.main(["-p", "no:cacheprovider", *sys.argv[1:]], plugins=[Cost()])
+    # -n 0: in this one process (the suite's own run spreads over workers, whose tests this plugin would not see)
+    return pytest.main(["-p", "no:cacheprovider", "-n", "0", *sys.argv[1:]], plugins=[Cost()])
 
 
 if __name__ == "__main__":
