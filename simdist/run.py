@@ -2,7 +2,7 @@
 
 simdist run --nproc-per-node 4 train.py            # or: python3 -m simdist.run --nproc-per-node 4 train.py
 
-Each command's code is in :mod:`simdist.launch`: ``run`` in :mod:`simdist.launch.run`, imported when it runs.
+Each command's code is in :mod:`simdist.launch` (``run``'s in :mod:`simdist.launch.run`); this module dispatches.
 """
 
 from __future__ import annotations
@@ -45,8 +45,6 @@ def cli() -> int:
     ``--help``."""
     args = sys.argv[1:]
     if args and args[0] == "run":
-        from .launch.run import main
-
         return main(args[1:])
     if args and args[0] == "calibrate":
         from .launch._calibrate import main as calibrate_main

@@ -146,7 +146,7 @@ def _console_script() -> str:
 
 @pytest.mark.timeout(60)
 def test_version_and_help_list_the_commands() -> None:
-    import simdist
+    import simdist.run
 
     exe = _console_script()
     version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=50, check=False)
@@ -154,7 +154,7 @@ def test_version_and_help_list_the_commands() -> None:
     helped = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=50, check=False)
     assert helped.returncode == 0, helped.stderr
     listed = re.findall(r"^  (\w+)  +(\S.*)$", helped.stdout.split("commands:\n")[1].split("\n\n")[0], re.MULTILINE)
-    assert dict(listed) == run.COMMANDS and all(len(summary) < 100 for _, summary in listed), helped.stdout
+    assert dict(listed) == simdist.run.COMMANDS and all(len(summary) < 100 for _, summary in listed), helped.stdout
     bare = subprocess.run([exe], capture_output=True, text=True, timeout=50, check=False)
     assert bare.returncode == 2 and "a command is required" in bare.stderr
 
