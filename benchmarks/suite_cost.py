@@ -3,6 +3,7 @@ its tests started (ranks, launchers, browsers), file by file, the dearest first.
 
     python3 benchmarks/suite_cost.py                  # the whole suite (as `python3 -m pytest` runs it)
     python3 benchmarks/suite_cost.py tests/sim -q     # any pytest arguments
+    SIMDIST_COST_TESTS=40 python3 benchmarks/suite_cost.py   # also the 40 dearest tests
 
 CPU seconds, unlike wall seconds, hardly change with what else the machine runs, so they compare runs of
 different days. A child's CPU time counts once it has been waited for, which is within its test for every test
@@ -32,17 +33,22 @@ class Cost:
 
     def __init__(self) -> None:
         self.files: dict[str, list[float]] = {}
+        self.tests: dict[str, list[float]] = {}
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
         wall, (own, children) = time.perf_counter(), _cpu()
         yield
         own_after, children_after = _cpu()
-        row = self.files.setdefault(item.location[0], [0.0, 0.0, 0.0, 0])
-        row[0] += time.perf_counter() - wall
-        row[1] += own_after - own
-        row[2] += children_after - children
-        row[3] += 1
+        cost = (time.perf_counter() - wall, own_after - own, children_after - children)
+        for row in (
+            self.files.setdefault(item.location[0], [0.0, 0.0, 0.0, 0]),
+            self.tests.setdefault(item.nodeid, [0.0, 0.0, 0.0, 0]),
+        ):
+            row[0] += cost[0]
+            row[1] += cost[1]
+            row[2] += cost[2]
+            row[3] += 1
 
     def pytest_terminal_summary(self, terminalreporter):
         rows = sorted(self.files.items(), key=lambda kv: -(kv[1][1] + kv[1][2]))
@@ -66,6 +72,14 @@ class Cost:
         write("|---|---:|---:|")
         for folder, (wall, cpu) in sorted(folders.items(), key=lambda kv: -kv[1][1]):
             write(f"| {folder} | {wall:.1f} | {cpu:.1f} |")
+        dearest = int(os.environ.get("SIMDIST_COST_TESTS", "0"))
+        if dearest:
+            write("")
+            write(f"| the {dearest} dearest tests | wall s | CPU s (pytest) | CPU s (children) | CPU s |")
+            write("|---|---:|---:|---:|---:|")
+            tests = sorted(self.tests.items(), key=lambda kv: -(kv[1][1] + kv[1][2]))[:dearest]
+            for name, (wall, own, children, _) in tests:
+                write(f"| {name} | {wall:.1f} | {own:.1f} | {children:.1f} | {own + children:.1f} |")
 
 
 def main() -> int:

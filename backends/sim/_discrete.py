@@ -19,6 +19,10 @@ No scheduling point and no thread hand-off happen inside: the collective is one 
 the run for the scheduler. Its trace rows (each message, each member's part, and with
 ``record_steps`` each step's snapshot and each receive's step) are those of the algorithm,
 written in the order of the events.
+
+It is given what it needs (the group's state, the topology, the trace recorder, the eager limit) and
+changes only the collective's own objects: each member's run ends done, at its time; waking the ranks
+that wait for them is the engine's (:meth:`Engine.join`).
 """
 
 from __future__ import annotations
@@ -33,56 +37,40 @@ from simdist.core import Flows
 from simdist.algorithms import Timed
 
 from ._record import recorded
+from ._state import Message
 
 if TYPE_CHECKING:
-    from ._engine import Engine
-    from ._messages import CollectiveRun
+    from simdist.core import Topology
 
-__all__ = ["Message", "end_run", "run_collective"]
+    from ._events import TraceRecorder
+    from ._state import CollectiveRun, GroupState
+
+__all__ = ["end_run", "run_collective"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 
-class Message:
-    """One send or receive of a collective's algorithm: a handle it yields to wait for.
+def run_collective(
+    runs: list[CollectiveRun],
+    group: GroupState,
+    topology: Topology,
+    events: TraceRecorder,
+    *,
+    eager_limit: int,
+    record_steps: bool,
+) -> None:
+    """Run one collective's algorithm on every member (``runs``, in group-rank order, of ``group``) to the end.
 
-    ``src``/``dst`` are global ranks; ``waiter`` is the run whose current step waits for it.
+    Each run is done (``done``, ``t_done``) at the virtual time its algorithm ends on it, its trace rows
+    written to ``events``; who waits for it is the caller's to wake.
+
+    Raises:
+        RankError: a member's algorithm raised (the exception as ``__cause__``).
+        DistError: a message's sizes differ at its ends, or the algorithm waits for a message no member sends.
     """
-
-    __slots__ = ("arrival", "buf", "chunk", "data", "done", "dst", "kind", "nbytes", "partner", "run", "src", "step",
-                 "t_done", "t_post", "tag", "waiter")  # fmt: skip
-
-    def __init__(self, kind: str, src: int, dst: int, tag: int, buf: Any, run: CollectiveRun, chunk: int | None):
-        self.kind = kind
-        self.src = src
-        self.dst = dst
-        self.tag = tag
-        self.buf = buf
-        self.nbytes = buf.nbytes  # (A.nbytes: every array kind says it so)
-        self.run = run
-        self.step = run.step
-        self.chunk = chunk
-        self.t_post = run.t
-        self.t_done = 0.0
-        self.done = False
-        self.data: Any = None  # an eager send's copy of its buffer
-        self.waiter: CollectiveRun | None = None
-        self.partner: Message | None = None  # a send's receive, once matched (``flows``)
-        self.arrival: float | None = None  # when a send's bytes arrived (``flows``)
-
-    def describe(self) -> str:
-        what = f"send {self.src}->{self.dst}" if self.kind == "send" else f"recv {self.dst}<-{self.src}"
-        return f"{what} tag {self.tag} ({self.nbytes} bytes) in {self.run.describe()}"
-
-
-def run_collective(engine: Engine, runs: list[CollectiveRun]) -> None:
-    """Run one collective's algorithm on every member (``runs``, in group-rank order) to the end.
-
-    Each run completes (``engine.complete``) at the virtual time its algorithm ends on it.
-    """
-    exchange = Exchange(engine, runs[0])
-    writers = (engine.events.steps(runs[0]), engine.events.receives(runs[0])) if engine.record_steps else None
+    exchange = Exchange(runs[0], topology, events, eager_limit)
+    writers = (events.steps(runs[0]), events.receives(runs[0])) if record_steps else None
     for run in runs:
-        transport = _Transport(engine, run, exchange)
+        transport = _Transport(run, exchange, group)
         call = run.call
         run.gen = call.start(transport) if writers is None else recorded(call, transport, writers)
     for run in runs:
@@ -91,23 +79,23 @@ def run_collective(engine: Engine, runs: list[CollectiveRun]) -> None:
     stuck = [run for run in runs if not run.done]
     if stuck:  # an algorithm that waits for a message no member sends: a bug of the algorithm, not of the program
         left = [m.describe() for queue in (*exchange.sends.values(), *exchange.recvs.values()) for m in queue]
-        engine.fail(DistError(f"{stuck[0].describe()}: its algorithm waits for messages never matched: {left[:8]}"))
+        raise DistError(f"{stuck[0].describe()}: its algorithm waits for messages never matched: {left[:8]}")
 
 
 class Exchange:
     """The messages of one collective: posts waiting for their partner, and matched pairs as timed events."""
 
-    __slots__ = ("copy_", "eager", "engine", "flows", "heap", "inflight", "moved", "n", "recvs", "sends", "topology",
+    __slots__ = ("copy_", "eager", "events", "flows", "heap", "inflight", "moved", "n", "recvs", "sends", "topology",
                  "transfer")  # fmt: skip
 
-    def __init__(self, engine: Engine, run: CollectiveRun):
-        self.engine = engine
-        self.eager = engine.eager_limit
-        self.topology = engine.topology
-        self.transfer = engine.topology.transfer
-        self.flows = Flows(engine.topology) if engine.topology.flows else None
+    def __init__(self, run: CollectiveRun, topology: Topology, events: TraceRecorder, eager: int):
+        self.events = events
+        self.eager = eager
+        self.topology = topology
+        self.transfer = topology.transfer
+        self.flows = Flows(topology) if topology.flows else None
         self.inflight: dict[int, Message] = {}  # (``flows``) sends whose bytes have not all arrived, by key
-        self.moved = engine.events.moves(run)  # records each message
+        self.moved = events.moves(run)  # records each message
         self.copy_ = A.copy_
         self.sends: dict[tuple, deque[Message]] = {}
         self.recvs: dict[tuple, deque[Message]] = {}
@@ -148,7 +136,7 @@ class Exchange:
     def _match(self, s: Message, r: Message) -> None:
         """Move ``s``'s bytes into ``r``'s buffer; their transfer becomes an event at the time it can start."""
         if s.nbytes != r.nbytes:
-            self.engine.fail(DistError(f"message size mismatch: {s.describe()} matched {r.describe()}"))
+            raise DistError(f"message size mismatch: {s.describe()} matched {r.describe()}")
         self.copy_(r.buf, s.buf if s.data is None else s.data)
         if self.flows is not None:
             s.partner = r
@@ -255,10 +243,10 @@ class Exchange:
                 handles = next(gen)
             except StopIteration:
                 run.waiting, run.gen = [], None  # (a finished part keeps none of its buffers)
-                end_run(self.engine, run, run.t)
+                end_run(run, run.t, self.events)
                 return
             except Exception as exc:  # noqa: BLE001 - an algorithm's failure belongs to its rank (Abort is no Exception)
-                self.engine.fail(RankError(run.rank, exc))
+                raise RankError(run.rank, exc) from exc
             run.waiting = handles
             pending = 0
             for m in handles:
@@ -281,27 +269,27 @@ def _step_done(run: CollectiveRun) -> None:
     run.step += 1
 
 
-def end_run(engine: Engine, run: CollectiveRun, t: float) -> None:
-    """``run`` ended at ``t``: its trace row, and the rank waiting for it may go on."""
+def end_run(run: CollectiveRun, t: float, events: TraceRecorder) -> None:
+    """``run`` ended at ``t``: its outputs are final, its trace row written, and it is done (not yet waking anyone)."""
     run.call.complete()
-    engine.events.collective(run, t)
-    engine.complete(run, t)
+    events.collective(run, t)
+    run.done, run.t_done = True, t
 
 
 class _Transport(Timed):
     """The Transport a collective algorithm sees inside the simulator: one member's view of an :class:`Exchange`."""
 
-    __slots__ = ("engine", "exchange", "gid", "me", "rank", "ranks", "run", "size")
+    __slots__ = ("exchange", "group", "me", "rank", "ranks", "run", "size", "topology")
 
-    def __init__(self, engine: Engine, run: CollectiveRun, exchange: Exchange):
-        self.engine = engine
+    def __init__(self, run: CollectiveRun, exchange: Exchange, group: GroupState):
         self.exchange = exchange
+        self.group = group
+        self.topology = exchange.topology
         self.run = run
         self.rank = run.group.rank
         self.size = run.group.size
         self.ranks = run.group.ranks
         self.me = run.rank
-        self.gid = run.group.group_id
 
     def isend(self, buf: Any, peer: int, tag: int = 0, *, chunk: int | None = None) -> Message:
         return self.exchange.post(Message("send", self.me, self.ranks[peer], tag, buf, self.run, chunk))
@@ -312,27 +300,25 @@ class _Transport(Timed):
     @property
     def hosts(self) -> tuple | None:
         """The machine of each group rank, where the topology says (``Topology.machine``)."""
-        from ._collective_runs import group_state
-
-        return group_state(self.engine, self.gid, self.ranks).hosts(self.engine.topology)
+        return self.group.hosts(self.topology)
 
     def reduced(self, nbytes: int) -> None:
         """Advance the rank's collective clock past a reduction of ``nbytes`` (``Topology.reduce``)."""
-        self.run.t = self.engine.topology.reduce(self.me, nbytes, self.run.t)
+        self.run.t = self.topology.reduce(self.me, nbytes, self.run.t)
 
     def allocated(self, nbytes: int) -> None:
         """Advance the rank's collective clock past first touching a new buffer (``Topology.fresh``, on a core)."""
-        self._work(self.engine.topology.fresh(nbytes))
+        self._work(self.topology.fresh(nbytes))
 
     def copied(self, nbytes: int) -> None:
         """Advance the rank's collective clock past copying ``nbytes`` between its buffers (``Topology.copying``,
         on a core)."""
-        self._work(self.engine.topology.copying(nbytes))
+        self._work(self.topology.copying(nbytes))
 
     def _work(self, seconds: float) -> None:
         """Advance the rank's collective clock past ``seconds`` of its own work on a free core (none: no wait)."""
         if seconds:
-            self.run.t = self.engine.topology.compute(self.me, seconds, self.run.t)
+            self.run.t = self.topology.compute(self.me, seconds, self.run.t)
 
     def wait(self, handles: Any) -> None:
         raise RuntimeError("inside the simulator, algorithms wait by yielding their handles")

@@ -1,12 +1,20 @@
-"""The simulator's engine: rank threads, one baton, point-to-point matching, virtual time.
+"""The simulator's engine: rank threads, one baton, point-to-point matching, collectives, virtual time.
 
 Exactly one rank thread runs at a time (one of all the simulations running in the
 process: a rank also waits for its turn, see :mod:`._isolation`). At every scheduling
 point the running rank posts what it wants, the engine completes whatever that makes
-possible (matches messages, advances collective algorithms: see :mod:`._collective_runs`),
-then the strategy picks the next runnable rank and the baton moves to it. No wall clock,
-OS scheduling or hash ordering enters a choice: a run is a function of the program and its
+possible (matches messages; completes a collective once its last member joins), then the
+strategy picks the next runnable rank and the baton moves to it. No wall clock, OS
+scheduling or hash ordering enters a choice: a run is a function of the program and its
 choice list.
+
+The engine owns the run's state (its data types: :mod:`._state`) and is the only code that
+changes it. What it calls is given what it needs and calls nothing back: the rank hooks
+(:class:`._isolation.ThreadRanks`, or ``ProcessRanks`` for ranks as processes), a collective's
+messages as discrete events (:mod:`._discrete`), the deadlock report (:mod:`._report`), the
+trace recorder (:mod:`._events`) and the strategy. Above it, the groups of each rank
+(:mod:`._group`) translate the API into :meth:`Engine.post`, :meth:`Engine.join` and
+:meth:`Engine.wait`.
 """
 
 from __future__ import annotations
@@ -16,20 +24,25 @@ import threading
 import time
 from collections import deque
 from functools import partial
-from typing import Any, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
+from simdist import algorithms
 from simdist.core import arrays as A
-from simdist.core import DistError, DistTimeoutError, RankError, add_note
+from simdist.core import CollectiveMismatchError, DistError, DistTimeoutError, RankError, add_note
 from simdist.core import Trace
-from simdist.core import set_thread_world
+from simdist.core import mismatch_error, set_thread_world
 
-from . import _isolation, _threads
-from ._collective_runs import GroupState
+from . import _threads
+from ._discrete import end_run, run_collective
 from ._events import TraceRecorder
-from ._messages import Post, Waitable
+from ._isolation import ThreadRanks
 from ._report import deadlock_error
-from ._state import WAKE_FDS, Abort, RankState
+from ._state import WAKE_FDS, Abort, CollectiveRun, GroupState, Joining, Post, RankState, Settings, Waitable
 from ._strategies import Hooks
+
+if TYPE_CHECKING:
+    from simdist.algorithms import CollectiveCall
+    from simdist.core import ProcessGroup
 
 __all__ = ["Engine", "Abort", "RankState"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
@@ -41,48 +54,36 @@ RETRY = 0.05
 
 
 class Engine:
-    """One simulated run of ``fn(rank, *args)`` on ``size`` rank threads."""
+    """One simulated run of ``fn(rank, *args)`` on ``settings.size`` rank threads.
+
+    ``make_world(engine, rank_state)`` makes each rank's world (a ``SimWorld``); ``hooks`` make a rank
+    thread behave like a process (default :class:`ThreadRanks`; ``ProcessRanks`` for ranks as processes);
+    ``pool`` holds the threads to run the ranks on (``None``: a new thread per rank).
+    """
 
     def __init__(
         self,
         fn: Callable,
         args: tuple,
-        size: int,
+        settings: Settings,
         *,
         strategy,
         topology,
-        detail: str,
-        eager_limit: int,
-        record_steps: bool,
-        prefix_output: bool,
-        cpu_time: bool,
-        cuda_as_cpu: bool,
-        gpus_per_node: int,
-        timeout: float | None,
         make_world: Callable,
-        algorithms: dict[str, str] | None = None,
-        pin_cpu: bool = True,
-        test: str | None = None,
         pool: _threads.RankPool | None = None,
-        isolation: Any = None,
+        hooks: Any = None,
     ):
+        size = settings.size
         self.fn, self.args, self.size = fn, args, size
-        self.iso = _isolation if isolation is None else isolation  # the hooks of threads mode, or a ProcessRanks
-        self.test = test  # the pytest node id that the run's replay token records
+        self.settings = settings
+        self.iso = ThreadRanks(settings) if hooks is None else hooks
         self.strategy = strategy
         self.topology = topology
-        self.detail = detail
-        self.eager_limit = eager_limit
-        self.record_steps = record_steps
-        self.prefix_output = prefix_output
-        self.cpu_time = cpu_time
-        self.cuda_as_cpu = cuda_as_cpu
-        self.gpus_per_node = gpus_per_node
-        self.setup = _isolation.RunSetup({}, None, None)  # what the ranks start from (from _isolation.enter)
-        self.algorithms = dict(algorithms or {})
-        self.pin_core = _isolation.pin_target() if pin_cpu else None
-        self.timeout = timeout
-        self.pool = pool  # threads to run the ranks on (None: a new thread per rank)
+        self.detail = settings.detail
+        self.eager_limit = settings.eager_limit
+        self.cpu_time = settings.cpu_time
+        self.algorithms = dict(settings.algorithms)
+        self.pool = pool
         self.world_ranks = tuple(range(size))  # the default group's ranks, one tuple shared by every rank's group
         self.ranks = [RankState(r, size <= WAKE_FDS) for r in self.world_ranks]
         for rs in self.ranks:
@@ -94,7 +95,7 @@ class Engine:
         self.points = 0
         self.footprint: set = set()  # what the running rank touched since the last selection (see Strategy.observe)
         self.hooks = Hooks(strategy)
-        self.trace = Trace(meta={"world_size": size, "detail": detail, "topology": topology.name})
+        self.trace = Trace(meta={"world_size": size, "detail": self.detail, "topology": topology.name})
         self.events = TraceRecorder(self.trace)  # every event of the run is written through it
         self.sends: dict[tuple, dict[int, deque]] = {}
         self.recvs: dict[tuple, list[Post]] = {}
@@ -117,12 +118,12 @@ class Engine:
         A timeout, or any exception in the caller while it waits (``KeyboardInterrupt``),
         stops the run: every rank thread has ended before this raises.
         """
-        self.setup = self.iso.enter(self)
+        self.iso.enter()
         try:
             try:
                 self.topology.reset()
                 self._handover(self._select(None))
-                if not self.ended.wait(self.timeout):
+                if not self.ended.wait(self.settings.timeout):
                     self._time_out()
                 self._join(STOP_WAIT)
             except BaseException as exc:
@@ -132,7 +133,7 @@ class Engine:
                         add_note(exc, stuck)
                 raise
         finally:
-            self.iso.leave(self)
+            self.iso.leave()
             for rs in self.ranks:
                 if not rs.started:  # (the others' threads close theirs)
                     rs.close()
@@ -164,7 +165,7 @@ class Engine:
             )
         stuck = self._stop()
         raise DistTimeoutError(
-            f"the simulation did not finish within timeout={self.timeout} s of real time; {why}"
+            f"the simulation did not finish within timeout={self.settings.timeout} s of real time; {why}"
             + (f"; {stuck}" if stuck else "; its rank threads were stopped")
         )._with_schedule(self.token())
 
@@ -229,24 +230,22 @@ class Engine:
 
     def now(self, rs: RankState) -> float:
         """Rank ``rs``'s virtual time in seconds (with ``cpu_time``, plus its CPU time since its last switch)."""
-        if self.cpu_time and rs is self.current:
-            return rs.clock + rs.cpu() - rs.cpu_mark
-        return rs.clock
+        return rs.now(self.cpu_time and rs is self.current)
 
     def token(self) -> str:
         from ._strategies import encode_choices, make_token
 
-        return make_token(self.strategy.token() or encode_choices(self.choices), self.size, self.test)
+        return make_token(self.strategy.token() or encode_choices(self.choices), self.size, self.settings.test)
 
     def _thread_main(self, rs: RankState) -> None:
-        self.iso.take_turn(self, rs)
+        self.iso.take_turn(rs, self.aborting)
         try:
             set_thread_world(rs.world)
-            self.iso.enter_thread(self, rs)
+            self.iso.enter_thread(rs, partial(rs.now, self.cpu_time))  # (called only while the rank runs)
             try:
                 failure = self._call_user(rs)
             finally:
-                self.iso.leave_thread(self, rs)
+                self.iso.leave_thread(rs)
                 set_thread_world(None)
             if failure is not None and not self.aborting:
                 self._set_error(RankError(rs.rank, failure))
@@ -313,7 +312,7 @@ class Engine:
             self.current = None
             self.ended.set()
         else:
-            self._set_error(deadlock_error(self))
+            self._set_error(self._deadlock())
             self._continue_abort()
 
     def _continue_abort(self) -> None:
@@ -394,12 +393,12 @@ class Engine:
         if nxt is None and self._expire():
             nxt = self._select(me)
         if nxt is None:
-            self.fail(deadlock_error(self))
+            self.fail(self._deadlock())
         if nxt is not me:
             self.iso.end_turn(me, nxt)
             self._handover(nxt)
             me.sleep()
-            self.iso.take_turn(self, me)
+            self.iso.take_turn(me, self.aborting)
             if self.aborting:
                 raise Abort
         if self.cpu_time:
@@ -450,15 +449,106 @@ class Engine:
         return True
 
     def complete(self, item: Waitable, t_done: float) -> None:
+        """``item`` completed at ``t_done``: the ranks waiting only for it may run."""
         item.done = True
         item.t_done = t_done
+        self._wake(item)
+
+    def _wake(self, item: Waitable) -> None:
+        """``item`` is done: each rank blocked on it waits for one item fewer (runnable once none is left)."""
         waiters = item.waiters
         if waiters:
             item.waiters = []
-            for w in waiters:  # ranks blocked on it
+            for w in waiters:
                 w.pending -= 1
                 if w.pending == 0:
                     bisect.insort(self.runnable, w.rank)
+
+    def unmatched(self) -> list[Post]:
+        """The program's sends, then receives, still waiting for their partner."""
+        posts = [p for by_src in self.sends.values() for q in by_src.values() for p in q]
+        return posts + [p for waiting in self.recvs.values() for p in waiting]
+
+    def _deadlock(self) -> DistError:
+        return deadlock_error(self.ranks, self.groups, self.unmatched(), self.token())
+
+    # --- collectives -------------------------------------------------------------------
+
+    def group(self, gid: int, ranks: tuple[int, ...]) -> GroupState:
+        """Group ``gid``'s state (made on first use, with its member ``ranks``)."""
+        gs = self.groups.get(gid)
+        if gs is None:
+            gs = self.groups[gid] = GroupState(gid, ranks)
+        return gs
+
+    def join(self, me: RankState, group: ProcessGroup, call: CollectiveCall, instant: bool = False) -> CollectiveRun:
+        """Rank ``me`` joins the next collective on ``group`` (its ``SimGroup``): its part, checked against the first
+        member's call. The last member to join completes it, for every member, before this returns: at once
+        (``detail="collectives"``, or ``instant``: no cost) or message by message (:mod:`._discrete`)."""
+        gs = self.group(group.group_id, group.ranks)
+        self.footprint.add(("group", group.group_id))
+        gs.seq[me.rank] += 1
+        seq = gs.seq[me.rank]
+        joining = gs.instances.get(seq)
+        if joining is None:
+            joining = gs.instances[seq] = Joining(seq, self.coll_counter, (me.rank, call))
+            self.coll_counter += 1
+        else:
+            first_rank, first = joining.first
+            a, b = (first_rank, first.signature, first.call_site), (me.rank, call.signature, call.call_site)
+            err = mismatch_error(group.group_id, seq, a, b)
+            if err is not None:
+                self.fail(err)
+        run = CollectiveRun(call, group, me.rank, seq, joining.coll_id, me.clock)
+        joining.runs[group.rank] = run
+        at_once = instant or self.detail == "collectives"
+        if not at_once:
+            setup = self.topology.setup(group.size, call.staged, call.copied)  # the check, staging lists
+            if setup:
+                run.t += setup
+        if len(joining.runs) == group.size:
+            del gs.instances[seq]
+            runs = [joining.runs[i] for i in range(group.size)]
+            started = me.cpu() if self.cpu_time else 0.0
+            try:
+                if at_once:
+                    self._complete_at_once(runs, gs, instant)
+                else:
+                    run_collective(
+                        runs,
+                        gs,
+                        self.topology,
+                        self.events,
+                        eager_limit=self.eager_limit,
+                        record_steps=self.settings.record_steps,
+                    )
+            except DistError as err:  # (its traceback is simdist's: the run's error shows the ranks' own)
+                self.fail(err.with_traceback(None))
+            for r in runs:
+                self._wake(r)
+            if self.cpu_time:  # completing every member's part is the simulator's work, not this rank's computation
+                me.cpu_mark += me.cpu() - started
+        return run
+
+    def _complete_at_once(self, runs: list[CollectiveRun], gs: GroupState, instant: bool) -> None:
+        call = runs[0].call
+        try:
+            algorithms.oneshot.run(call.op, [r.call.args for r in runs])
+        except (ValueError, TypeError) as exc:
+            raise CollectiveMismatchError(f"{call.op} #{runs[0].coll_id}: {exc}") from None
+        start = max(r.t0 for r in runs)
+        cost = 0.0
+        if not instant:
+            size = len(runs)
+            per_machine = None
+            if call.algorithm == "hierarchical":  # the only cost that depends on the machines
+                groups = algorithms.machines(gs.hosts(self.topology), size)
+                per_machine = len(groups[0]) if groups else None
+            cost = algorithms.cost(
+                call.op, call.algorithm, call.nbytes, size, self.alpha, self.beta, self.gamma, per_machine=per_machine
+            )
+        for r in runs:
+            end_run(r, start + cost, self.events)
 
     # --- point to point --------------------------------------------------------------
 

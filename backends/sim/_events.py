@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from simdist.core import Trace
 
-    from ._discrete import Message
-    from ._messages import CollectiveRun, Post
+    from ._state import CollectiveRun, Message, Post
 
 __all__ = ["TraceRecorder"]
 

@@ -13,9 +13,7 @@ from simdist.core import Work
 from simdist.core import World
 
 from ._buffers import BufferCheck, posted_over
-from ._collective_runs import group_state, start_collective
-from ._messages import Post, Waitable
-from ._state import Abort
+from ._state import Abort, Post, Waitable
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -100,11 +98,11 @@ class SimGroup(AlgorithmicGroup):
         self.default_algorithms = dict(engine.algorithms)
         if engine.beta > 0:
             self.network = {"alpha": engine.alpha, "beta": engine.beta}
-        group_state(engine, group_id, self.ranks)
+        engine.group(group_id, self.ranks)
 
     def _hosts(self) -> tuple | None:
         """The machine of each group rank where the topology says, as the socket backend reads its peers'."""
-        return group_state(self.engine, self.group_id, self.ranks).hosts(self.engine.topology)
+        return self.engine.group(self.group_id, self.ranks).hosts(self.engine.topology)
 
     def _p2p(self, kind: str, tensor: Any, peer: int | None, opts: Options) -> Work:
         engine, me = self.engine, self.me
@@ -158,7 +156,7 @@ class SimGroup(AlgorithmicGroup):
         engine, me = self.engine, self.me
         if engine.aborting:
             raise Abort
-        run = start_collective(engine, me, self, call)
+        run = engine.join(me, self, call)
         work = SimWork(self, run, call.op, call.outputs, track=bool(opts.async_op))
         if opts.async_op:
             engine.point(me)
@@ -198,6 +196,8 @@ class SimWorld(World):
 
         The ranks are threads that run to completion here, so ``daemon`` and ``start_method`` do not apply.
         """
+        # The one circle of this package, kept as its clearest form: the registry knows a backend by its World
+        # class, whose spawn starts a run, and a run (``simulate``) makes the worlds of its ranks.
         from ._runner import simulate
 
         return simulate(fn, nprocs, args, **options).values
@@ -239,7 +239,7 @@ class SimWorld(World):
         )
         group = self.default_group
         assert isinstance(group, SimGroup), "a sync runs between init_process_group and destroy_process_group"
-        run = start_collective(self.engine, self.me, group, call, instant=True)
+        run = self.engine.join(self.me, group, call, instant=True)
         self.engine.wait(self.me, [run], op)
 
     def compute(self, seconds: float, call_site: str, op: str = "compute") -> None:

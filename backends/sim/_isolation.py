@@ -55,7 +55,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, MutableMapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -66,17 +66,13 @@ from simdist.core import user_tracer
 from . import _threads
 
 if TYPE_CHECKING:
-    from ._engine import Engine
-    from ._state import RankState
+    from ._state import RankState, Settings
 
 __all__ = [
+    "ThreadRanks",
     "abandon",
     "end_turn",
-    "enter",
-    "enter_thread",
     "held",
-    "leave",
-    "leave_thread",
     "pin_target",
     "pin_thread",
     "refuse_nested",
@@ -109,11 +105,84 @@ _shared = _Shared()
 
 
 class RunSetup(NamedTuple):
-    """What :func:`enter` gives a run for its rank threads (:func:`enter_thread`)."""
+    """What :meth:`ThreadRanks.enter` gives a run for its rank threads (:meth:`ThreadRanks.enter_thread`)."""
 
     environ: dict[str, str]  # the environment each rank's copy starts as
     torch_store: Any  # the store torch's rendezvous gives the ranks
     user_trace: Any  # the caller's sys.settrace function, blind to simdist (or None)
+
+
+class ThreadRanks:
+    """The engine's rank hooks in threads mode: each rank thread made to behave like a process of its own.
+
+    The engine calls, in this order: :meth:`enter` once, as the run starts; on each rank's thread
+    :meth:`take_turn` before it runs, :meth:`enter_thread`, then at each hand-off :meth:`end_turn` and
+    :meth:`take_turn` again, and :meth:`leave_thread` once its function has returned; :meth:`abandon` for a
+    run that timed out; :meth:`leave` once every rank thread has ended. (Ranks as processes have the same
+    hooks: ``ProcessRanks``.)
+    """
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.setup = RunSetup({}, None, None)
+
+    def enter(self) -> None:
+        """Set up process-wide isolation for the run (the first run installs the stand-ins)."""
+        refuse_nested()
+        with _shared.setup:
+            _share()
+            torch_bridge.spawn.install()
+            if self.settings.cuda_as_cpu:
+                torch_bridge.cuda.install()
+            environ = _environ_copy(_shared.saved[4])
+        # Hypothesis's explain phase also sees the ranks' lines through the caller's tracer
+        self.setup = RunSetup(environ, torch_bridge.ranks.new_store(), user_tracer(sys.gettrace()))
+
+    def leave(self) -> None:
+        """Undo :meth:`enter` (the last run puts back what the process had before the first)."""
+        with _shared.setup:
+            torch_bridge.spawn.uninstall()
+            if self.settings.cuda_as_cpu:
+                torch_bridge.cuda.uninstall()
+            _unshare()
+
+    def take_turn(self, rs: RankState, aborting: bool) -> None:
+        """Wait for the turn, unless it came with the baton, then install rank ``rs``'s generator states
+        (not in a run that is ``aborting``: its ranks unwind with whatever states are installed)."""
+        take_turn(rs, aborting, self.settings.size)
+
+    def end_turn(self, rs: RankState, to: RankState | None = None, done: bool = False) -> None:
+        """Save rank ``rs``'s generator states and give up the turn (to ``to`` within the time slice)."""
+        end_turn(rs, to, done)
+
+    def abandon(self, ranks: list) -> bool:
+        """Give up the turn for whichever of ``ranks`` holds it; whether one did."""
+        return abandon(ranks)
+
+    def enter_thread(self, rs: RankState, now: Callable[[], float]) -> None:
+        """Make the calling thread rank ``rs`` (its environment, prefix, torch world, core; ``now``: its virtual
+        time, for the simulated GPUs' events)."""
+        settings, setup = self.settings, self.setup
+        _local.rank = rs.rank
+        _local.environ = dict(setup.environ)
+        _local.prefix = f"[rank {rs.rank}] " if settings.prefix_output else None
+        _local.at_start = True
+        torch_bridge.ranks.enter_rank(setup.torch_store)
+        pin_thread(settings.pin_core)
+        if settings.cuda_as_cpu:
+            torch_bridge.cuda.enter_thread(settings.gpus_per_node, now)
+        if setup.user_trace is not None:
+            sys.settrace(setup.user_trace)
+
+    def leave_thread(self, rs: RankState) -> None:
+        """Undo :meth:`enter_thread` on the calling thread (a pooled thread's next run starts as a new thread)."""
+        torch_bridge.ranks.leave_rank()
+        _local.rank = _local.environ = _local.prefix = None
+        torch.set_grad_enabled(True)
+        if self.settings.cuda_as_cpu:
+            torch_bridge.cuda.leave_thread()
+        if self.setup.user_trace is not None:
+            sys.settrace(None)
 
 
 def refuse_nested() -> None:
@@ -124,30 +193,6 @@ def refuse_nested() -> None:
             f"simulated rank {rank} started a simulation; simulations cannot be nested (a rank called "
             "simdist.simulate or simdist.spawn): start it from outside the simulated ranks"
         )
-
-
-def enter(engine: Engine) -> RunSetup:
-    """Set up process-wide isolation for the run of ``engine`` (the first run installs the stand-ins): what its
-    rank threads start from."""
-    refuse_nested()
-
-    with _shared.setup:
-        _share()
-        torch_bridge.spawn.install()
-        if engine.cuda_as_cpu:
-            torch_bridge.cuda.install()
-        environ = _environ_copy(_shared.saved[4])
-    # Hypothesis's explain phase also sees the ranks' lines through the caller's tracer
-    return RunSetup(environ, torch_bridge.ranks.new_store(), user_tracer(sys.gettrace()))
-
-
-def leave(engine: Engine) -> None:
-    """Undo :func:`enter` (the last run puts back what the process had before the first)."""
-    with _shared.setup:
-        torch_bridge.spawn.uninstall()
-        if engine.cuda_as_cpu:
-            torch_bridge.cuda.uninstall()
-        _unshare()
 
 
 def _environ_copy(real: MutableMapping) -> dict[str, str]:
@@ -406,19 +451,19 @@ def _seeded(rank: int, gauss_pending: bool, world: int) -> _RngState:
     return state
 
 
-def take_turn(engine: Engine, rs: RankState) -> None:
+def take_turn(rs: RankState, aborting: bool, world: int) -> None:
     """Wait for the turn, unless it came with the baton, then install rank ``rs``'s generator states.
 
-    A rank of a run that is failing unwinds with whatever states are installed.
+    A rank of a run that is ``aborting`` unwinds with whatever states are installed.
     """
     if rs not in _shared.holder:
         _shared.turn.acquire()
         _shared.holder[rs] = True
         _shared.slice_end = time.perf_counter() + SLICE
-    if engine.aborting:
+    if aborting:
         return
     if rs.rng is None:
-        rs.rng = _seeded(rs.rank, _shared.gauss_pending, engine.size)
+        rs.rng = _seeded(rs.rank, _shared.gauss_pending, world)
     else:
         rs.rng.install(_shared.gauss_pending)
     _shared.gauss_pending = rs.rng.np_gauss
@@ -480,21 +525,6 @@ def _start_intra_op_pool() -> None:
         _pool_started = True
 
 
-def enter_thread(engine: Engine, rs: RankState) -> None:
-    """Make the calling thread rank ``rs`` of ``engine``'s run (its environment, prefix, torch world, core)."""
-
-    _local.rank = rs.rank
-    _local.environ = dict(engine.setup.environ)
-    _local.prefix = f"[rank {rs.rank}] " if engine.prefix_output else None
-    _local.at_start = True
-    torch_bridge.ranks.enter_rank(engine.setup.torch_store)
-    pin_thread(engine.pin_core)
-    if engine.cuda_as_cpu:
-        torch_bridge.cuda.enter_thread(engine.gpus_per_node, functools.partial(engine.now, rs))
-    if engine.setup.user_trace is not None:
-        sys.settrace(engine.setup.user_trace)
-
-
 def pin_thread(core: int | None) -> None:
     """Run the calling rank thread on ``core`` (``None``: on the process's cores), its intra-op work on it alone."""
     if getattr(_local, "core", False) is False:  # a new thread (a pooled one is set up by its first run)
@@ -503,17 +533,6 @@ def pin_thread(core: int | None) -> None:
     if core != _local.core:
         os.sched_setaffinity(0, {core} if core is not None else os.sched_getaffinity(os.getpid()))
         _local.core = core
-
-
-def leave_thread(engine: Engine, rs: RankState) -> None:
-
-    torch_bridge.ranks.leave_rank()
-    _local.rank = _local.environ = _local.prefix = None
-    torch.set_grad_enabled(True)  # as on a new thread: a pooled thread's next run starts the same
-    if engine.cuda_as_cpu:
-        torch_bridge.cuda.leave_thread()
-    if engine.setup.user_trace is not None:
-        sys.settrace(None)
 
 
 class _Environ(MutableMapping):

@@ -38,7 +38,7 @@ from ._state import Abort
 
 if TYPE_CHECKING:
     from ._engine import Engine
-    from ._state import RankState
+    from ._state import RankState, Settings
 
 __all__ = ["ProcessRanks", "prepare"]
 __tracebackhide__ = True
@@ -147,21 +147,22 @@ class _Child:
 
 
 class ProcessRanks:
-    """The rank processes of one run, and the engine's isolation hooks for them (threads mode's are :mod:`._isolation`)."""
+    """The rank processes of one run, and the engine's rank hooks for them (threads mode's:
+    :class:`._isolation.ThreadRanks`, the same methods)."""
 
-    def __init__(self, fn: Callable, args: tuple, size: int):
+    def __init__(self, fn: Callable, args: tuple, settings: Settings):
         self.prep, self.fn_bytes, self.args_bytes = prepare(fn, args)
-        self.size = size
-        self.children: list[_Child | None] = [None] * size
+        self.settings = settings
+        self.size = settings.size
+        self.children: list[_Child | None] = [None] * self.size
         self.store: Any = None
         self.store_lock = threading.Lock()
-        self.engine: Engine | None = None
         self.environ: dict[str, str] = {}
         self.streams: dict[str, Any] = {}
 
-    # -- the engine's hooks (the same names as _isolation's) -----------------------------------------------------
+    # -- the engine's hooks (those of _isolation.ThreadRanks) ----------------------------------------------------
 
-    def enter(self, engine: Engine) -> _isolation.RunSetup:
+    def enter(self) -> None:
         """Start the run's rank processes (they wait for their turn); raise if they cannot be started."""
         from . import _rank_process
 
@@ -171,15 +172,13 @@ class ProcessRanks:
                 "simdist.simulate or simdist.spawn): start it from outside the simulated ranks"
             )
         _isolation.refuse_nested()
-        self.engine = engine
         self.environ = dict(os.environ)
         self.streams = {"stdout": sys.stdout, "stderr": sys.stderr}
         server = _forkserver.template_for(self.prep)
         for rank, (pid, pidfd, sock) in enumerate(server.ranks(self.size)):
             self.children[rank] = _Child(pid, pidfd, C.Channel(socket.socket(fileno=sock)), server)
-        return _isolation.RunSetup({}, None, None)
 
-    def leave(self, engine: Engine) -> None:
+    def leave(self) -> None:
         """Once every rank thread has ended: no process of the run is left (the unfinished ones are killed)."""
         for child in self.children:
             if child is None:
@@ -193,7 +192,7 @@ class ProcessRanks:
         if self.store is not None:
             self.store = None
 
-    def take_turn(self, engine: Engine, rs: RankState) -> None:
+    def take_turn(self, rs: RankState, aborting: bool) -> None:
         """Nothing process-wide to install: the rank's state lives in its process."""
 
     def end_turn(self, rs: RankState, to: RankState | None = None, done: bool = False) -> None:
@@ -202,16 +201,16 @@ class ProcessRanks:
     def abandon(self, ranks: list) -> bool:
         return False
 
-    def enter_thread(self, engine: Engine, rs: RankState) -> None:
+    def enter_thread(self, rs: RankState, now: Callable[[], float]) -> None:
         """Make the calling thread the stand-in of rank ``rs``'s process: stopping the run kills the process."""
         child = self.children[rs.rank]
         if child is not None:
             rs.user.on_inject = child.kill
         rs.cpu = _ReportedCpu()
-        if engine.pin_core is not None:
-            _isolation.pin_thread(engine.pin_core)
+        if self.settings.pin_core is not None:
+            _isolation.pin_thread(self.settings.pin_core)
 
-    def leave_thread(self, engine: Engine, rs: RankState) -> None:
+    def leave_thread(self, rs: RankState) -> None:
         set_remote_site(None)
 
     # -- a rank's thread -----------------------------------------------------------------------------------------
@@ -220,17 +219,15 @@ class ProcessRanks:
         """Rank ``rank``'s part of the run: run its process, making each of its calls on the rank's world."""
         from simdist.core import thread_world
 
-        engine = self.engine
-        assert engine is not None
         child = self.children[rank]
         assert child is not None
         world = thread_world()
-        rs = engine.ranks[rank]
-        child.chan.send(("go", self._setup(rank, engine)), [1, 2])  # (its stdout and stderr: this process's now)
-        served = _Served(self, world, rs, child)
+        child.chan.send(("go", self._setup(rank, world)), [1, 2])  # (its stdout and stderr: this process's now)
+        served = _Served(self, world, child)
         return served.loop()
 
-    def _setup(self, rank: int, engine: Engine) -> dict:
+    def _setup(self, rank: int, world: Any) -> dict:
+        settings = self.settings
         streams = [self.streams["stdout"], self.streams["stderr"]]
         return {
             "rank": rank,
@@ -242,11 +239,11 @@ class ProcessRanks:
             "args": self.args_bytes,
             "tty": [_isatty(s) for s in streams],
             "encoding": [getattr(s, "encoding", None) or "utf-8" for s in streams],
-            "pin": engine.pin_core,
-            "check_buffers": bool(getattr(engine.ranks[rank].world, "check_buffers", False)),
-            "cuda_as_cpu": engine.cuda_as_cpu,
-            "gpus_per_node": engine.gpus_per_node,
-            "cpu_time": engine.cpu_time,
+            "pin": settings.pin_core,
+            "check_buffers": bool(getattr(world, "check_buffers", False)),
+            "cuda_as_cpu": settings.cuda_as_cpu,
+            "gpus_per_node": settings.gpus_per_node,
+            "cpu_time": settings.cpu_time,
         }
 
     def store_port(self) -> int:
@@ -283,18 +280,19 @@ def _isatty(stream: Any) -> bool:
 
 
 class _Served:
-    """One rank process's calls, made on its rank's world by its thread."""
+    """One rank process's calls, made on its rank's world (a ``SimWorld``, on the engine) by its thread."""
 
-    def __init__(self, ranks: ProcessRanks, world: Any, rs: RankState, child: _Child):
-        self.ranks, self.world, self.rs, self.child = ranks, world, rs, child
-        assert ranks.engine is not None, "a rank is served once its engine runs"
-        self.engine: Engine = ranks.engine
+    def __init__(self, ranks: ProcessRanks, world: Any, child: _Child):
+        self.ranks, self.world, self.child = ranks, world, child
+        self.engine: Engine = world.engine
+        self.rs: RankState = world.me
+        rs = self.rs
         assert isinstance(rs.cpu, _ReportedCpu), "enter_thread gave the rank its reported clock"
         self.cpu = rs.cpu
         self.segments = C.Segments()
         self.groups: dict[int, Any] = {}
         self.works: dict[int, tuple[Any, bool]] = {}
-        self.prefix = f"[rank {rs.rank}] " if self.engine.prefix_output else None
+        self.prefix = f"[rank {rs.rank}] " if ranks.settings.prefix_output else None
         self.at_start = {"stdout": True, "stderr": True}
         self.handlers: dict[str, Callable[[tuple], Any]] = {
             "init": self._init,

@@ -23,9 +23,11 @@ from simdist.core import Trace
 from ._buffers import unsettled_race
 from ._engine import Engine
 from ._group import SimWorld
+from ._isolation import pin_target
 from ._options import STEPS_UP_TO, SimOptions
 from ._report import leaks as find_leaks
 from ._report import undestroyed
+from ._state import Settings
 from ._strategies import check_world, make_strategy
 from ._threads import futexes_for
 
@@ -184,40 +186,48 @@ def simulate(
     check_world(opts.schedule, nprocs)
     if opts.pool is not None and opts.pool.closed:
         raise RuntimeError("pool: this RankPool is closed (make a new RankPool, or pass pool=None)")
+    settings = _settings(opts, nprocs)
     processes = None
     if opts.isolation == "processes":
         from ._proxy import ProcessRanks
 
-        processes = ProcessRanks(fn, args, nprocs)
+        processes = ProcessRanks(fn, args, settings)
         fn, args = processes.serve, ()
     with _collector_skips_older_objects(nprocs):  # (the engine's objects are made after the freeze too)
         engine = Engine(
             fn,
             args,
-            nprocs,
+            settings,
             strategy=make_strategy(opts.strategy, opts.seed, opts.schedule),
             topology=as_topology(
                 opts.topology.copy() if isinstance(opts.topology, Topology) else opts.topology, nprocs
             ),
-            detail=opts.detail,
-            eager_limit=opts.eager_limit,
-            record_steps=nprocs <= STEPS_UP_TO if opts.record_steps is None else opts.record_steps,
-            prefix_output=opts.prefix_output,
-            cpu_time=opts.cpu_time,
-            cuda_as_cpu=_default_cuda_as_cpu() if opts.cuda_as_cpu is None else bool(opts.cuda_as_cpu),
-            gpus_per_node=nprocs if opts.gpus_per_node is None else opts.gpus_per_node,
-            timeout=opts.timeout,
             make_world=partial(SimWorld, check_buffers=opts.check_buffers),
-            algorithms=None if opts.algorithms is None else dict(opts.algorithms),
-            pin_cpu=opts.pin_cpu,
-            test=opts.test,
             pool=opts.pool,
-            isolation=processes,
+            hooks=processes,
         )
         try:
             return _result(engine, opts.leaks, opts.trace_file)
         finally:
             engine.release()
+
+
+def _settings(opts: SimOptions, nprocs: int) -> Settings:
+    """The settings of a run of ``nprocs`` ranks under ``opts``: each default decided for it."""
+    return Settings(
+        size=nprocs,
+        detail=opts.detail,
+        eager_limit=opts.eager_limit,
+        record_steps=nprocs <= STEPS_UP_TO if opts.record_steps is None else opts.record_steps,
+        prefix_output=opts.prefix_output,
+        cpu_time=opts.cpu_time,
+        cuda_as_cpu=_default_cuda_as_cpu() if opts.cuda_as_cpu is None else bool(opts.cuda_as_cpu),
+        gpus_per_node=nprocs if opts.gpus_per_node is None else opts.gpus_per_node,
+        timeout=opts.timeout,
+        algorithms=() if opts.algorithms is None else tuple(dict(opts.algorithms).items()),
+        pin_core=pin_target() if opts.pin_cpu else None,
+        test=opts.test,
+    )
 
 
 def _signature() -> inspect.Signature:
@@ -253,7 +263,7 @@ def _result(engine: Engine, leaks: str, trace_file: Any) -> SimResult:
     if race is not None:
         race.choices = list(engine.choices)
         raise race._with_schedule(token)
-    found = find_leaks(engine)
+    found = find_leaks(engine.unmatched(), engine.unwaited)
     if found and leaks != "ignore":
         text = f"the simulation left {len(found)} leak(s) (replay token {token}):\n  " + "\n  ".join(found)
         if leaks == "error":
@@ -261,7 +271,7 @@ def _result(engine: Engine, leaks: str, trace_file: Any) -> SimResult:
         site = user_call_site()
         filename, _, line = site.rpartition(":")
         warnings.warn_explicit(text, LeakWarning, filename or site, int(line) if line.isdigit() else 0)
-    kept = undestroyed(engine)
+    kept = undestroyed(engine.ranks)
     if kept:
         found.append(f"ranks {kept}: the default process group was never destroyed (destroy_process_group)")
     return SimResult(values, engine.trace, token, list(engine.choices), found, engine.points, list(engine.widths))

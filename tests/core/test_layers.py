@@ -93,3 +93,22 @@ def test_the_figures_script_runs_and_counts_every_module():
     assert figures["modules"] == sum(figures["modules per folder"].values())
     assert figures["modules per folder"]["simdist.core"] >= 15
     assert figures["backends -> private modules"] == []
+
+
+# The simulator's kernel: the engine owns the run's state, whose data types (``_state``) sit below it with every
+# module the engine calls. None of those imports the engine (not even for a type), so none can call back into it;
+# the modules above it (its ranks' groups, ranks as processes, ``simulate``) use it.
+BELOW_THE_ENGINE = {"_buffers", "_discrete", "_events", "_isolation", "_options", "_record", "_report", "_state",
+                    "_strategies", "_threads"}  # fmt: skip
+
+
+def test_nothing_the_simulators_engine_calls_imports_it_or_what_is_above_it():
+    sim = "simdist.backends.sim."
+    inside = [(a[len(sim) :], b[len(sim) :]) for a, b, _ in _edges() if a.startswith(sim) and b.startswith(sim)]
+    engine_uses = {b for a, b in inside if a == "_engine"}
+    assert engine_uses <= BELOW_THE_ENGINE, f"the engine imports {sorted(engine_uses - BELOW_THE_ENGINE)}"
+    upward = sorted((a, b) for a, b in inside if a in BELOW_THE_ENGINE and b not in BELOW_THE_ENGINE)
+    assert upward == [], f"below the engine, imports of the engine or what is above it: {upward}"
+    circles = [c["modules"] for c in structure.measure()["circles"] if c["folder"] == ["simdist.backends.sim"]]
+    # the one circle left: SimWorld.spawn starts a run, and a run makes its ranks' SimWorlds (said in _group.py)
+    assert circles == [[sim + "_group", sim + "_runner"]]
