@@ -196,7 +196,7 @@ class SimWorld(World):
 
         The ranks are threads that run to completion here, so ``daemon`` and ``start_method`` do not apply.
         """
-        # The one circle of this package, kept as its clearest form: the registry knows a backend by its World
+        # a circle by choice, the one of this package: the registry knows a backend by its World
         # class, whose spawn starts a run, and a run (``simulate``) makes the worlds of its ranks.
         from ._runner import simulate
 

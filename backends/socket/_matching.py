@@ -25,7 +25,8 @@ import itertools
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a circle by choice, for types only: the network (_peers) owns the peers this module
+    # serves, and imports it to do so
     from ._peers import Handle
 
 __all__ = ["CHUNK", "SPARES", "SPARE_MIN", "Mailbox", "Message", "mismatch"]

@@ -31,7 +31,8 @@ from ._failures import FAILING
 from ._frames import CLOSE, DATA, HEADER_SIZE, KINDS, SHM, SHM_OPEN, Header, decode_header, recv_exact_into
 from ._matching import CHUNK, Message, mismatch
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a circle by choice, for types only: the network (_peers) owns the peers this module
+    # serves, and imports it to do so
     from ._peers import Handle, PeerNetwork, _Peer
 
 __all__ = ["Receiver"]

@@ -31,7 +31,8 @@ from . import _links, _shm
 from ._frames import CLOSE, DATA, encode_header, frame_parts, send_frame, send_parts
 from ._links import Goodbye, connect, offer_ring, read_back, write_ring
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a circle by choice, for types only: the network (_peers) owns the peers this module
+    # serves, and imports it to do so
     from ._peers import Handle, PeerNetwork, _Peer
 
 __all__ = ["RESUME", "STOP", "Sender"]

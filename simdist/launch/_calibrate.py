@@ -436,6 +436,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--host-file and --nproc-per-node calibrate across hosts: give --nnodes 2 or more")
         spec = calibrate(opts.out, quick=opts.quick, name=opts.name, progress=True)
     else:
+        # a circle by choice: the command picks one host or several, and each node across hosts measures its
+        # own host with calibrate()
         from ._calibrate_hosts import calibrate_hosts
 
         across = calibrate_hosts(opts)

@@ -20,7 +20,8 @@ token)`` says which decisions made it (also noted on the failure when there are 
 from ._check import CheckError
 from ._explain import explain
 from ._explore import ExploreSummary, explore, minimize, spmd
-from ._run import NondeterminismError, Schedule, replay, run
+from ._run import NondeterminismError, replay, run
+from ._schedule import Schedule
 from ._strategies import COLLECTIVE_OPS, CollectiveInputs, collective_inputs, schedules, topologies, world_sizes
 
 __all__ = [

@@ -115,7 +115,7 @@ def explain(fn: Callable, nprocs: int, token: Any, args: tuple = (), **options: 
     """
     from simdist.backends.sim import check_world, make_strategy, simulate
 
-    from ._run import Schedule
+    from ._schedule import Schedule
 
     if isinstance(token, Schedule):
         token = token.token  # it keeps the world size

@@ -11,7 +11,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ._run import Schedule
+from ._schedule import Schedule
 
 __all__ = ["schedules", "world_sizes", "topologies", "collective_inputs", "CollectiveInputs", "COLLECTIVE_OPS"]
 

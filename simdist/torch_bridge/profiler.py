@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -78,9 +78,7 @@ def _start_session(prof: Any) -> None:
 
 
 def _prepare_trace(prof: Any) -> None:
-    from .ranks import in_rank
-
-    if not in_rank():
+    if not _in_rank():
         return _saved["prepare"](prof)
     if not _members:
         _start_session(prof)
@@ -140,10 +138,20 @@ _PATCHES = {
 """What :func:`install` replaces on torch's ``profile`` class: key in ``_saved`` -> (attribute, ours)."""
 
 
-def install() -> None:
-    """Share torch's profiler among the rank threads of the simulation that is starting."""
+def _outside_ranks() -> bool:
+    return False
+
+
+_in_rank: Callable[[], bool] = _outside_ranks  # whether the calling thread is a simulated rank (given by install)
+
+
+def install(in_rank: Callable[[], bool]) -> None:
+    """Share torch's profiler among the rank threads of the simulation that is starting (``in_rank``: whether the
+    calling thread is one of them)."""
     from torch.autograd.profiler import profile
 
+    global _in_rank
+    _in_rank = in_rank
     for key, (name, ours) in _PATCHES.items():
         _saved[key] = getattr(profile, name)
         setattr(profile, name, ours)

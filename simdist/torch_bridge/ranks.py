@@ -166,7 +166,7 @@ def install() -> None:
     skip_directory(os.path.dirname(torch.__file__))
     _state.update(showwarning=warnings.showwarning, excepthook=sys.excepthook)
     warnings.showwarning = _showwarning
-    profiler.install()
+    profiler.install(in_rank)
     reason = versions.unsupported()
     if reason is not None:  # torch's entry points refuse on rank threads, saying why and what to do
         from torch.distributed import distributed_c10d as c10d

@@ -112,3 +112,10 @@ def test_nothing_the_simulators_engine_calls_imports_it_or_what_is_above_it():
     circles = [c["modules"] for c in structure.measure()["circles"] if c["folder"] == ["simdist.backends.sim"]]
     # the one circle left: SimWorld.spawn starts a run, and a run makes its ranks' SimWorlds (said in _group.py)
     assert circles == [[sim + "_group", sim + "_runner"]]
+
+
+def test_every_import_circle_inside_a_folder_says_why_in_a_comment():
+    mods = structure.modules()
+    for circle in structure.measure()["circles"]:
+        said = [m for m in circle["modules"] if "# a circle by choice" in mods[m].read_text()]
+        assert said, f"the import circle {circle['modules']} says nowhere why it is the clearest form"
