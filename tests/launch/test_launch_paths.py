@@ -19,7 +19,8 @@ collectives where it says it does: torch's ``ProcessGroupGloo`` on torch's engin
 class on the socket backend and the simulator.
 
 Every launch is a fresh subprocess with a clean environment and a timeout (tests/support/launch_paths.py);
-the launches of the selected tests start when the first test runs, two at a time. The paths through
+the launches of the selected tests start when the first test runs, two at a time, on the one pytest-xdist
+worker that runs the module. The paths through
 simdist's engines (the torch bridge) are ``torch_release`` tests; the resumed runs, which chain paths
 the matrix runs, are not.
 """
@@ -37,6 +38,8 @@ import torch
 
 from launch_paths import PATHS, Launched, checkpoint_difference, result_lines, start
 
+# One pytest-xdist worker runs the whole file (pyproject's --dist loadfile): its launches start together, for the
+# tests selected in the session (a worker that ran only some of them would start them all again).
 pytestmark = pytest.mark.timeout(240)
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"

@@ -78,22 +78,30 @@ def test_init_returns_once_the_late_rank_has_joined(engine, world, tmp_path):
 
 
 def test_a_rank_that_never_joins_is_named_when_init_times_out(tmp_path):
-    """Ranks 0 and 1 of 3 without rank 2: init_process_group ends at its timeout, naming rank 2 on rank 0."""
+    """Ranks 0 and 1 of 3 without rank 2: init_process_group ends at its timeout, naming rank 2 on rank 0.
+
+    Rank 1 is in init_process_group (waiting for rank 0's store) before rank 0 starts, and waits longer than rank
+    0: on a loaded machine rank 1's start alone may take longer than rank 0's timeout.
+    """
     code = (
         "import datetime, os, sys, simdist\n"
+        "rank, seconds = int(sys.argv[1]), int(sys.argv[2])\n"
+        "print('ready', flush=True)\n"
         "simdist.init_process_group('socket', init_method='tcp://127.0.0.1:' + os.environ['PORT'],"
-        " rank=int(sys.argv[1]), world_size=3, timeout=datetime.timedelta(seconds=3))\n"
+        " rank=rank, world_size=3, timeout=datetime.timedelta(seconds=seconds))\n"
     )
     env = dict(os.environ, PORT=str(free_port()), SIMDIST_SECRET=new_secret())
     t = time.monotonic()
-    procs = [
-        subprocess.Popen([sys.executable, "-c", code, str(r)], env=env, stderr=subprocess.PIPE, text=True)
-        for r in (0, 1)
-    ]
+    late = subprocess.Popen(
+        [sys.executable, "-c", code, "1", "20"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert late.stdout is not None and late.stdout.readline() == "ready\n", late.communicate(timeout=120)
+    first = subprocess.Popen([sys.executable, "-c", code, "0", "5"], env=env, stderr=subprocess.PIPE, text=True)
+    procs = [first, late]
     errs = [p.communicate(timeout=120)[1] for p in procs]
     assert all(p.returncode != 0 for p in procs), errs
     assert time.monotonic() - t < 60, errs
-    assert "DistTimeoutError: init_process_group: rank 0 waited 3 s for every rank of 3 to join" in errs[0], errs[0]
+    assert "DistTimeoutError: init_process_group: rank 0 waited 5 s for every rank of 3 to join" in errs[0], errs[0]
     assert "rank(s) [2] did not" in errs[0], errs[0]
     # rank 1 timed out too, or lost the store when rank 0, which served it, exited first
     assert "init_process_group: rank 1" in errs[1], errs[1]

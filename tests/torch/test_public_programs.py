@@ -19,9 +19,9 @@ import pytest
 import public_programs as pp
 from launch_paths import PATHS, SIM_PATHS, applies
 
-# The programs listen where their authors wrote (the tutorials' MASTER_PORT=29500): one at a time on one
-# pytest-xdist worker.
-pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("public-programs")]
+# The programs listen where their authors wrote (the tutorials' MASTER_PORT=29500): one at a time, on the one
+# pytest-xdist worker that runs this file (pyproject's --dist loadfile).
+pytestmark = pytest.mark.timeout(600)
 
 _done: dict[tuple[str, str], pp.Outcome] = {}
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("launches")]
+pytestmark = pytest.mark.timeout(900)  # one pytest-xdist worker runs the file (pyproject's --dist loadfile)
 
 LAUNCH_TIMEOUT = 600
 
