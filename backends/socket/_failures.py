@@ -233,19 +233,21 @@ class Heartbeat:
             self._client.compare_set(_FIRST, b"", record)
             self.failure_seen = True
 
-    def check(self) -> bool:
-        """Whether a rank failed (as of the latest read, at most ``POLL_S`` s ago).
+    def check(self) -> bool | None:
+        """Whether a rank failed, as of the latest read (at most ``POLL_S`` s ago); ``None`` when the heartbeat
+        has not read for longer than a poll and a read's deadline without the store having failed it: this
+        process was stopped or starved of CPU, so the caller reads the store itself.
 
         Raises:
-            DistError: the store did not answer the heartbeat's latest read (within 2 s), or no read
-                was answered for longer than that and a poll. The heartbeat connects again meanwhile:
-                a store that answers again ends the silence; the waits give up after the liveness
-                interval.
+            DistError: the store did not answer the heartbeat's latest read (within 2 s). The heartbeat
+                connects again meanwhile: a store that answers again ends the silence; the waits give up
+                after the liveness interval.
         """
         silent = time.monotonic() - self.answered_at
-        if (self.store_error is not None and silent > POLL_S) or silent > POLL_S + _READ_S:
-            why = self.store_error or f"no answer to this rank's heartbeat for {silent:.1f} s"
-            raise DistError(f"the store at {self._client.host}:{self._client.port} is unreachable ({why})")
+        if self.store_error is not None and silent > POLL_S:
+            raise DistError(f"the store at {self._client.host}:{self._client.port} is unreachable ({self.store_error})")
+        if silent > POLL_S + _READ_S:
+            return None
         return self.failure_seen
 
     @property
@@ -298,8 +300,9 @@ class JobStore(StoreClient):
         now, not as of the heartbeat's latest read.
 
         While no rank failed, this asks the rank's :class:`Heartbeat` (once it runs), which reads the
-        job's first failure (``simdist/first-failure``) every ``POLL_S`` s; before, that one key. The
-        records of ``ranks`` are read once it exists.
+        job's first failure (``simdist/first-failure``) every ``POLL_S`` s; before it runs, or when it has
+        not read for a while (this process was stopped or starved), that one key. The records of ``ranks``
+        are read once it exists.
 
         Raises:
             DistError: the store is unreachable (it did not answer within 2 s, or the connection broke).
@@ -308,10 +311,10 @@ class JobStore(StoreClient):
         if not ranks:
             return {}
         try:
-            if self.heartbeat is not None and self.heartbeat.running and not fresh:
-                if not self.heartbeat.check():
-                    return {}
-            elif not self.multi_get([_FIRST], timeout=_READ_S):
+            seen = (
+                self.heartbeat.check() if self.heartbeat is not None and self.heartbeat.running and not fresh else None
+            )
+            if seen is False or (seen is None and not self.multi_get([_FIRST], timeout=_READ_S)):
                 return {}
             found = self.multi_get([_FAILED.format(rank=r) for r in ranks], timeout=_READ_S)
         except DistError as exc:

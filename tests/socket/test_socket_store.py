@@ -871,3 +871,27 @@ def test_live_server_closes_connections_that_send_garbage_and_keeps_serving():
         assert len(sent) >= 200
         with StoreClient(HOST, srv.port, SECRET, timeout=5) as fresh:
             assert fresh.get("alive") == b"yes"
+
+
+def test_a_heartbeat_that_has_not_run_is_not_taken_for_the_stores_silence() -> None:
+    """A rank whose process was stopped or starved of CPU finds its heartbeat's latest read old: it reads the
+    store itself and learns of a failure there, where it used to report the store unreachable."""
+    from simdist.backends.socket._failures import _FAILED, _FIRST, POLL_S, Heartbeat, JobStore
+
+    with StoreServer(HOST, 0, SECRET) as srv, JobStore(HOST, srv.port, SECRET, rank=0, world_size=2) as store:
+        beat = store.heartbeat = Heartbeat(HOST, srv.port, SECRET, 0, 2)
+        try:
+            beat._stopped.set()  # its thread ends: it stands for a heartbeat thread that is not scheduled
+            beat._thread.join(10)
+            beat._stopped.clear()  # still running to the rank
+            assert store.failures([1]) == {}
+            store.set(_FAILED.format(rank=1), b'{"error": "ValueError: boom", "how": "exception"}')
+            store.set(_FIRST, b'{"rank": 1, "error": "ValueError: boom", "how": "exception"}')
+            beat.answered_at -= 10 * POLL_S
+            assert beat.check() is None
+            assert list(store.failures([1])) == [1]
+            beat.store_error = DistError("the store did not answer within 2 s")
+            with pytest.raises(DistError, match="is unreachable"):
+                store.failures([1])
+        finally:
+            beat.stop()
