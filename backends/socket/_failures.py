@@ -367,12 +367,18 @@ class JobStore(StoreClient):
     def wait_goodbyes(self, timeout: float) -> None:
         """Wait until every rank has said goodbye (the rank that serves the store).
 
+        Once a rank failed without saying goodbye, the store still serves the others, for at most the
+        liveness interval, until each has said goodbye or failed: a rank blocked in an operation reads the
+        failure within a poll of its heartbeat (later on a loaded machine), and a store that stopped first
+        would leave it only "unreachable" to report.
+
         Raises:
             PeerLostError: a rank failed without saying goodbye (it died): it never will.
             DistTimeoutError: some ranks neither said goodbye nor failed within ``timeout``.
         """
         byes = [_BYE.format(rank=r) for r in range(self.world_size)]
         deadline = time.monotonic() + timeout
+        failed: dict[int, dict] = {}
         while True:
             try:
                 StoreClient.wait(self, byes, min(POLL_S, max(deadline - time.monotonic(), 0.0)))
@@ -381,7 +387,12 @@ class JobStore(StoreClient):
                 pass
             present = self.multi_get(byes, timeout=_READ_S)
             missing = [r for r in range(self.world_size) if _BYE.format(rank=r) not in present]
-            self.check_failures(missing, "destroy_process_group")
+            if not failed:
+                grace_end = time.monotonic() + self.liveness
+            failed = self.failures(missing, fresh=True)
+            if failed and (set(failed) == set(missing) or time.monotonic() >= min(grace_end, deadline)):
+                rank, record = first_failure(failed)
+                raise PeerLostError(f"rank {self.rank}: destroy_process_group: {describe(rank, record)}", rank=rank)
             if time.monotonic() >= deadline:
                 raise DistTimeoutError(
                     f"rank(s) {missing} did not call destroy_process_group within timeout={timeout} s"

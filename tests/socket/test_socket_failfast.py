@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -29,12 +30,19 @@ LIMIT = 10.0  # seconds the others may take to notice (expected: under 2 s)
 
 
 def run_job(
-    scenario: str, world: int = 3, op_timeout: float = OP_TIMEOUT, wait: float = 120.0, stop_after: float | None = None
+    scenario: str,
+    world: int = 3,
+    op_timeout: float = OP_TIMEOUT,
+    wait: float = 120.0,
+    stop_after: float | None = None,
+    pause: tuple[int, float] | None = None,
 ) -> tuple[dict[int, list[dict]], dict[int, int], dict[int, str]]:
     """Run ``scenario`` on ``world`` processes; ``(events by rank, exit codes, stderr by rank)``.
 
     ``stop_after``: SIGKILL ranks still running that many seconds after the start, or as soon as one
     rank alone is still running (a sleeping rank, whose peers have reported it and ended).
+    ``pause``: ``(rank, seconds)``: SIGSTOP that rank once it printed its "ready" event, SIGCONT it
+    that many seconds later (a process the machine did not schedule meanwhile).
     """
     env = {
         **os.environ,
@@ -57,7 +65,17 @@ def run_job(
         for r in range(world)
     ]
     start = time.monotonic()
+    early = ""  # what the paused rank printed before it was stopped
     try:
+        if pause is not None:
+            paused, seconds = pause
+            stdout = procs[paused].stdout
+            assert stdout is not None
+            while '"event": "ready"' not in early and (line := stdout.readline()):
+                early += line
+            os.kill(procs[paused].pid, signal.SIGSTOP)
+            time.sleep(seconds)
+            os.kill(procs[paused].pid, signal.SIGCONT)
         if stop_after is not None:
             while time.monotonic() - start < stop_after and sum(p.poll() is None for p in procs) > 1:
                 time.sleep(0.1)
@@ -73,6 +91,8 @@ def run_job(
             if p.poll() is None:
                 p.kill()
     outputs = [p.communicate() for p in procs]
+    if pause is not None:
+        outputs[pause[0]] = (early + outputs[pause[0]][0], outputs[pause[0]][1])
     events = {
         r: [json.loads(line) for line in out.splitlines() if line.startswith("{")] for r, (out, _) in enumerate(outputs)
     }
@@ -96,7 +116,7 @@ def check_others_named_rank_1(events: dict[int, list[dict]], text: str | None, k
     print(f"detected after {times} s (ranks: seconds after rank 1 failed)")
     for r, seconds in times.items():
         err = event(events, r, kind)
-        assert err["type"] == "PeerLostError", err
+        assert err["type"] == "PeerLostError", json.dumps(err)  # in full: pytest shortens a dict
         assert err["failed"] == 1, err
         assert "rank 1" in err["text"], err
         if text is not None:
@@ -113,6 +133,17 @@ def test_a_rank_raising_before_its_first_collective_fails_the_others_in_seconds(
 
 def test_a_rank_that_calls_os_exit_is_named_by_the_others():
     events, codes, _ = run_job("exit")
+    check_others_named_rank_1(events, "ended without destroy_process_group")
+    assert codes[1] == 3
+
+
+def test_a_rank_stopped_while_another_failed_is_told_of_the_failure_when_it_runs_again():
+    """Rank 0, which serves the store, fails at once on rank 1's exit and still serves the store until rank 2,
+    stopped for 3 s meanwhile, has read the failure (it used to stop serving and leave rank 2 "the store is
+    unreachable" to report after the liveness interval)."""
+    events, codes, _ = run_job("exit", pause=(2, 3.0))
+    times = detection_times(events)
+    assert times[2] >= 2.5, times  # rank 2 could only notice once it ran again
     check_others_named_rank_1(events, "ended without destroy_process_group")
     assert codes[1] == 3
 
