@@ -311,9 +311,8 @@ class JobStore(StoreClient):
         if not ranks:
             return {}
         try:
-            seen = (
-                self.heartbeat.check() if self.heartbeat is not None and self.heartbeat.running and not fresh else None
-            )
+            beat = self.heartbeat if self.heartbeat is not None and self.heartbeat.running and not fresh else None
+            seen = beat.check() if beat is not None else None  # None: this read asks the store itself
             if seen is False or (seen is None and not self.multi_get([_FIRST], timeout=_READ_S)):
                 return {}
             found = self.multi_get([_FAILED.format(rank=r) for r in ranks], timeout=_READ_S)
@@ -325,8 +324,12 @@ class JobStore(StoreClient):
         """Raise ``PeerLostError`` for the first failed rank among ``ranks`` (default: every other rank)."""
         failed = self.failures(ranks)
         if failed:
-            rank, record = first_failure(failed)
-            raise PeerLostError(f"rank {self.rank}: {what}: {describe(rank, record)}", rank=rank)
+            raise self._lost(failed, what)
+
+    def _lost(self, failed: dict[int, dict], what: str) -> PeerLostError:
+        """The error that reports the first of the ``failed`` ranks' failures to ``what`` on this rank."""
+        rank, record = first_failure(failed)
+        return PeerLostError(f"rank {self.rank}: {what}: {describe(rank, record)}", rank=rank)
 
     def _sliced(self, wait: Any, keys: Any, timeout: float | None, what: str) -> Any:
         """``wait(keys, slice)`` in slices of ``POLL_S`` seconds, reading the failure records between them."""
@@ -378,7 +381,7 @@ class JobStore(StoreClient):
         """
         byes = [_BYE.format(rank=r) for r in range(self.world_size)]
         deadline = time.monotonic() + timeout
-        failed: dict[int, dict] = {}
+        grace_end: float | None = None  # once a rank failed: until when the others may still read it
         while True:
             try:
                 StoreClient.wait(self, byes, min(POLL_S, max(deadline - time.monotonic(), 0.0)))
@@ -387,12 +390,11 @@ class JobStore(StoreClient):
                 pass
             present = self.multi_get(byes, timeout=_READ_S)
             missing = [r for r in range(self.world_size) if _BYE.format(rank=r) not in present]
-            if not failed:
-                grace_end = time.monotonic() + self.liveness
             failed = self.failures(missing, fresh=True)
-            if failed and (set(failed) == set(missing) or time.monotonic() >= min(grace_end, deadline)):
-                rank, record = first_failure(failed)
-                raise PeerLostError(f"rank {self.rank}: destroy_process_group: {describe(rank, record)}", rank=rank)
+            if failed:
+                grace_end = grace_end or time.monotonic() + self.liveness
+                if set(failed) == set(missing) or time.monotonic() >= min(grace_end, deadline):
+                    raise self._lost(failed, "destroy_process_group")
             if time.monotonic() >= deadline:
                 raise DistTimeoutError(
                     f"rank(s) {missing} did not call destroy_process_group within timeout={timeout} s"
