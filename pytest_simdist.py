@@ -21,9 +21,11 @@ from typing import Any
 OPTIONS: dict[str, Any] = {"replay": None, "max_schedules": None, "test": None, "isolation": None}
 
 _REPLAY = re.compile(
-    r"(choices:[A-Za-z0-9_,-]+|random:-?\d+|round_robin|pct:-?\d+:\d+:\d+)(@world=[1-9]\d*)?(@test=.+)?", re.DOTALL
+    r"(choices:[A-Za-z0-9_,-]+|random:-?\d+|round_robin|pct:-?\d+:\d+:\d+)(@world=[1-9]\d*)?(@script=[^@]+)?(@test=.+)?",
+    re.DOTALL,
 )
-"""The shape of a replay token (``SCHEDULE[@world=N][@test=NODEID]``); simdist decodes its choices when it replays."""
+"""The shape of a replay token (``SCHEDULE[@world=N][@script=NAME][@test=NODEID]``); simdist decodes its choices when
+it replays."""
 
 
 def _max_schedules(text: str) -> int:
@@ -38,7 +40,7 @@ def _replay(text: str) -> str:
     if not _REPLAY.fullmatch(text):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a replay token; expected 'random:SEED', 'round_robin', 'pct:SEED:DEPTH:STEPS' or "
-            "'choices:...', then optionally @world=N and @test=NODEID (a token printed by a failing simdist test)"
+            "'choices:...', then optionally @world=N, @script=NAME and @test=NODEID (a token printed by a failing simdist test)"
         )
     return text
 

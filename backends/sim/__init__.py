@@ -2,8 +2,8 @@
 
 Code outside this package uses only the names in ``__all__``: the world and group, ``simulate``,
 the scheduling strategies, the replay-token functions (``encode_choices``/``decode_choices`` for a
-choice list, ``make_token``/``split_token`` for the ``@world``/``@test`` suffixes, ``make_strategy``,
-``check_world``), ``next_schedule`` (depth-first enumeration), ``RankPool`` and ``held`` (a series of
+choice list, ``make_token``/``split_token`` for the ``@world``/``@script``/``@test`` suffixes, ``make_strategy``,
+``check_token``), ``next_schedule`` (depth-first enumeration), ``RankPool`` and ``held`` (a series of
 runs sharing rank threads and the process-wide stand-ins).
 """
 
@@ -23,7 +23,8 @@ from ._strategies import RandomStrategy as RandomStrategy  # noqa: E402
 from ._strategies import ReplayStrategy as ReplayStrategy  # noqa: E402
 from ._strategies import RoundRobinStrategy as RoundRobinStrategy  # noqa: E402
 from ._strategies import Strategy as Strategy  # noqa: E402
-from ._strategies import check_world as check_world  # noqa: E402
+from ._strategies import TokenParts as TokenParts  # noqa: E402
+from ._strategies import check_token as check_token  # noqa: E402
 from ._strategies import decode_choices as decode_choices  # noqa: E402
 from ._strategies import encode_choices as encode_choices  # noqa: E402
 from ._strategies import make_strategy as make_strategy  # noqa: E402
@@ -45,7 +46,8 @@ __all__ = [
     "PCTStrategy",
     "ReplayStrategy",
     "make_strategy",
-    "check_world",
+    "check_token",
+    "TokenParts",
     "encode_choices",
     "decode_choices",
     "make_token",

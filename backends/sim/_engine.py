@@ -85,7 +85,7 @@ class Engine:
         self.algorithms = dict(settings.algorithms)
         self.pool = pool
         self.world_ranks = tuple(range(size))  # the default group's ranks, one tuple shared by every rank's group
-        self.ranks = [RankState(r, size <= WAKE_FDS) for r in self.world_ranks]
+        self.ranks = [RankState(r, size <= WAKE_FDS, settings.capture_output) for r in self.world_ranks]
         for rs in self.ranks:
             rs.world = make_world(self, rs)
         self.runnable: list[int] = list(range(size))
@@ -235,7 +235,8 @@ class Engine:
     def token(self) -> str:
         from ._strategies import encode_choices, make_token
 
-        return make_token(self.strategy.token() or encode_choices(self.choices), self.size, self.settings.test)
+        choices = self.strategy.token() or encode_choices(self.choices)
+        return make_token(choices, self.size, self.settings.test, self.settings.script)
 
     def _thread_main(self, rs: RankState) -> None:
         self.iso.take_turn(rs, self.aborting)

@@ -7,7 +7,8 @@
 - ``os.environ`` is per rank: each rank starts with a copy of the environment as it was when
   the run started, and what it sets stays its own (``setup()`` functions that set MASTER_PORT
   change neither the other ranks nor the caller). Only Python-level reads see a rank's copy.
-- Optionally, ``sys.stdout`` is prefixed ``[rank N]`` line by line.
+- Optionally, ``sys.stdout`` is prefixed ``[rank N]`` line by line; with ``capture_output`` what a rank writes to
+  ``sys.stdout`` and ``sys.stderr`` is kept on its ``RankState`` instead of printed.
 - Rank threads run on one CPU core. Only one runs at a time anyway, and handing the
   baton to a thread on the same core is several times faster than waking another
   core (``pin_cpu``). The caller's intra-op thread pool is created before any pinning, so
@@ -29,12 +30,12 @@ gives alone: the same values, schedule and trace. What they share is process-wid
   of the same run. The baton is always taken before the turn, and no thread waits for a
   baton while holding the turn, so the two cannot deadlock. A run that times out gives
   up the turn of its rank that is stuck (:func:`abandon`): the others go on.
-- *Stand-ins.* While any simulation runs, ``sys.stdout`` and ``os.environ`` are replaced
-  by objects that answer per thread (a rank thread: its prefix and its environment; any
+- *Stand-ins.* While any simulation runs, ``sys.stdout``, ``sys.stderr`` and ``os.environ`` are replaced
+  by objects that answer per thread (a rank thread: its prefix, its captured output and its environment; any
   other thread: the real ones), and torch's hooks are installed; the first simulation
   to start installs them and the last to end removes them and puts back the generator
-  states, ``sys.stdout`` and ``os.environ`` the process had when the first started.
-  The ``sys.stdout`` stand-in of a stream is made once and kept (:func:`_stdout_for`): CPython's
+  states, ``sys.stdout``, ``sys.stderr`` and ``os.environ`` the process had when the first started.
+  The stand-in of a stream is made once and kept (:func:`_stand_in`): CPython's
   ``print()`` holds ``sys.stdout`` by a borrowed reference while it writes, so a stand-in freed
   when the last run ends would crash a print that another thread had begun beside it.
 - The global generators stay process-wide: a thread that is not a rank thread and draws
@@ -84,7 +85,8 @@ SLICE = 0.002
 other runs in): fewer hand-offs between runs, which wake threads of other runs."""
 
 _local = threading.local()  # on a rank thread: .rank, .environ (its own copy), .prefix and .at_start (stdout),
-# .core (the core it is pinned to, None: not pinned; set up once per thread)
+# .output (with capture_output: its RankState's output), .core (the core it is pinned to, None: not pinned; set up
+# once per thread)
 
 
 class _Shared:
@@ -97,7 +99,7 @@ class _Shared:
         self.gauss_pending = True  # whether the installed states may hold numpy's cached normal
         self.setup = threading.Lock()  # held while a simulation starts or ends
         self.runs = 0
-        self.saved: tuple | None = None  # the process's generators, sys.stdout and os.environ
+        self.saved: tuple | None = None  # the process's generators, sys.stdout, os.environ and sys.stderr
         self.environ: tuple[dict, dict] = ({}, {})  # os.environ's raw bytes and its decoded copy, when last read
 
 
@@ -167,6 +169,7 @@ class ThreadRanks:
         _local.environ = dict(setup.environ)
         _local.prefix = f"[rank {rs.rank}] " if settings.prefix_output else None
         _local.at_start = True
+        _local.output = rs.output
         torch_bridge.ranks.enter_rank(setup.torch_store)
         pin_thread(settings.pin_core)
         if settings.cuda_as_cpu:
@@ -177,7 +180,7 @@ class ThreadRanks:
     def leave_thread(self, rs: RankState) -> None:
         """Undo :meth:`enter_thread` on the calling thread (a pooled thread's next run starts as a new thread)."""
         torch_bridge.ranks.leave_rank()
-        _local.rank = _local.environ = _local.prefix = None
+        _local.rank = _local.environ = _local.prefix = _local.output = None
         torch.set_grad_enabled(True)
         if self.settings.cuda_as_cpu:
             torch_bridge.cuda.leave_thread()
@@ -226,11 +229,15 @@ def _share() -> None:
     """Count one more user of the stand-ins; the first installs them (``_shared.setup`` held)."""
 
     if _shared.runs == 0:
-        _shared.saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(), sys.stdout, os.environ)
+        _shared.saved = (
+            random.getstate(), np.random.get_state(), torch.get_rng_state(), sys.stdout, os.environ, sys.stderr
+        )  # fmt: skip
         _shared.gauss_pending = True
         torch_bridge.ranks.install()
         if sys.stdout is not None:
-            sys.stdout = _stdout_for(sys.stdout)
+            sys.stdout = _stand_in(sys.stdout, "stdout")
+        if sys.stderr is not None:
+            sys.stderr = _stand_in(sys.stderr, "stderr")
         os.environ = _Environ(os.environ)  # type: ignore[assignment]  # noqa: B003 - put back by _unshare()
     _shared.runs += 1
 
@@ -242,15 +249,17 @@ def _unshare() -> None:
     if _shared.runs > 0:
         return
     torch_bridge.ranks.uninstall()
-    py, npy, th, stdout, environ = _shared.saved
+    py, npy, th, stdout, environ, stderr = _shared.saved
     _shared.saved = None
     os.environ = environ  # noqa: B003 - the real mapping again
     random.setstate(py)
     np.random.set_state(npy)
     torch.set_rng_state(th)
-    if isinstance(sys.stdout, _Stdout):
-        sys.stdout.flush()
-    sys.stdout = stdout
+    for name, stream in (("stdout", stdout), ("stderr", stderr)):
+        current = getattr(sys, name)
+        if isinstance(current, _Stream):
+            current.flush()
+        setattr(sys, name, stream)
 
 
 class _RawState:
@@ -570,33 +579,42 @@ class _Environ(MutableMapping):
         return dict(self._env())
 
 
-_STDOUTS: dict[int, _Stdout] = {}
-"""The ``sys.stdout`` stand-in made for each stream (by ``id``; each holds its stream, so no id is reused)."""
-MAX_STDOUTS = 64
+_STAND_INS: dict[tuple[int, str], _Stream] = {}
+"""The stand-in made for each stream (by ``id`` and name; each holds its stream, so no id is reused)."""
+MAX_STAND_INS = 64
 """Stand-ins kept at most; past that the oldest is dropped (a process that keeps replacing ``sys.stdout``)."""
 
 
-def _stdout_for(stream: Any) -> _Stdout:
-    """The stand-in of ``stream``: the same object every time, so that it outlives any ``print`` writing to it."""
-    if isinstance(stream, _Stdout):  # kept from an earlier run by the program, and put back
+def _stand_in(stream: Any, name: str) -> _Stream:
+    """The stand-in of ``stream`` as ``sys.<name>``: the same object every time, so that it outlives any ``print``
+    writing to it."""
+    if isinstance(stream, _Stream):  # kept from an earlier run by the program, and put back
         return stream
-    stand_in = _STDOUTS.get(id(stream))
+    key = (id(stream), name)
+    stand_in = _STAND_INS.get(key)
     if stand_in is None:
-        if len(_STDOUTS) >= MAX_STDOUTS:
-            del _STDOUTS[next(iter(_STDOUTS))]
-        stand_in = _STDOUTS[id(stream)] = _Stdout(stream)
+        if len(_STAND_INS) >= MAX_STAND_INS:
+            del _STAND_INS[next(iter(_STAND_INS))]
+        stand_in = _STAND_INS[key] = _Stream(stream, name == "stderr")
     return stand_in
 
 
-class _Stdout:
-    """``sys.stdout`` while simulations run: on a rank thread of a run with ``prefix_output``, each line starts
+class _Stream:
+    """``sys.stdout`` or ``sys.stderr`` while simulations run. On a rank thread of a run with ``capture_output`` the
+    text is kept on the rank; else on a rank thread of a run with ``prefix_output`` each line of stdout starts
     ``[rank N]``; everything else is written as is."""
 
-    def __init__(self, inner: Any):
-        self.inner = inner
+    def __init__(self, inner: Any, is_stderr: bool):
+        self.inner, self.is_stderr = inner, is_stderr
 
     def write(self, text: str) -> int:
-        prefix = getattr(_local, "prefix", None)
+        output = getattr(_local, "output", None)
+        if output is not None:
+            if not isinstance(text, str):
+                raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+            output[self.is_stderr].append(text)
+            return len(text)
+        prefix = None if self.is_stderr else getattr(_local, "prefix", None)
         if prefix is None:
             return self.inner.write(text)
         out = []

@@ -85,6 +85,12 @@ class SimOptions:
             signal handlers and crashes, as under torchrun; ``fn`` and ``args`` are pickled to it (``fn``
             defined at module level, as for multiprocessing's spawn). The same arguments give the same
             values, trace and replay token in both modes. Linux only.
+        script: the file name of the script this run is of (``simdist run`` and ``simdist.testing``'s script
+            functions pass it): the replay token records it (``@script=...``), and a token that names a
+            script replays only a run of that script.
+        capture_output: keep what each rank writes to ``sys.stdout`` and ``sys.stderr`` in
+            ``SimResult.output`` instead of printing it (what C code writes to the file descriptors
+            themselves is printed as usual).
 
     Example:
         >>> import simdist
@@ -113,6 +119,8 @@ class SimOptions:
     pool: RankPool | None = None
     trace_file: Any = None
     isolation: str = "threads"
+    script: str | None = None
+    capture_output: bool = False
 
     def __post_init__(self) -> None:
         if self.detail not in DETAILS:
@@ -132,6 +140,10 @@ class SimOptions:
             raise ValueError(f"isolation={self.isolation!r} is not a kind of rank; expected one of {ISOLATIONS}")
         if self.test is not None and (not isinstance(self.test, str) or not self.test):
             raise ValueError(f"test={self.test!r} must be a pytest node id (a non-empty str) or None")
+        if self.script is not None and (not isinstance(self.script, str) or not self.script):
+            raise ValueError(f"script={self.script!r} must be a script's file name (a non-empty str) or None")
+        if not isinstance(self.capture_output, bool):
+            raise TypeError(f"capture_output={self.capture_output!r} must be a bool")
         if not isinstance(self.check_buffers, bool):
             raise TypeError(f"check_buffers={self.check_buffers!r} must be a bool")
         if self.record_steps is not None and not isinstance(self.record_steps, bool):

@@ -457,6 +457,9 @@ class _Served:
 
     def _out(self, msg: tuple) -> None:
         _, name, text = msg
+        if self.rs.output is not None:  # capture_output: kept, not printed
+            self.rs.output[name == "stderr"].append(text)
+            return
         stream = self.ranks.streams[name]
         if self.prefix is not None and name == "stdout":
             out = []

@@ -28,7 +28,7 @@ from ._options import STEPS_UP_TO, SimOptions
 from ._report import leaks as find_leaks
 from ._report import undestroyed
 from ._state import Settings
-from ._strategies import check_world, make_strategy
+from ._strategies import check_token, make_strategy
 from ._threads import futexes_for
 
 __all__ = ["SimResult", "simulate"]
@@ -48,6 +48,8 @@ class SimResult:
         leaks: unmatched messages, never-waited works and groups never destroyed.
         points: the number of scheduling points the run passed.
         option_counts: how many options each choice had (``choices[i] < option_counts[i]``).
+        output: with ``capture_output``, what each rank wrote, by rank: ``(stdout text, stderr text)``;
+            else ``None``.
     """
 
     values: list
@@ -57,6 +59,7 @@ class SimResult:
     leaks: list[str] = field(default_factory=list)
     points: int = 0
     option_counts: list[int] = field(default_factory=list)
+    output: list[tuple[str, str]] | None = None
 
     @property
     def time(self) -> float:
@@ -183,7 +186,7 @@ def simulate(
     opts = SimOptions.of(options, fields)
     if opts.isolation == "processes" and not hasattr(os, "pidfd_open"):
         raise ValueError("isolation='processes' needs Linux (memfd and pidfd); use isolation='threads' here")
-    check_world(opts.schedule, nprocs)
+    check_token(opts.schedule, nprocs, opts.script)
     if opts.pool is not None and opts.pool.closed:
         raise RuntimeError("pool: this RankPool is closed (make a new RankPool, or pass pool=None)")
     settings = _settings(opts, nprocs)
@@ -207,7 +210,7 @@ def simulate(
             hooks=processes,
         )
         try:
-            return _result(engine, opts.leaks, opts.trace_file)
+            return _result(engine, opts)
         finally:
             engine.release()
 
@@ -227,6 +230,8 @@ def _settings(opts: SimOptions, nprocs: int) -> Settings:
         algorithms=() if opts.algorithms is None else tuple(dict(opts.algorithms).items()),
         pin_core=pin_target() if opts.pin_cpu else None,
         test=opts.test,
+        script=opts.script,
+        capture_output=opts.capture_output,
     )
 
 
@@ -247,10 +252,11 @@ simulate.__doc__ = (simulate.__doc__ or "").replace(
 )
 
 
-def _result(engine: Engine, leaks: str, trace_file: Any) -> SimResult:
+def _result(engine: Engine, opts: SimOptions) -> SimResult:
     """Run ``engine`` to the end: its ``SimResult``, or the run's error (leaks and buffer races checked)."""
-    if trace_file is not None:
-        engine.stream_trace(trace_file)
+    leaks = opts.leaks
+    if opts.trace_file is not None:
+        engine.stream_trace(opts.trace_file)
     if engine.size >= LARGE_WORLD:
         futexes_for(engine.size)
     try:
@@ -274,4 +280,9 @@ def _result(engine: Engine, leaks: str, trace_file: Any) -> SimResult:
     kept = undestroyed(engine.ranks)
     if kept:
         found.append(f"ranks {kept}: the default process group was never destroyed (destroy_process_group)")
-    return SimResult(values, engine.trace, token, list(engine.choices), found, engine.points, list(engine.widths))
+    output = None
+    if opts.capture_output:
+        output = [("".join(rs.output[0]), "".join(rs.output[1])) if rs.output else ("", "") for rs in engine.ranks]
+    return SimResult(
+        values, engine.trace, token, list(engine.choices), found, engine.points, list(engine.widths), output
+    )

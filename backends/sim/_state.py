@@ -46,8 +46,8 @@ class Settings:
     """One run's options, resolved from :class:`~simdist.backends.sim.SimOptions` for its world (no ``None``
     left to decide): what the engine, its groups and the rank hooks (:mod:`._isolation`, ``ProcessRanks``) read.
 
-    ``pin_core`` is the core rank threads run on (``None``: not pinned); ``test`` the pytest node id the
-    replay token records. The other fields are ``SimOptions``' of the same names.
+    ``pin_core`` is the core rank threads run on (``None``: not pinned); ``test`` the pytest node id and
+    ``script`` the script's name the replay token records. The other fields are ``SimOptions``' of the same names.
     """
 
     size: int
@@ -62,6 +62,8 @@ class Settings:
     algorithms: tuple[tuple[str, str], ...] = ()  # the default algorithm per collective, as (op, name) pairs
     pin_core: int | None = None
     test: str | None = None
+    script: str | None = None
+    capture_output: bool = False
 
 
 class Abort(BaseException):
@@ -102,9 +104,10 @@ class RankState:
         "expired",
         "user",
         "cpu",
+        "output",
     )
 
-    def __init__(self, rank: int, wake_fd: bool = False):
+    def __init__(self, rank: int, wake_fd: bool = False, capture: bool = False):
         self.rank = rank
         self.fd = -1
         if wake_fd:
@@ -134,6 +137,8 @@ class RankState:
         self.expired = False
         self.user = _threads.Interruptible()  # inside: running user code, where a stopped run injects Abort
         self.cpu: Callable[[], float] = time.thread_time  # the rank's CPU seconds (its process's, for a process)
+        # with capture_output: the text the rank wrote to stdout and to stderr, in pieces; else None
+        self.output: tuple[list[str], list[str]] | None = ([], []) if capture else None
 
     def now(self, cpu_time: bool) -> float:
         """The rank's virtual time while it runs: its clock, with ``cpu_time`` plus its CPU time since it resumed."""

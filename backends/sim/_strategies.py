@@ -17,12 +17,15 @@ A run records every choice it made. Its *replay token* is a short string:
   end of the list are 0 (``choices:0`` is the empty list), and a choice larger than the
   number of options wraps around, so every list of non-negative integers is a valid schedule.
 
-Then what the run was: ``@world=N`` (its world size) and, for a run inside a pytest
-test, ``@test=NODEID`` (the test's node id, last: it may hold any character)::
+Then what the run was: ``@world=N`` (its world size), for a run of a script ``@script=NAME`` (the
+script's file name, or the module's name for ``-m``; an ``@`` or ``%`` in it written ``%40``, ``%25``),
+and for a run inside a pytest test ``@test=NODEID`` (the test's node id, last: it may hold any
+character)::
 
     choices:0,2@world=4@test=tests/test_ring.py::test_sum[3]
+    random:7@world=4@script=train.py
 
-Tokens made by hand may leave both out; tokens of older versions (``choices:dgAC``) still replay.
+Tokens made by hand may leave them out; tokens of older versions (``choices:dgAC``) still replay.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import base64
 import random
 import re
 import zlib
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 __all__ = [
     "Strategy",
@@ -45,14 +48,17 @@ __all__ = [
     "decode_choices",
     "make_token",
     "split_token",
-    "check_world",
+    "TokenParts",
+    "check_token",
     "parse_token",
     "next_schedule",
     "READABLE_CHARS",
 ]
 
 READABLE_CHARS = 100  # the longest choice list written in plain decimals
-_TOKEN = re.compile(r"(?P<schedule>[^@]*)(?:@world=(?P<world>[^@]*))?(?:@test=(?P<test>.+))?", re.DOTALL)
+_TOKEN = re.compile(
+    r"(?P<schedule>[^@]*)(?:@world=(?P<world>[^@]*))?(?:@script=(?P<script>[^@]*))?(?:@test=(?P<test>.+))?", re.DOTALL
+)
 
 
 class Strategy:
@@ -269,28 +275,41 @@ def _decode_base64(raw: str, text: str) -> list[int]:
     return out
 
 
-def make_token(schedule: str, world: int | None = None, test: str | None = None) -> str:
-    """``schedule`` (a strategy's token or ``choices:...``) with the run's ``@world=N`` and ``@test=NODEID``."""
+def make_token(schedule: str, world: int | None = None, test: str | None = None, script: str | None = None) -> str:
+    """``schedule`` (a strategy's token or ``choices:...``) with the run's ``@world=N``, ``@script=NAME`` and
+    ``@test=NODEID``."""
     token = schedule
     if world is not None:
         token += f"@world={world}"
+    if script:
+        token += "@script=" + script.replace("%", "%25").replace("@", "%40")
     if test:
         token += f"@test={test}"
     return token
 
 
-def split_token(token: str) -> tuple[str, int | None, str | None]:
-    """``(schedule, world, test)`` of a replay token; ``world`` and ``test`` are ``None`` where it leaves them out."""
+class TokenParts(NamedTuple):
+    """The parts of a replay token; ``world``, ``script`` and ``test`` are ``None`` where it leaves them out."""
+
+    schedule: str  # the strategy's token or ``choices:...``
+    world: int | None  # the world size it was made for
+    test: str | None  # the pytest node id of the test it was made in
+    script: str | None  # the file name of the script it was made for (the module's name for ``-m``)
+
+
+def split_token(token: str) -> TokenParts:
+    """The parts of a replay token (``schedule, world, test, script``)."""
     if not isinstance(token, str):
         raise TypeError(f"token must be a replay token (str), got {type(token).__name__} ({token!r:.60})")
     m = _TOKEN.fullmatch(token)
     world = m["world"] if m else None
-    if m is None or (world is not None and not (world.isdigit() and int(world) >= 1)):
+    if m is None or (world is not None and not (world.isdigit() and int(world) >= 1)) or m["script"] == "":
         raise ValueError(
-            f"schedule={token!r} is not a valid replay token; expected SCHEDULE[@world=N][@test=NODEID] "
+            f"schedule={token!r} is not a valid replay token; expected SCHEDULE[@world=N][@script=NAME][@test=NODEID] "
             "with N a positive int"
         )
-    return m["schedule"], None if world is None else int(world), m["test"]
+    script = None if m["script"] is None else m["script"].replace("%40", "@").replace("%25", "%")
+    return TokenParts(m["schedule"], None if world is None else int(world), m["test"], script)
 
 
 def next_schedule(choices: Sequence[int], widths: Sequence[int]) -> list[int] | None:
@@ -329,15 +348,23 @@ def make_strategy(strategy: object = None, seed: int | None = None, schedule: ob
     raise ValueError(f"strategy={strategy!r} is not a strategy; expected 'random', 'round_robin', 'pct' or a Strategy")
 
 
-def check_world(schedule: object, nprocs: int) -> None:
-    """Raise ``ValueError`` if ``schedule`` is a token made for another world size than ``nprocs``."""
-    if isinstance(schedule, str):
-        world = split_token(schedule)[1]
-        if world is not None and world != nprocs:
-            raise ValueError(
-                f"schedule={schedule!r} was made for world size {world}, not nprocs={nprocs}; "
-                f"replay it with {world} ranks"
-            )
+def check_token(schedule: object, nprocs: int, script: str | None = None) -> None:
+    """Raise ``ValueError`` if ``schedule`` is a token made for another world size than ``nprocs``, or for another
+    script than ``script`` (a token of a script replays only that script; one that names none replays anywhere)."""
+    if not isinstance(schedule, str):
+        return
+    parts = split_token(schedule)
+    if parts.world is not None and parts.world != nprocs:
+        raise ValueError(
+            f"schedule={schedule!r} was made for world size {parts.world}, not nprocs={nprocs}; "
+            f"replay it with {parts.world} ranks"
+        )
+    if parts.script is not None and parts.script != script:
+        this = "a function, not a script" if script is None else f"the script {script!r}"
+        raise ValueError(
+            f"schedule={schedule!r} was made for the script {parts.script!r}, and this run is of {this}; "
+            f"replay it with {parts.script}"
+        )
 
 
 def parse_token(token: str) -> Strategy:

@@ -113,30 +113,36 @@ def explain(fn: Callable, nprocs: int, token: Any, args: tuple = (), **options: 
         >>> sdt.explain(gather_any, 3, [0])
         []
     """
-    from simdist.backends.sim import check_world, make_strategy, simulate
+    from ._program import Program
+
+    return decisions(Program(fn, nprocs, args, options), token)
+
+
+def decisions(program: Any, token: Any) -> list[str]:
+    """:func:`explain`'s lines for ``program`` (a :class:`~simdist.testing._program.Program`) under ``token``."""
+    from simdist.backends.sim import check_token, make_strategy
 
     from ._schedule import Schedule
 
     if isinstance(token, Schedule):
         token = token.token  # it keeps the world size
-    check_world(token, nprocs)
+    check_token(token, program.nprocs, program.script)
     recorder = _recorder(make_strategy(schedule=token))
-    options.setdefault("leaks", "ignore")
     error: BaseException | None = None
     try:
-        simulate(fn, nprocs, args, strategy=recorder, **options)
+        program.simulate(strategy=recorder, leaks=program.options.get("leaks", "ignore"))
     except DistError as err:
         error = err
     events = recorder.trace.events if recorder.trace is not None else []
     return [_describe(d, events, error) for d in recorder.decisions]
 
 
-def note_decisions(fn: Callable, nprocs: int, args: tuple, err: DistError, options: dict) -> None:
+def note_decisions(program: Any, err: DistError) -> None:
     """Add to ``err`` a note listing its schedule's decisions, when it has 1 to ``MAX_NOTED`` of them."""
     preemptions = sum(1 for c in err.choices or () if c)
     if not 0 < preemptions <= MAX_NOTED or err.schedule is None:
         return
-    lines = explain(fn, nprocs, err.schedule, args, **options)
+    lines = decisions(program, err.schedule)
     if lines:
         add_note(err, "the scheduling decisions that led here (simdist.testing.explain):\n  " + "\n  ".join(lines))
 

@@ -13,12 +13,13 @@ from pytest_simdist import OPTIONS
 from simdist.core._callsite import trace_user_code
 from simdist.core._errors import DistError
 
-from ._check import check_argument, run_checked, unrecorded
+from ._check import check_argument
 from ._explain import note_decisions
-from ._run import current_test, replay_worlds, warn_leaks
+from ._program import Program
+from ._run import current_test, replay_worlds, run_program, warn_leaks
 from ._shrink import minimize, shrunk_failure
 
-__all__ = ["ExploreSummary", "explore", "minimize", "run_seed", "spmd"]
+__all__ = ["ExploreSummary", "Plan", "explore", "explore_program", "minimize", "run_seed", "spmd"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 DEFAULT_RUNS = 100
@@ -42,12 +43,55 @@ class ExploreSummary:
         return f"{self.runs} runs ({self.strategy}{done}), {self.interleavings} distinct interleavings{classes}, no failure"
 
 
-def _max_runs(max_runs: int | None) -> int:
-    if max_runs is None:
-        max_runs = OPTIONS["max_schedules"] or DEFAULT_RUNS
-    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
-        raise ValueError(f"max_runs={max_runs!r} must be a positive int")
-    return max_runs
+STRATEGIES = ("pct", "random", "exhaustive")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How an exploration searches, checked when made: :func:`explore`'s arguments of the same names.
+
+    ``max_runs`` ``None`` is 100, or ``pytest --simdist-max-schedules N``; ``progress`` ``None`` draws the
+    progress line when stderr is a terminal.
+    """
+
+    strategy: str = "pct"
+    max_runs: int | None = None
+    depth: int = 3
+    seed: int | None = None
+    progress: bool | None = None
+    preemption_bound: int | None = None
+    reduction: bool = True
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy={self.strategy!r}: expected 'pct', 'random' or 'exhaustive'")
+        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
+            raise ValueError(f"depth={self.depth!r} must be a positive int")
+        bound = self.preemption_bound
+        if bound is not None and (
+            self.strategy != "exhaustive" or isinstance(bound, bool) or not isinstance(bound, int) or bound < 0
+        ):
+            raise ValueError(
+                f"preemption_bound={bound!r}: expected None or a non-negative int, with strategy='exhaustive'"
+            )
+        if not isinstance(self.reduction, bool):
+            raise TypeError(f"reduction={self.reduction!r}: expected True or False")
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"seed={seed!r} must be a non-negative int (or None for 0)")
+        runs = self.max_runs
+        if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int) or runs < 1):
+            raise ValueError(f"max_runs={runs!r} must be a positive int")
+
+    @property
+    def runs(self) -> int:
+        """The most runs: ``max_runs``, or ``pytest --simdist-max-schedules``, or 100."""
+        return self.max_runs or OPTIONS["max_schedules"] or DEFAULT_RUNS
+
+    @property
+    def show(self) -> bool:
+        """Whether to draw the progress line on stderr."""
+        return sys.stderr.isatty() if self.progress is None else bool(self.progress)
 
 
 def run_seed(seed: int, i: int) -> int:
@@ -146,103 +190,55 @@ def explore(
         >>> print(sdt.explore(in_order, 2, strategy="exhaustive"))       # one sender: no race
         4 runs (exhaustive, every schedule), 4 distinct interleavings (2 not equivalent), no failure
     """
-    if strategy not in ("pct", "random", "exhaustive"):
-        raise ValueError(f"strategy={strategy!r}: expected 'pct', 'random' or 'exhaustive'")
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"depth={depth!r} must be a positive int")
-    if preemption_bound is not None and (
-        strategy != "exhaustive"
-        or isinstance(preemption_bound, bool)
-        or not isinstance(preemption_bound, int)
-        or preemption_bound < 0
-    ):
-        raise ValueError(
-            f"preemption_bound={preemption_bound!r}: expected None or a non-negative int, with strategy='exhaustive'"
-        )
-    if not isinstance(reduction, bool):
-        raise TypeError(f"reduction={reduction!r}: expected True or False")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ValueError(f"seed={seed!r} must be a non-negative int (or None for 0)")
-    runs_wanted = _max_runs(max_runs)
+    plan = Plan(strategy, max_runs, depth, seed, progress, preemption_bound, reduction)
     check_argument(check)
     options.setdefault("test", current_test())
     options.setdefault("check_buffers", True)
     options.setdefault("isolation", OPTIONS.get("isolation") or "threads")
-    if OPTIONS["replay"] is not None:  # pytest --simdist-replay: exactly that interleaving
-        from ._run import run
+    return explore_program(Program(fn, nprocs, args, options, check), plan)
 
-        run(fn, nprocs, args=args, check=check, **options)
+
+def explore_program(program: Program, plan: Plan) -> ExploreSummary:
+    """:func:`explore` of ``program`` as ``plan`` says: its summary, or its first failure, shrunk and replayed.
+
+    The runs share a pool of rank threads and the process-wide stand-ins; what a run leaks is warned about
+    once (``leaks='warn'``, the default).
+    """
+    if OPTIONS["replay"] is not None:  # pytest --simdist-replay: exactly that interleaving
+        run_program(program)
         return ExploreSummary(1, 1, "replay", False)
-    leaks = options.get("leaks", "warn")
-    options["leaks"] = "ignore" if leaks == "warn" else leaks  # warned once below, not once per run
+    leaks = program.options.get("leaks", "warn")
+    program = program.with_options(leaks="ignore" if leaks == "warn" else leaks)  # warned once, not once per run
     from simdist.backends.sim import RankPool, held
 
-    given = options.get("pool")
+    given = program.options.get("pool")
     with RankPool() if given is None else contextlib.nullcontext(given) as pool, held():
-        options["pool"] = pool  # the runs reuse their rank threads and the process-wide stand-ins
-        return _explore(
-            fn,
-            nprocs,
-            args,
-            strategy,
-            runs_wanted,
-            depth,
-            seed,
-            progress,
-            preemption_bound,
-            reduction,
-            check,
-            leaks,
-            options,
-        )
+        program = program.with_options(pool=pool)  # the runs reuse their rank threads and the stand-ins
+        if plan.strategy == "exhaustive":
+            from ._search import exhaustive
+
+            runs, distinct, complete = exhaustive(program, plan, warn_leaks=leaks == "warn")
+            return ExploreSummary(runs, runs, plan.strategy, complete, distinct, plan.preemption_bound)
+        return _sample(program, plan, warn=leaks == "warn")
 
 
-def _explore(
-    fn: Callable,
-    nprocs: int,
-    args: tuple,
-    strategy: str,
-    runs_wanted: int,
-    depth: int,
-    seed: int | None,
-    progress: bool | None,
-    preemption_bound: int | None,
-    reduction: bool,
-    check: Callable | None,
-    leaks: str,
-    options: dict,
-) -> ExploreSummary:
-    """:func:`explore`'s search, its arguments checked and ``options`` complete."""
+def _sample(program: Program, plan: Plan, warn: bool) -> ExploreSummary:
+    """Runs of ``program`` under ``plan.runs`` seeded PCT or random schedules: the summary, or the first failure,
+    shrunk."""
     from simdist.backends.sim import PCTStrategy, RandomStrategy
 
-    show = sys.stderr.isatty() if progress is None else bool(progress)
-    if strategy == "exhaustive":
-        from ._search import exhaustive
-
-        runs, distinct, complete = exhaustive(
-            fn,
-            nprocs,
-            args,
-            preemption_bound=preemption_bound,
-            reduce=bool(reduction),
-            max_runs=runs_wanted,
-            options=options,
-            progress=show,
-            check=check,
-            warn_leaks=leaks == "warn",
-        )
-        return ExploreSummary(runs, runs, strategy, complete, distinct, preemption_bound)
-    base = 0 if seed is None else seed
+    show, runs_wanted = plan.show, plan.runs
+    base = 0 if plan.seed is None else plan.seed
     seen: set[tuple] = set()
-    quick = unrecorded(options)  # passing runs' traces are never read; a failure is replayed with ``options``
-    steps, runs, warned = 1000, 0, leaks != "warn"
+    quick = program.unrecorded()  # passing runs' traces are never read; a failure is replayed with ``program``
+    steps, runs = 1000, 0
     outer_trace = trace_user_code(sys._getframe())
     try:
         for i in range(runs_wanted):
-            if strategy == "random":
-                kwargs: dict = {"strategy": RandomStrategy(run_seed(base, i))}
+            if plan.strategy == "random":
+                strategy: Any = RandomStrategy(run_seed(base, i))
             else:
-                kwargs = {"strategy": PCTStrategy(run_seed(base, i), depth, steps)}
+                strategy = PCTStrategy(run_seed(base, i), plan.depth, steps)
             runs += 1
             if show:
                 print(
@@ -252,23 +248,23 @@ def _explore(
                     flush=True,
                 )
             try:
-                res = run_checked(fn, nprocs, args, quick, check, **kwargs)
+                res = quick.run(strategy=strategy)
             except DistError as err:
                 if err.choices is None:
                     raise
-                shrunk = shrunk_failure(fn, nprocs, args, err, options, check)
-                note_decisions(fn, nprocs, args, shrunk, options)
+                shrunk = shrunk_failure(program, err)
+                note_decisions(program, shrunk)
                 raise shrunk
-            warned = warned or warn_leaks(res)
+            warn = warn and not warn_leaks(res)
             seen.add(tuple(res.choices))
-            if strategy == "pct" and i == 0:
-                steps = max(len(res.choices), depth)  # PCT's change points fall among this many decisions
+            if plan.strategy == "pct" and i == 0:
+                steps = max(len(res.choices), plan.depth)  # PCT's change points fall among this many decisions
     finally:
         if outer_trace is not None:
             sys.settrace(outer_trace)
         if show:
             print(file=sys.stderr, flush=True)
-    return ExploreSummary(runs, len(seen), strategy, False)
+    return ExploreSummary(runs, len(seen), plan.strategy, False)
 
 
 def spmd(

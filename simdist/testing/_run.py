@@ -18,8 +18,9 @@ from simdist.core._errors import CollectiveMismatchError, DeadlockError, DistErr
 
 from simdist.backends.sim import SimOptions
 
-from ._check import check_argument, run_checked
+from ._check import check_argument
 from ._explain import note_decisions
+from ._program import Program
 from ._schedule import Schedule
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "replay",
     "replay_worlds",
     "run",
+    "run_program",
     "same_failure",
     "warn_leaks",
 ]
@@ -63,11 +65,11 @@ class NondeterminismError(DistError):
         self.first, self.second, self.causes = first, second, causes
 
 
-def _options_from(nprocs, seed, strategy, schedule) -> dict:
+def _how(nprocs: int, seed: Any, strategy: Any, schedule: Any) -> dict:
+    """How a run is scheduled: ``pytest --simdist-replay``'s token, else the schedule, seed or strategy given, else a
+    seed drawn from the generator Hypothesis resets."""
     if OPTIONS["replay"] is not None:
         return {"schedule": _replayed(OPTIONS["replay"], nprocs, OPTIONS["test"])}
-    if isinstance(schedule, Schedule):
-        schedule = list(schedule) if schedule.world is None else schedule.token
     if schedule is not None:
         return {"schedule": schedule}
     if strategy is None and seed is None:
@@ -88,7 +90,7 @@ def _replayed(token: str, nprocs: int, test: str | None) -> str:
     """
     from simdist.backends.sim import split_token
 
-    _, world, made_for = split_token(token)
+    _, world, made_for, _ = split_token(token)
     if made_for is not None and test is not None and made_for != test:
         raise ValueError(
             f"--simdist-replay {token} was made for the test {made_for}, not this one ({test}); "
@@ -107,7 +109,7 @@ def replay_worlds(worlds: list[int]) -> list[int]:
     """The world sizes of ``worlds`` that ``pytest --simdist-replay`` replays: the token's, if it is among them."""
     from simdist.backends.sim import split_token
 
-    world = None if OPTIONS["replay"] is None else split_token(OPTIONS["replay"])[1]
+    world = None if OPTIONS["replay"] is None else split_token(OPTIONS["replay"]).world
     return [world] if world in worlds else worlds
 
 
@@ -174,16 +176,27 @@ def run(
         options = SimOptions(check_buffers=True, test=current_test(), isolation=OPTIONS.get("isolation") or "threads")
     opts = SimOptions.of(options, fields)
     check_argument(check)
-    chosen = _options_from(nprocs, opts.seed, opts.strategy, opts.schedule)
     kwargs = {name: value for name, value in opts.fields().items() if name not in ("seed", "strategy", "schedule")}
+    return run_program(Program(fn, nprocs, args, kwargs, check), opts.seed, opts.strategy, opts.schedule)
+
+
+def run_program(program: Program, seed: Any = None, strategy: Any = None, schedule: Any = None) -> Any:
+    """One run of ``program``, as :func:`run` makes it: its ``SimResult``, or its failure, replayed once and explained.
+
+    ``schedule``, ``seed`` or ``strategy`` choose the run (``pytest --simdist-replay`` wins; with none of them a
+    seed is drawn from the generator Hypothesis resets).
+    """
+    if isinstance(schedule, Schedule):
+        schedule = list(schedule) if schedule.world is None else schedule.token
+    how = _how(program.nprocs, seed, strategy, schedule)
     outer_trace = trace_user_code(sys._getframe())
     try:
-        return run_checked(fn, nprocs, args, kwargs, check, **chosen)
+        return program.run(**how)
     except DistError as err:
         if err.schedule is None:
             raise
-        check_replays(fn, nprocs, args, err, kwargs, check)
-        note_decisions(fn, nprocs, args, err, kwargs)
+        check_replays(program, err)
+        note_decisions(program, err)
         raise
     finally:
         if outer_trace is not None:
@@ -277,10 +290,8 @@ def failure_site(err: BaseException) -> Any:
     return type(cause), site
 
 
-def check_replays(
-    fn: Callable, nprocs: int, args: tuple, err: DistError, kwargs: dict, check: Callable | None = None
-) -> DistError:
-    """The error of replaying ``err``'s schedule (then ``check``), which fails the same way as ``err``.
+def check_replays(program: Program, err: DistError) -> DistError:
+    """The error of replaying ``err``'s schedule of ``program`` (then its check), which fails the same way as ``err``.
 
     Raises:
         NondeterminismError: the replay passed, or failed another way.
@@ -289,13 +300,13 @@ def check_replays(
     if token is None:
         raise ValueError(f"{type(err).__name__} carries no replay token: only the error of a simulated run replays")
     try:
-        run_checked(fn, nprocs, args, kwargs, check, schedule=token)
+        program.run(schedule=token)
         second = None
     except DistError as again:
         second = again
     if second is not None and same_failure(err, second):
         return second
-    causes = _diagnose(fn, nprocs, args, token, kwargs)
+    causes = _diagnose(program, token)
     outcome = "passed" if second is None else f"raised {type(second).__name__}"
     raise NondeterminismError(
         f"the run failed with {type(err).__name__}, but its replay ({token}) {outcome}: the program does "
@@ -307,12 +318,15 @@ def check_replays(
 
 
 def _package_dirs() -> tuple[str, ...]:
-    import simdist
-    import simdist.backends
-    import simdist.visualize
+    """The folders of simdist's packages, found without running the visualizer's or the backends' code."""
+    import importlib.util
 
-    packages = (simdist, simdist.backends, simdist.visualize)
-    return tuple(os.path.dirname(os.path.abspath(str(m.__file__))) + os.sep for m in packages)
+    folders = []
+    for name in ("simdist", "simdist.backends", "simdist.visualize"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            folders.append(os.path.abspath(list(spec.submodule_search_locations)[0]) + os.sep)
+    return tuple(folders)
 
 
 _PACKAGES = _package_dirs()
@@ -331,10 +345,8 @@ def _user_caller() -> str | None:
     return f"{name}:{frame.f_lineno}" if _is_user_file(name) else None
 
 
-def _diagnose(fn: Callable, nprocs: int, args: tuple, token: str, kwargs: dict) -> list[str]:
+def _diagnose(program: Program, token: str) -> list[str]:
     """Rerun with the clocks and ``Thread.start`` watched; what the program did that a replay cannot repeat."""
-    from simdist.backends.sim import simulate
-
     seen: dict[str, set[str]] = {"clock": set(), "thread": set()}
     clocks = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
     originals = {name: getattr(time, name) for name in clocks}
@@ -359,7 +371,7 @@ def _diagnose(fn: Callable, nprocs: int, args: tuple, token: str, kwargs: dict) 
         setattr(time, name, watch(name, real))
     setattr(threading.Thread, "start", watched_start)  # put back below
     try:
-        simulate(fn, nprocs, args, schedule=token, **kwargs)
+        program.simulate(schedule=token)
     except BaseException:  # noqa: BLE001 - only what the program touched matters here
         pass
     finally:

@@ -13,8 +13,8 @@ class Schedule(list):
 
     Choice 0 keeps the running rank (or takes the lowest runnable one); choices past the
     end of the list are 0. So shorter lists of smaller numbers are simpler schedules.
-    ``world`` and ``test`` (a pytest node id) say which run it came from, where known:
-    ``pytest --simdist-replay`` refuses to apply it elsewhere.
+    ``world``, ``test`` (a pytest node id) and ``script`` (a script's file name) say which run it came
+    from, where known: ``pytest --simdist-replay`` and ``simdist run --replay`` refuse to apply it elsewhere.
 
     ``token`` is its replay token and :meth:`from_token` reads one back; ``repr`` evaluates
     back to an equal schedule where ``Schedule`` is in scope
@@ -24,7 +24,7 @@ class Schedule(list):
         Schedule([0, 2], world=4)
     """
 
-    def __init__(self, choices: Any = (), world: int | None = None, test: str | None = None):
+    def __init__(self, choices: Any = (), world: int | None = None, test: str | None = None, script: str | None = None):
         choices = list(choices)
         bad = [c for c in choices if isinstance(c, bool) or not isinstance(c, int) or c < 0]
         if bad:
@@ -33,21 +33,23 @@ class Schedule(list):
             raise ValueError(f"world={world!r} must be a positive int (the world size) or None")
         if test is not None and (not isinstance(test, str) or not test):
             raise ValueError(f"test={test!r} must be a pytest node id (a non-empty str) or None")
+        if script is not None and (not isinstance(script, str) or not script):
+            raise ValueError(f"script={script!r} must be a script's file name (a non-empty str) or None")
         super().__init__(choices)
-        self.world, self.test = world, test
+        self.world, self.test, self.script = world, test, script
 
     @classmethod
     def from_token(cls, token: str) -> Schedule:
-        """The schedule of a ``choices:...`` replay token, with its world size and test."""
+        """The schedule of a ``choices:...`` replay token, with its world size, test and script."""
         from simdist.backends.sim import decode_choices, split_token
 
-        schedule, world, test = split_token(token)
+        schedule, world, test, script = split_token(token)
         if not schedule.startswith("choices:"):
             raise ValueError(
                 f"token={token!r} is a seeded strategy's token, whose choices are known only after a "
                 "run; expected 'choices:...' (a run's .choices holds the list it made)"
             )
-        return cls(decode_choices(token), world=world, test=test)
+        return cls(decode_choices(token), world=world, test=test, script=script)
 
     @property
     def choices(self) -> list[int]:
@@ -56,10 +58,10 @@ class Schedule(list):
 
     @property
     def token(self) -> str:
-        """The replay token: ``choices:0,2`` then ``@world=N`` and ``@test=NODEID`` where known."""
+        """The replay token: ``choices:0,2`` then ``@world=N``, ``@script=NAME`` and ``@test=NODEID`` where known."""
         from simdist.backends.sim import encode_choices, make_token
 
-        return make_token(encode_choices(self), self.world, self.test)
+        return make_token(encode_choices(self), self.world, self.test, self.script)
 
     def __repr__(self) -> str:
         parts = [repr(list(self))]
@@ -67,10 +69,16 @@ class Schedule(list):
             parts.append(f"world={self.world!r}")
         if self.test is not None:
             parts.append(f"test={self.test!r}")
+        if self.script is not None:
+            parts.append(f"script={self.script!r}")
         return f"Schedule({', '.join(parts)})"
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, Schedule) and (self.world, self.test) != (other.world, other.test):
+        if isinstance(other, Schedule) and (self.world, self.test, self.script) != (
+            other.world,
+            other.test,
+            other.script,
+        ):
             return False
         return list.__eq__(self, other)
 

@@ -33,7 +33,7 @@ touched it), so ``distinct`` counts classes, not choice lists.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,27 +215,14 @@ class Search:
     ``simdist`` (``DistError``) are kept in the run, not raised; the caller decides.
     """
 
-    def __init__(
-        self,
-        fn: Callable,
-        nprocs: int,
-        args: tuple,
-        *,
-        preemption_bound: int | None,
-        reduce: bool,
-        max_runs: int,
-        options: dict,
-        check: Callable | None = None,
-    ):
-        self.fn, self.nprocs, self.args, self.options, self.check = fn, nprocs, args, options, check
+    def __init__(self, program: Any, *, preemption_bound: int | None, reduce: bool, max_runs: int):
+        self.program = program  # a simdist.testing Program: what one run is
         self.bound, self.reduce, self.max_runs = preemption_bound, reduce, max_runs
         self.runs = 0
         self.complete = False
         self.signatures: set = set()
 
     def __iter__(self) -> Iterator[SearchRun]:
-        from ._check import run_checked
-
         root, depth = _Node(), 0
         level: list[list[int]] = [[]]
         while level:
@@ -247,9 +234,7 @@ class Search:
                 strategy = SearchStrategy(prefix, root, reduce=self.reduce, bounded=self.bound is not None)
                 run = SearchRun(prefix, depth, strategy.record)
                 try:
-                    run.result = run_checked(
-                        self.fn, self.nprocs, self.args, self.options, self.check, strategy=strategy
-                    )
+                    run.result = self.program.run(strategy=strategy)
                     run.choices = list(run.result.choices)
                 except DistError as err:
                     if err.choices is None:
@@ -263,43 +248,24 @@ class Search:
         self.complete = True
 
 
-def exhaustive(
-    fn: Callable,
-    nprocs: int,
-    args: tuple,
-    *,
-    preemption_bound: int | None,
-    reduce: bool,
-    max_runs: int,
-    options: dict,
-    progress: bool,
-    check: Callable | None = None,
-    warn_leaks: bool = False,
-) -> tuple[int, int, bool]:
-    """``explore(strategy="exhaustive")``: (runs, distinct classes, complete), or the first failure, shrunk.
+def exhaustive(program: Any, plan: Any, warn_leaks: bool = False) -> tuple[int, int, bool]:
+    """``explore(strategy="exhaustive")`` of ``program`` as ``plan`` bounds it: (runs, distinct classes, complete), or
+    the first failure, shrunk.
 
-    ``check(values)`` judges each run as in ``explore``; ``warn_leaks`` gives one ``LeakWarning``
-    for the first run that leaked. A ``UserWarning`` says so when ``max_runs`` stopped the
-    search before the bound was covered.
+    ``warn_leaks`` gives one ``LeakWarning`` for the first run that leaked. A ``UserWarning`` says so when
+    ``plan.runs`` stopped the search before the bound was covered.
     """
     import sys
     import warnings
 
-    from ._check import unrecorded
     from ._explain import note_decisions
     from ._run import warn_leaks as warn
     from ._shrink import shrunk_failure
 
+    max_runs, bound, progress = plan.runs, plan.preemption_bound, plan.show
     found = Search(
-        fn,
-        nprocs,
-        args,
-        preemption_bound=preemption_bound,
-        reduce=reduce,
-        max_runs=max_runs,
-        options=unrecorded(options),
-        check=check,
-    )  # a failure is replayed with ``options``
+        program.unrecorded(), preemption_bound=bound, reduce=plan.reduction, max_runs=max_runs
+    )  # a failure is replayed with ``program``
     try:
         for run in found:
             if progress:
@@ -311,8 +277,8 @@ def exhaustive(
                     flush=True,
                 )
             if run.error is not None:
-                shrunk = shrunk_failure(fn, nprocs, args, run.error, options, check)
-                note_decisions(fn, nprocs, args, shrunk, options)
+                shrunk = shrunk_failure(program, run.error)
+                note_decisions(program, shrunk)
                 raise shrunk
             if warn_leaks and warn(run.result):
                 warn_leaks = False
@@ -320,10 +286,10 @@ def exhaustive(
         if progress:
             print(file=sys.stderr, flush=True)
     if not found.complete:
-        within = "" if preemption_bound is None else f" with up to {preemption_bound} preemptions"
+        within = "" if bound is None else f" with up to {bound} preemptions"
         warnings.warn(
             f"explore(strategy='exhaustive') stopped at max_runs={max_runs} before every schedule"
             f"{within} ran: the search is incomplete; raise max_runs or lower preemption_bound",
-            stacklevel=3,
+            stacklevel=4,
         )
     return found.runs, len(found.signatures), found.complete

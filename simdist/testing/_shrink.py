@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 
 from simdist.core._errors import DistError, add_note
 
-from ._check import run_checked, unrecorded
+from ._program import Program
 from ._run import check_replays, same_failure
 
 __all__ = ["MINIMIZE_RUNS", "Shrinker", "minimize", "shrunk_failure", "simplicity"]
@@ -194,13 +194,11 @@ def minimize(
         >>> sdt.minimize(racy, 3, (), err, {}).schedule
         'choices:0,1@world=3'
     """
-    return _minimize(fn, nprocs, args, err, options, budget, check)[0]
+    return _minimize(Program(fn, nprocs, args, options, check), err, budget)[0]
 
 
-def _minimize(
-    fn: Callable, nprocs: int, args: tuple, err: DistError, options: dict, budget: int, check: Callable | None
-) -> tuple[DistError, int]:
-    """:func:`minimize`'s error and the replays it spent."""
+def _minimize(program: Program, err: DistError, budget: int) -> tuple[DistError, int]:
+    """:func:`minimize`'s error for ``program`` and the replays it spent."""
     if err.choices is None:
         raise ValueError(f"err={type(err).__name__} has no scheduler choices: only a simulated run's error shrinks")
     best = err
@@ -208,7 +206,7 @@ def _minimize(
     def attempt(candidate: list[int]) -> list[int] | None:
         nonlocal best
         try:
-            run_checked(fn, nprocs, args, options, check, schedule=candidate)
+            program.run(schedule=candidate)
         except DistError as again:
             if again.choices is not None and same_failure(err, again):
                 best = again
@@ -220,17 +218,15 @@ def _minimize(
     return best, shrinker.spent
 
 
-def shrunk_failure(
-    fn: Callable, nprocs: int, args: tuple, err: DistError, options: dict, check: Callable | None = None
-) -> DistError:
-    """``err`` with the minimal schedule, as a replay of that schedule with ``options`` gives it; a note says how
-    it shrank.
+def shrunk_failure(program: Program, err: DistError) -> DistError:
+    """``err`` of ``program`` with the minimal schedule, as a replay of that schedule gives it; a note says how it
+    shrank.
 
-    The shrinking replays record no step snapshots (:func:`~simdist.testing._check.unrecorded`);
-    the final replay, which also checks that the failure replays, records what ``options`` say.
+    The shrinking replays record no step snapshots (:meth:`Program.unrecorded`); the final replay, which also
+    checks that the failure replays, records what the program's options say.
     """
-    found, spent = _minimize(fn, nprocs, args, err, unrecorded(options), MINIMIZE_RUNS, check)
-    best = check_replays(fn, nprocs, args, found, options, check)
+    found, spent = _minimize(program.unrecorded(), err, MINIMIZE_RUNS)
+    best = check_replays(program, found)
     if best.schedule != err.schedule:
         add_note(
             best,

@@ -34,9 +34,10 @@ LAYERS = [
     {"simdist.torch_bridge"},  # torch's process groups as simdist groups, simulated GPUs
     {"simdist.backends", "simdist.backends.sim", "simdist.backends.socket", "simdist.backends.nccl",
      "simdist.backends.torchdist"},  # the group interface implemented; sim and socket install the bridge
-    {"simdist.launch"},  # simdist run, spawn, calibrate, the app command
+    {"simdist.testing"},  # programs (functions and scripts) under chosen or searched schedules, shrinking, replay
+    {"simdist.launch"},  # simdist run and simdist test, spawn, calibrate, the app command
     {"simdist"},  # the public names, DDP, the console script
-    {"simdist.testing", "simdist.visualize", "simdist.exercises"},  # built on all of it
+    {"simdist.visualize", "simdist.exercises"},  # built on all of it
 ]  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from search_bugs import BUGS, WORLD
 import simdist as dist
 import simdist.testing as sdt
 from simdist.sim import enumerate_schedules
+from simdist.testing._program import Program
 from simdist.testing._search import Search, preemptions
 
 pytestmark = [
@@ -77,7 +78,7 @@ def relay(rank):
 
 def outcomes(fn, n, **kw):
     """Every final outcome (values, or the error's type and message) the search saw, and the search."""
-    found = Search(fn, n, kw.pop("args", ()), options=dict(OPTS), **kw)
+    found = Search(Program(fn, n, kw.pop("args", ()), dict(OPTS)), **kw)
     seen = set()
     for run in found:
         if run.error is None:
@@ -90,12 +91,12 @@ def outcomes(fn, n, **kw):
 def test_schedules_come_in_order_of_preemptions():
     levels = [
         preemptions(run.choices)
-        for run in Search(any_source, 3, (), preemption_bound=3, reduce=False, max_runs=10_000, options=dict(OPTS))
+        for run in Search(Program(any_source, 3, (), dict(OPTS)), preemption_bound=3, reduce=False, max_runs=10_000)
     ]
     assert levels == sorted(levels) and levels[0] == 0 and levels[-1] == 3
     reduced = [
         preemptions(run.choices)
-        for run in Search(mixed, 4, (), preemption_bound=2, reduce=True, max_runs=10_000, options=dict(OPTS))
+        for run in Search(Program(mixed, 4, (), dict(OPTS)), preemption_bound=2, reduce=True, max_runs=10_000)
     ]
     assert reduced == sorted(reduced) and set(reduced) == {0, 1, 2}
 
@@ -141,7 +142,7 @@ def test_arguments_are_checked():
 @pytest.mark.parametrize("name", list(BUGS))
 @pytest.mark.parametrize("reduce", [True, False])
 def test_each_bug_kind_is_found_within_100_runs_with_one_preemption(name, reduce):
-    found = Search(BUGS[name], WORLD, (), preemption_bound=1, reduce=reduce, max_runs=100, options=dict(OPTS))
+    found = Search(Program(BUGS[name], WORLD, (), dict(OPTS)), preemption_bound=1, reduce=reduce, max_runs=100)
     failing = next((run for run in found if run.error is not None), None)
     assert failing is not None and found.runs <= 100 and preemptions(failing.choices) <= 1
     if name in ("parameter server", "torch task server"):  # these need a preemption: matching order

@@ -14,7 +14,7 @@ import torch
 
 import simdist as dist
 import simdist.testing as sdt
-from simdist.testing._check import unrecorded
+from simdist.testing._program import Program
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -110,11 +110,12 @@ def test_the_explained_decisions_are_those_of_the_token():
 
 
 def test_unrecorded_turns_off_snapshots_unless_the_options_say_otherwise():
-    assert unrecorded({"detail": "messages"}) == {"detail": "messages", "record_steps": False}
+    program = Program(reduce_then_race, 3, (), {"detail": "messages"})
+    assert program.unrecorded().options == {"detail": "messages", "record_steps": False}
     for kept in ({"record_steps": True}, {"record_steps": False}, {"record_steps": None}, {"trace_file": "run.json"}):
-        assert unrecorded(kept) is kept
+        assert Program(reduce_then_race, 3, (), kept).unrecorded().options is kept
     options = {"eager_limit": 0}
-    unrecorded(options)
+    Program(reduce_then_race, 3, (), options).unrecorded()
     assert options == {"eager_limit": 0}  # the caller's options are not changed
 
 

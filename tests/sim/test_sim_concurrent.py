@@ -429,19 +429,20 @@ def test_a_print_that_straddles_the_end_of_the_last_run_completes(tmp_path):
         [sys.executable, "-X", "faulthandler", str(script)], capture_output=True, text=True, timeout=100
     )
     assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-2000:])
-    assert proc.stdout.splitlines() == ["printed through _Stdout as the run ended", "put back Slow"], proc.stdout
+    assert proc.stdout.splitlines() == ["printed through _Stream as the run ended", "put back Slow"], proc.stdout
 
 
 def test_the_stand_in_of_a_stream_is_made_once_and_the_kept_ones_are_bounded(monkeypatch):
     from simdist.backends.sim import _isolation
 
-    monkeypatch.setattr(_isolation, "_STDOUTS", {})  # the process's own stand-ins are left as they are
-    streams = [io.StringIO() for _ in range(_isolation.MAX_STDOUTS + 1)]
-    first = _isolation._stdout_for(streams[0])
-    assert _isolation._stdout_for(streams[0]) is first and first.inner is streams[0]
-    assert _isolation._stdout_for(first) is first  # a stand-in put back by the program is not wrapped again
+    monkeypatch.setattr(_isolation, "_STAND_INS", {})  # the process's own stand-ins are left as they are
+    streams = [io.StringIO() for _ in range(_isolation.MAX_STAND_INS + 1)]
+    first = _isolation._stand_in(streams[0], "stdout")
+    assert _isolation._stand_in(streams[0], "stdout") is first and first.inner is streams[0]
+    assert _isolation._stand_in(first, "stdout") is first  # a stand-in put back by the program is not wrapped again
+    assert _isolation._stand_in(streams[0], "stderr") is not first  # one stream as stdout and as stderr: two
     for stream in streams[1:]:
-        _isolation._stdout_for(stream)
-    assert len(_isolation._STDOUTS) <= _isolation.MAX_STDOUTS
-    assert id(streams[0]) not in _isolation._STDOUTS  # the oldest was dropped
-    assert _isolation._stdout_for(streams[-1]).inner is streams[-1]
+        _isolation._stand_in(stream, "stdout")
+    assert len(_isolation._STAND_INS) <= _isolation.MAX_STAND_INS
+    assert (id(streams[0]), "stdout") not in _isolation._STAND_INS  # the oldest was dropped
+    assert _isolation._stand_in(streams[-1], "stdout").inner is streams[-1]

@@ -360,7 +360,8 @@ def test_leaks_can_still_be_ignored_or_raised():
 
 def test_replaying_an_error_without_a_token_is_refused_by_name():
     """Only the error of a simulated run carries a schedule to replay; another is refused, not replayed as ``None``."""
+    from simdist.testing._program import Program
     from simdist.testing._run import check_replays
 
     with pytest.raises(ValueError, match="DeadlockError carries no replay token"):
-        check_replays(lambda rank: None, 2, (), simdist.DeadlockError("made by hand"), {})
+        check_replays(Program(lambda rank: None, 2), simdist.DeadlockError("made by hand"))
