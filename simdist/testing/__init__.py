@@ -15,20 +15,27 @@ A failure carries the replay token of its (shrunk) schedule, such as
 ``pytest --simdist-replay TOKEN`` reruns exactly that interleaving, ``sdt.explain(fn, world,
 token)`` says which decisions made it (also noted on the failure when there are few), and
 ``sdt.Schedule.from_token(token)`` reads it as a list of choices.
+
+A torchrun script is a program like a function: ``sdt.run_script("train.py", 4)`` runs it once on simulated
+ranks and ``sdt.explore_script("train.py", 4)`` explores its schedules (``simdist test`` on the command line),
+each run in a fresh copy of the working directory.
 """
 
 from ._check import CheckError
 from ._explain import explain
-from ._explore import ExploreSummary, explore, minimize, spmd
-from ._run import NondeterminismError, replay, run
+from ._explore import ExploreSummary, explore, explore_script, minimize, spmd
+from ._run import NondeterminismError, replay, run, run_script
 from ._schedule import Schedule
+from ._script import ScriptError, ScriptRank
 from ._strategies import COLLECTIVE_OPS, CollectiveInputs, collective_inputs, schedules, topologies, world_sizes
 
 __all__ = [
     "run",
+    "run_script",
     "replay",
     "explain",
     "explore",
+    "explore_script",
     "spmd",
     "minimize",
     "schedules",
@@ -41,4 +48,6 @@ __all__ = [
     "ExploreSummary",
     "NondeterminismError",
     "CheckError",
+    "ScriptRank",
+    "ScriptError",
 ]

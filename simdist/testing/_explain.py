@@ -126,7 +126,7 @@ def decisions(program: Any, token: Any) -> list[str]:
 
     if isinstance(token, Schedule):
         token = token.token  # it keeps the world size
-    check_token(token, program.nprocs, program.script)
+    check_token(token, program.nprocs, program.script_name)
     recorder = _recorder(make_strategy(schedule=token))
     error: BaseException | None = None
     try:

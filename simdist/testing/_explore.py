@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -19,7 +20,7 @@ from ._program import Program
 from ._run import current_test, replay_worlds, run_program, warn_leaks
 from ._shrink import minimize, shrunk_failure
 
-__all__ = ["ExploreSummary", "Plan", "explore", "explore_program", "minimize", "run_seed", "spmd"]
+__all__ = ["ExploreSummary", "Plan", "explore", "explore_program", "explore_script", "minimize", "run_seed", "spmd"]
 __tracebackhide__ = True  # pytest shows a failure's frames in the user's code, not simdist's
 
 DEFAULT_RUNS = 100
@@ -265,6 +266,73 @@ def _sample(program: Program, plan: Plan, warn: bool) -> ExploreSummary:
         if show:
             print(file=sys.stderr, flush=True)
     return ExploreSummary(runs, len(seen), plan.strategy, False)
+
+
+def explore_script(
+    path: str | os.PathLike,
+    nprocs: int,
+    args: Any = (),
+    *,
+    nnodes: int = 1,
+    module: bool = False,
+    launch: str = "auto",
+    workdir: str | os.PathLike | None = None,
+    strategy: str = "pct",
+    max_runs: int | None = None,
+    depth: int = 3,
+    seed: int | None = None,
+    progress: bool | None = None,
+    preemption_bound: int | None = None,
+    reduction: bool = True,
+    check: Callable | None = None,
+    **options: Any,
+) -> ExploreSummary:
+    """Run the script ``path`` on ``nprocs`` simulated ranks per node under up to ``max_runs`` schedules, as
+    :func:`explore` runs a function: an :class:`ExploreSummary`, or the first failure, shrunk and replayed.
+
+    Each run is one run of :func:`run_script` (torchrun's way, or once for a script that starts its own ranks),
+    in a copy of ``workdir`` (default: the current directory) put back as it was before every run: what one
+    schedule writes is never read by the next, and the replay of a failure starts from the same files. A run
+    fails when a rank raises or exits with another status than 0, on a deadlock, a collective mismatch, a buffer
+    race, a timeout (``timeout=``, real seconds per run) or when ``check(values)`` (each rank's
+    :class:`ScriptRank`; called in the run's folder, where the job's files are) raises or returns ``False``.
+    The failure's ``.schedule`` replays it: ``simdist run --backend sim --nproc-per-node N --replay TOKEN script``
+    or :func:`run_script` with ``schedule=TOKEN``. ``pytest --simdist-replay`` and ``--simdist-max-schedules``
+    apply, as to :func:`explore`.
+
+    Args:
+        path: the script (with ``module``, a module's name).
+        nprocs: ranks per node; ``nnodes``: nodes.
+        args: the script's arguments (strs).
+        module, launch, workdir: as for :func:`run_script`.
+        strategy, max_runs, depth, seed, progress, preemption_bound, reduction, check: as for :func:`explore`.
+        options: :func:`simdist.simulate`'s keyword arguments; here ranks are processes unless
+            ``isolation='threads'`` (or where the system has no pidfd), and their output is kept as their values.
+
+    Returns:
+        An :class:`ExploreSummary` when every run passed.
+
+    Raises:
+        RankError, DeadlockError, CollectiveMismatchError, BufferRaceError, CheckError, ...: the first failure,
+            shrunk to its minimal schedule (``.schedule``) and replayed once.
+        ValueError, TypeError: a bad argument.
+
+    Example:
+        >>> import simdist.testing as sdt
+        >>> print(sdt.explore_script("train.py", 2, max_runs=50, isolation="threads"))  # doctest: +SKIP
+        50 runs (pct), 12 distinct interleavings, no failure
+    """
+    from ._script import Script, ScriptProgram, script_defaults
+    from ._workdir import Scratch
+
+    plan = Plan(strategy, max_runs, depth, seed, progress, preemption_bound, reduction)
+    script = Script.of(path, nprocs, args, nnodes=nnodes, module=module, launch=launch)
+    check_argument(check)
+    options.setdefault("test", current_test())
+    for name, value in script_defaults(options.get("isolation") or OPTIONS.get("isolation")).items():
+        options.setdefault(name, value)
+    with Scratch(os.getcwd() if workdir is None else workdir) as files:
+        return explore_program(ScriptProgram.of(script, options, check, files), plan)
 
 
 def spmd(

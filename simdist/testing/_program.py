@@ -35,7 +35,7 @@ class Program:
     check: Callable | None = None
 
     @property
-    def script(self) -> str | None:
+    def script_name(self) -> str | None:
         """The name of the script this program runs, as replay tokens record it (``None``: a function)."""
         return self.options.get("script")
 

@@ -32,6 +32,7 @@ __all__ = [
     "replay_worlds",
     "run",
     "run_program",
+    "run_script",
     "same_failure",
     "warn_leaks",
 ]
@@ -178,6 +179,73 @@ def run(
     check_argument(check)
     kwargs = {name: value for name, value in opts.fields().items() if name not in ("seed", "strategy", "schedule")}
     return run_program(Program(fn, nprocs, args, kwargs, check), opts.seed, opts.strategy, opts.schedule)
+
+
+def run_script(
+    path: str | os.PathLike,
+    nprocs: int,
+    args: Any = (),
+    *,
+    nnodes: int = 1,
+    module: bool = False,
+    launch: str = "auto",
+    workdir: str | os.PathLike | None = None,
+    check: Callable | None = None,
+    options: SimOptions | None = None,
+    **fields: Any,
+) -> Any:
+    """Run the script ``path`` on ``nprocs`` simulated ranks as torchrun would: a ``SimResult`` whose ``values`` are each
+    rank's :class:`ScriptRank` (its exit status and the lines it printed).
+
+    Every rank runs the script as ``__main__`` with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
+    MASTER_ADDR, ...) and ``sys.argv`` ``[path, *args]``; a script that starts its own ranks
+    (``torch.multiprocessing.spawn``) runs once, on a node of ``nprocs`` simulated GPUs (``launch``). The run
+    happens in a copy of ``workdir`` (default: the current directory): what it writes there is gone afterwards,
+    and the replay of a failure starts from the same files. As :func:`run` does for functions: the seed, a
+    failure replayed once and explained, ``pytest --simdist-replay``. A rank that raises or exits with another
+    status than 0 fails the run (``RankError``), as a deadlock, a collective mismatch or a buffer race does.
+
+    Args:
+        path: the script (with ``module``, a module's name, as ``python -m`` takes it).
+        nprocs: ranks per node (``--nproc-per-node``).
+        args: the script's arguments (``sys.argv[1:]``), strs.
+        nnodes: nodes (the world is ``nprocs * nnodes`` ranks).
+        module: ``path`` is a module's name.
+        launch: ``'auto'`` (default: ``'spawn'`` when the script's source starts ranks of its own), ``'torchrun'``
+            or ``'spawn'``.
+        workdir: the folder whose copy the run starts in (default: the current directory).
+        check: ``check(values)`` after the run, in the run's folder; raising or returning ``False`` fails it.
+        options: a :class:`simdist.SimOptions`; ``fields`` its fields as keywords. Here the defaults are ranks as
+            processes (threads where the system has no pidfd, or with ``isolation='threads'``), output kept
+            (``capture_output=True``) and buffer races checked.
+
+    Returns:
+        The run's ``SimResult``: ``values`` (each rank's ``ScriptRank``), ``trace``, ``schedule``, ``time``, ...
+
+    Raises:
+        RankError, DeadlockError, CollectiveMismatchError, BufferRaceError, DistTimeoutError, CheckError:
+            the run's failure, with its replay token (``.schedule``), after one replay.
+        ValueError, TypeError: a bad argument (a script that does not exist, a token of another script, ...).
+
+    Example:
+        >>> import simdist.testing as sdt
+        >>> res = sdt.run_script("train.py", 2, ["--steps", "3"], seed=1)  # doctest: +SKIP
+        >>> [rank.stdout[-1] for rank in res.values]  # doctest: +SKIP
+        ['loss 0.25', 'loss 0.25']
+    """
+    from ._script import Script, ScriptProgram, script_defaults
+    from ._workdir import Scratch
+
+    script = Script.of(path, nprocs, args, nnodes=nnodes, module=module, launch=launch)
+    check_argument(check)
+    if options is None:
+        isolation = fields.get("isolation") or OPTIONS.get("isolation")
+        options = SimOptions(test=current_test(), **script_defaults(isolation))
+    opts = SimOptions.of(options, fields)
+    kwargs = {name: value for name, value in opts.fields().items() if name not in ("seed", "strategy", "schedule")}
+    with Scratch(os.getcwd() if workdir is None else workdir) as files:
+        program = ScriptProgram.of(script, kwargs, check, files)
+        return run_program(program, opts.seed, opts.strategy, opts.schedule)
 
 
 def run_program(program: Program, seed: Any = None, strategy: Any = None, schedule: Any = None) -> Any:
