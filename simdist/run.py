@@ -1,4 +1,5 @@
-"""The ``simdist`` console script (``simdist run``, ``simdist calibrate``, ``simdist app``) and ``python3 -m simdist.run``.
+"""The ``simdist`` console script (``simdist run``, ``simdist test``, ``simdist calibrate``, ``simdist app``) and
+``python3 -m simdist.run``.
 
 simdist run --nproc-per-node 4 train.py            # or: python3 -m simdist.run --nproc-per-node 4 train.py
 
@@ -15,6 +16,7 @@ __all__ = ["COMMANDS", "ENGINES", "cli", "main"]
 
 COMMANDS = {
     "run": "run a script on several ranks, like torchrun: real processes, or simulated ranks (--backend sim)",
+    "test": "explore a script's schedules on simulated ranks; a failure shrunk, with the command that replays it",
     "calibrate": "measure this machine's latency, bandwidth and reduction speed; write a topology file",
     "app": "serve the visualizer (Streamlit; needs the app extra: pip install 'simdist[app]')",
 }
@@ -35,17 +37,22 @@ def _usage() -> str:
         "'simdist <command> --help' describes a command.\n\n"
         "examples:\n"
         "  simdist run --nproc-per-node 4 --backend sim train.py\n"
+        "  simdist test --nproc-per-node 4 train.py\n"
         "  simdist calibrate --out my-machine.json\n"
         "  simdist app\n"
     )
 
 
 def cli() -> int:
-    """The ``simdist`` console script: ``simdist run ...``, ``simdist calibrate ...``, ``simdist app ...``, ``--version``,
-    ``--help``."""
+    """The ``simdist`` console script: ``simdist run ...``, ``simdist test ...``, ``simdist calibrate ...``,
+    ``simdist app ...``, ``--version``, ``--help``."""
     args = sys.argv[1:]
     if args and args[0] == "run":
         return main(args[1:])
+    if args and args[0] == "test":
+        from .launch._test_command import main as test_main
+
+        return test_main(args[1:])
     if args and args[0] == "calibrate":
         from .launch._calibrate import main as calibrate_main
 

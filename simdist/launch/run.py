@@ -31,7 +31,6 @@ simulated GPUs; each spawn runs its function on simulated ranks (see :data:`LAUN
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import os
 import shutil
@@ -40,12 +39,11 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Iterator, Sequence
 from queue import Empty, Queue
 from typing import IO, Any
 
-from . import _scripts, _torchrun
+from . import _sim_run, _torchrun
 
 __all__ = ["ENGINES", "main"]
 
@@ -103,21 +101,45 @@ else:
 """
 
 
+RUN_DESCRIPTION = (
+    "Run a script on several ranks, like torchrun: as real processes joined by simdist's socket backend, or as "
+    "simulated ranks (--backend sim), one schedule chosen by --seed or replayed by --replay."
+)
+RUN_EXAMPLES = (
+    "Like torchrun, when OMP_NUM_THREADS is unset and N > 1, the ranks get OMP_NUM_THREADS=1.\n\n"
+    "examples:\n"
+    "  simdist run --standalone --nproc-per-node 4 train.py --epochs 3   # 4 processes, as torchrun\n"
+    "  simdist run --nproc-per-node 4 --backend sim train.py             # the same script, simulated\n"
+    "  simdist run --nproc-per-node 4 --backend sim --seed 7 --trace run.json train.py\n"
+    "  simdist run --nproc-per-node 4 --backend sim --replay 'choices:0,2@world=4@script=train.py' train.py\n"
+    "  simdist run --nproc-per-node 2 --backend socket -m mypkg.train    # a module, collectives checked"
+)
+TEST_DESCRIPTION = (
+    "Explore a script's schedules on simulated ranks, as simdist.testing.explore does for functions: run it under "
+    "up to --schedules schedules, each in a fresh copy of the working directory; on the first failure (an exception "
+    "or exit status other than 0 in a rank, a deadlock, a collective mismatch, a buffer race, a timeout, or --check "
+    "failing) shrink the schedule, print the report and the command that replays it, and exit 1; else exit 0. "
+    "It takes torchrun's flags, as simdist run --backend sim does."
+)
+TEST_EXAMPLES = (
+    "examples:\n"
+    "  simdist test --nproc-per-node 4 train.py                          # 100 schedules (PCT), ranks as processes\n"
+    "  simdist test --nproc-per-node 4 --schedules 500 --isolation threads train.py --steps 2\n"
+    "  simdist test --nproc-per-node 2 --strategy exhaustive --check 'python verify.py' train.py"
+)
+
+
 class _Stop(Exception):
     """The launcher itself was asked to stop (SIGTERM or SIGHUP)."""
 
 
 def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
+    test = prog == "simdist test"
     p = argparse.ArgumentParser(
         prog=prog,
         usage="%(prog)s [options] script [script args...]",
-        description="Run a script on several ranks, like torchrun: as real processes joined by simdist's "
-        "socket backend, or as simulated ranks in this process.",
-        epilog="Like torchrun, when OMP_NUM_THREADS is unset and N > 1, the ranks get OMP_NUM_THREADS=1.\n\n"
-        "examples:\n"
-        "  simdist run --standalone --nproc-per-node 4 train.py --epochs 3   # 4 processes, as torchrun\n"
-        "  simdist run --nproc-per-node 4 --backend sim train.py             # the same script, simulated\n"
-        "  simdist run --nproc-per-node 2 --backend socket -m mypkg.train    # a module, collectives checked",
+        description=TEST_DESCRIPTION if test else RUN_DESCRIPTION,
+        epilog=TEST_EXAMPLES if test else RUN_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
@@ -202,10 +224,11 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
     p.add_argument(
         "--isolation",
         choices=("processes", "threads"),
-        default="processes",
-        help="sim: each simulated rank a process of its own (default: its own modules, atexit, sys.argv, signal "
-        "handlers and crashes, as under torchrun; forked from a server that imported torch once) or a thread "
-        "of this process (faster; module state is shared between ranks). The same seed gives the same run in both",
+        default=None,
+        help="sim: each simulated rank a process of its own (default, where the system has pidfd, as Linux does: "
+        "its own modules, atexit, sys.argv, signal handlers and crashes, as under torchrun; forked from a server "
+        "that imported torch once) or a thread of this process (faster; module state is shared between ranks). "
+        "The same seed gives the same run in both",
     )
     p.add_argument(
         "--cuda-as-cpu",
@@ -217,10 +240,65 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
         "--no-cuda-as-cpu: the ranks see this machine's own torch.cuda, as under torchrun here (a script that "
         "takes a GPU branch when torch.cuda.is_available() then takes the CPU one)",
     )
+    _schedule_flags(p, test=prog == "simdist test")
     _torchrun_flags(p)
     p.add_argument("script", nargs="?", help="the Python script to run (by every rank, or once: see --launch)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script (sys.argv[1:])")
     return p
+
+
+def _schedule_flags(p: argparse.ArgumentParser, test: bool) -> None:
+    """The simulator's flags: how a run is scheduled (``simdist run --backend sim``) or explored (``simdist test``),
+    its level of detail and network, and its trace."""
+    g = p.add_argument_group("the simulator (--backend sim)" if not test else "the schedules")
+    if test:
+        g.add_argument("--schedules", type=_positive, default=100, metavar="N",
+                       help="the most schedules to run (default 100)")  # fmt: skip
+        g.add_argument("--strategy", choices=("pct", "random", "exhaustive"), default="pct",
+                       help="pct (default): priority change points, which find bugs that need a few ill-timed "
+                       "preemptions; random; exhaustive: every schedule, fewest preemptions first")  # fmt: skip
+        g.add_argument("--seed", type=_seed, default=None, metavar="S",
+                       help="the exploration's seed (default 0): another seed, other schedules")  # fmt: skip
+        g.add_argument("--check", default=None, metavar="CMD",
+                       help="a shell command run after each job in the job's working directory: a run whose "
+                       "command exits non-zero fails (for instance, a check of the checkpoints it wrote)")  # fmt: skip
+        g.add_argument("--workdir", default=None, metavar="DIR",
+                       help="the folder each run starts in a fresh copy of (default: the current directory); "
+                       "what a run writes there is never seen by the next")  # fmt: skip
+        return
+    g.add_argument("--seed", type=_seed, default=None, metavar="N",
+                   help="the seed of the scheduler's choices (default 0): another seed, another interleaving")  # fmt: skip
+    g.add_argument("--strategy", choices=("random", "pct", "round_robin"), default=None,
+                   help="how the scheduler chooses the next rank: seeded at random (default), PCT (priority change "
+                   "points), or in turn")  # fmt: skip
+    g.add_argument("--replay", default=None, metavar="TOKEN",
+                   help="replay the run of a replay token (printed after every run and by simdist test): the same "
+                   "output, failure and trace")  # fmt: skip
+    g.add_argument("--trace", default=None, metavar="FILE",
+                   help="write the run's trace to FILE, in simdist's JSON (the app's Traces page opens it, "
+                   "simdist.Trace.load reads it); a script that starts ranks twice writes FILE's second as NAME.2.json")  # fmt: skip
+    g.add_argument("--trace-format", "--trace_format", choices=("simdist", "perfetto"), default="simdist",
+                   help="--trace's format: simdist's JSON (default) or the Chrome/Perfetto JSON (ui.perfetto.dev)")  # fmt: skip
+    g.add_argument("--detail", choices=("messages", "collectives"), default=None,
+                   help="messages (default): each collective's algorithm message by message; collectives: a "
+                   "collective in one step once every member has arrived, charged its algorithm's cost")  # fmt: skip
+    g.add_argument("--topology", default=None, metavar="FILE",
+                   help="the network of the virtual clock: a topology file (simdist calibrate writes one) or a "
+                   "name of simdist.TOPOLOGIES (default: 'switch')")  # fmt: skip
+
+
+def _positive(text: str) -> int:
+    """A number of schedules: a whole number of at least 1 (argparse reports the error as usage)."""
+    if not text.strip().isdecimal() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of schedules; expected a whole number >= 1")
+    return int(text)
+
+
+def _seed(text: str) -> int:
+    """A seed: a whole number of at least 0 (argparse reports the error as usage)."""
+    if not text.strip().isdecimal():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seed; expected a whole number >= 0")
+    return int(text)
 
 
 def _torchrun_flags(p: argparse.ArgumentParser) -> None:
@@ -316,6 +394,7 @@ def _check(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     elif not os.path.isfile(opts.script):
         parser.error(f"script {opts.script!r} does not exist")
     if opts.backend == "sim":
+        _check_sim(opts, parser)
         if opts.node_rank != 0:
             parser.error("--backend sim runs every node's ranks in this one process; leave --node-rank at 0")
         if opts.log_dir is not None:
@@ -323,14 +402,77 @@ def _check(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         if opts.virtual_local_rank:
             parser.error("--virtual-local-rank is supported with the process backends only (it sets "
                          "CUDA_VISIBLE_DEVICES per rank; simulated ranks see their node's simulated GPUs)")  # fmt: skip
-    elif opts.launch == "spawn" or opts.cuda_as_cpu is not None or opts.isolation != "processes":
+    elif opts.launch == "spawn" or opts.cuda_as_cpu is not None or opts.isolation is not None or _sim_flag(opts):
         flag = {True: "--launch spawn", False: "--cuda-as-cpu"}[opts.launch == "spawn"]
-        if opts.isolation != "processes":
+        if opts.isolation is not None:
             flag = f"--isolation {opts.isolation}"
+        flag = _sim_flag(opts) or flag
         parser.error(
             f"{flag} is supported with --backend sim only (a process backend runs the script on "
             "every rank, as torchrun does)"
         )
+
+
+SIM_FLAGS = ("seed", "strategy", "replay", "trace", "detail", "topology")
+"""The flags (by their ``opts`` name) that only the simulator takes."""
+
+
+def _sim_flag(opts: argparse.Namespace) -> str | None:
+    """The first of the simulator's flags given (``--seed``, ...), or ``None``."""
+    given = [name for name in SIM_FLAGS if getattr(opts, name, None) is not None]
+    return f"--{given[0]}" if given else None
+
+
+def _check_sim(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Check the simulator's flags; decide the ranks' isolation (``opts.ranks_as``), saying so where processes cannot
+    be had."""
+    from simdist.testing._script import default_isolation
+
+    opts.ranks_as = default_isolation(opts.isolation, lambda line: sys.stderr.write(line + "\n"))
+    if opts.isolation == "processes" and not hasattr(os, "pidfd_open"):
+        parser.error("--isolation processes needs Linux (pidfd); leave it out, or give --isolation threads")
+    if parser.prog == "simdist test":
+        if opts.workdir is not None and not os.path.isdir(opts.workdir):
+            parser.error(f"--workdir {opts.workdir!r} is not a folder")
+        return
+    if opts.replay is not None:
+        if opts.seed is not None or opts.strategy is not None:
+            parser.error("--replay replays a recorded run; it cannot be combined with --seed or --strategy")
+        _check_token(opts, parser)
+    if opts.topology is not None:
+        from simdist.core._topology import TOPOLOGIES
+
+        if opts.topology not in TOPOLOGIES and not os.path.isfile(opts.topology):
+            parser.error(f"--topology {opts.topology!r} is neither a topology file nor one of {', '.join(TOPOLOGIES)}")
+    if opts.trace is not None and os.path.isdir(opts.trace):
+        parser.error(f"--trace {opts.trace!r} is a folder; expected a file name to write the trace to")
+    if opts.trace is None and opts.trace_format != "simdist":
+        parser.error("--trace-format says the format of --trace FILE: give --trace FILE")
+
+
+def _check_token(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """``--replay TOKEN``: a replay token of this script at this world size (else a usage error naming both)."""
+    from simdist.backends.sim import make_strategy, split_token
+
+    token = opts.replay
+    try:
+        parts = split_token(token)
+        make_strategy(schedule=token)
+    except ValueError:
+        parser.error(
+            f"--replay {token!r} is not a replay token; expected one that simdist run or simdist test printed, "
+            "such as random:7@world=4@script=train.py or choices:0,1@world=4@script=train.py"
+        )
+    world = opts.nproc_per_node * opts.nnodes
+    if parts.world is not None and parts.world != world:
+        parser.error(
+            f"--replay {token!r} was made for a job of {parts.world} ranks, and this one has {world} "
+            f"(--nproc-per-node {opts.nproc_per_node}, --nnodes {opts.nnodes}): give --nproc-per-node "
+            f"{parts.world // opts.nnodes if parts.world % opts.nnodes == 0 else parts.world}"
+        )
+    name = opts.script if opts.module else os.path.basename(opts.script)
+    if parts.script is not None and parts.script != name:
+        parser.error(f"--replay {token!r} was made for the script {parts.script!r}, not for {name!r}")
 
 
 def _module_spec(name: str) -> Any:
@@ -473,11 +615,6 @@ def _describe(code: int) -> str:
             name = f"signal {-code}"
         return f"was killed by {name} (exit code {code})"
     return f"failed with exit code {code}"
-
-
-def _status(code: int) -> int:
-    """The launcher's exit status for a rank that ended with ``code`` (``Popen.returncode``)."""
-    return 128 - code if code < 0 else min(code, 255)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -683,88 +820,16 @@ def _supervise(
         if stopped:
             with lock:
                 sys.stderr.write(f"simdist run: stopped rank(s) {', '.join(str(base + i) for i in stopped)}\n")
-        return _status(code), True
+        return _sim_run.exit_status(code), True
     return 0, False
 
 
-# --- sim backend: every rank a simulated thread in this process ---------------------------------
+# --- sim backend: every rank a simulated rank, in this process or one process each -------------
 
 
-def _spawn_line(path: str) -> int | None:
-    """The line of the script's first start of ranks of its own, read, not run; ``None`` when there is none.
-
-    A start is a call of torch.multiprocessing's ``spawn`` or ``start_processes``, or of a
-    ``Process`` of ``multiprocessing`` or ``torch.multiprocessing`` (a context's too), through the
-    usual imports: ``import torch.multiprocessing as mp`` then ``mp.spawn``/``mp.Process``,
-    ``torch.multiprocessing.spawn``, ``from torch import multiprocessing``, ``from
-    torch.multiprocessing import spawn``, ``import multiprocessing``, ``from multiprocessing import
-    Process``, ``mp.get_context("spawn").Process``. ``None`` too when the file does not parse.
-    """
-    try:
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), path)
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
-        return None
-    modules: dict[str, tuple[str, ...]] = {}  # a name bound to a module of processes -> the starters it has
-    functions: set[str] = set()
-    torches: set[str] = set()
-    contexts: set[str] = set()  # names bound to mp.get_context(...)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name in _STARTERS and (alias.asname or "." not in alias.name):
-                    modules[alias.asname or alias.name] = _STARTERS[alias.name]
-                elif alias.name == "torch" or (alias.name.startswith("torch.") and not alias.asname):
-                    torches.add(alias.asname or "torch")
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            for alias in node.names:
-                if node.module == "torch" and alias.name == "multiprocessing":
-                    modules[alias.asname or alias.name] = _STARTERS["torch.multiprocessing"]
-                elif node.module in _STARTERS and alias.name in _STARTERS[node.module]:
-                    functions.add(alias.asname or alias.name)
-                elif node.module == "torch.multiprocessing.spawn" and alias.name in SPAWNS:
-                    functions.add(alias.asname or alias.name)
-        elif isinstance(node, ast.Assign) and _is_get_context(node.value, modules):
-            contexts.update(t.id for t in node.targets if isinstance(t, ast.Name))
-    lines = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        if isinstance(func, ast.Name) and func.id in functions:
-            lines.append(node.lineno)
-        elif isinstance(func, ast.Attribute):
-            owner = func.value
-            if isinstance(owner, ast.Name) and func.attr in modules.get(owner.id, ()):
-                lines.append(node.lineno)
-            elif func.attr == "Process" and (
-                (isinstance(owner, ast.Name) and owner.id in contexts) or _is_get_context(owner, modules)
-            ):
-                lines.append(node.lineno)
-            elif (
-                func.attr in _STARTERS["torch.multiprocessing"]
-                and isinstance(owner, ast.Attribute)
-                and owner.attr == "multiprocessing"
-                and isinstance(owner.value, ast.Name)
-                and owner.value.id in torches
-            ):
-                lines.append(node.lineno)
-    return min(lines) if lines else None
-
-
-_STARTERS = {"torch.multiprocessing": (*SPAWNS, "Process"), "multiprocessing": ("Process",)}
-"""The modules whose functions (or classes) start a script's own ranks, and their names."""
-
-
-def _is_get_context(node: ast.AST, modules: dict[str, tuple[str, ...]]) -> bool:
-    """Whether ``node`` is ``mp.get_context(...)`` for a module of processes ``mp``."""
-    return (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "get_context"
-        and isinstance(node.func.value, ast.Name)
-        and node.func.value.id in modules
-    )
+def _run_sim(opts: argparse.Namespace) -> int:
+    """One run of the script on simulated ranks (:func:`simdist.launch._sim_run.run`), with torchrun's environment."""
+    return _sim_run.run(opts, {**_launch_env(opts), **_elastic_env(opts)})
 
 
 @contextlib.contextmanager
@@ -778,135 +843,6 @@ def _environment(extra: dict[str, str]) -> Iterator[None]:
         for key in [k for k in os.environ if k not in before]:
             del os.environ[key]
         os.environ.update(before)
-
-
-def _reimports(fn: Any, start_method: str) -> bool:
-    """Whether ranks of a spawn import the script again: torch's 'spawn'/'forkserver', for a function of the script."""
-    if start_method == "fork" or getattr(fn, "__module__", None) != "__main__":
-        return False
-    if "<" in getattr(fn, "__qualname__", "<"):  # a lambda, or a function defined in a function
-        raise ValueError(
-            f"simdist: torch.multiprocessing.spawn got {fn!r}, which torch's '{start_method}' start method cannot "
-            "send to a child process (it is pickled by name): define it at module level, or use "
-            "start_method='fork' with torch.multiprocessing.start_processes"
-        )
-    return True
-
-
-def _as(options: dict[str, Any], processes: bool) -> dict[str, Any]:
-    """``options`` of a simulation whose ranks are processes (``processes``) or threads of this one."""
-    return {**options, "isolation": "processes" if processes else "threads"}
-
-
-def _too_few_gpus(per_node: int) -> bool:
-    """True, after saying so once on stderr, when this machine has CUDA but fewer GPUs than ``per_node``: the
-    ranks then get simulated GPUs, as where CUDA is missing, so a script for N GPUs runs on a smaller machine."""
-    import torch
-
-    real = torch.cuda.device_count()
-    if real >= per_node:
-        return False
-    sys.stderr.write(
-        f"simdist run: --nproc-per-node {per_node} asks for {per_node} GPUs per node and this machine has {real}: "
-        "the ranks get simulated GPUs backed by the CPU, as with --cuda-as-cpu (docs/gpu-scripts.md). For the real "
-        f"GPUs, give --nproc-per-node {real} or fewer\n"
-    )
-    return True
-
-
-def _run_sim(opts: argparse.Namespace) -> int:
-    import torch
-
-    from simdist import torch_bridge
-    from simdist.core import DistError, RankError, RankExitError
-
-    from ._launch import spawn
-    from simdist.core._callsite import format_user_exception
-
-    n, world = opts.nproc_per_node, opts.nproc_per_node * opts.nnodes
-    script = _module_spec(opts.script).origin if opts.module else os.path.abspath(opts.script)
-    as_parent = opts.launch == "spawn" or (opts.launch == "auto" and _spawn_line(script) is not None)
-    if as_parent and opts.nnodes > 1:
-        sys.stderr.write(
-            f"simdist run: {opts.script} starts its own ranks with torch.multiprocessing.spawn, so it runs once, "
-            f"as the parent on one node; --nnodes={opts.nnodes} is not supported for it. Use --nnodes 1 (the node's "
-            "GPUs are --nproc-per-node), or --launch torchrun to run the script on every rank\n"
-        )
-        return 2
-    if opts.cuda_as_cpu is None:
-        cuda_as_cpu = not torch.cuda.is_available() or _too_few_gpus(n)
-    else:
-        cuda_as_cpu = opts.cuda_as_cpu
-    processes = opts.isolation == "processes"
-    options: dict[str, Any] = {"prefix_output": not opts.no_prefix, "cuda_as_cpu": cuda_as_cpu, "gpus_per_node": n}
-    options["isolation"] = opts.isolation
-    if opts.timeout is not None:
-        options["timeout"] = opts.timeout
-    master = (opts.master_addr, opts.master_port or DEFAULT_PORT)
-
-    # A spawn of the parent, and its multiprocessing.Process ranks: each rank imports the script again for a
-    # function of it (torch's 'spawn' start method). A rank process already has: its template ran the script
-    # as __mp_main__ to unpickle the function, as a child of the 'spawn' start method does.
-    # The 'fork' start method gives the ranks the parent's memory (its globals, closures): they run as threads
-    # of the parent, whatever --isolation says.
-    def start_ranks(fn: Any, args: Any, nprocs: int, start_method: str) -> None:
-        own = processes and start_method != "fork"
-        main = script if _reimports(fn, start_method) and not own else None
-        spawn(_scripts.spawned, args=(main, fn, *args), nprocs=nprocs, backend="sim", **_as(options, own))
-
-    def run_processes(calls: list, start_method: str) -> None:
-        own = processes and start_method != "fork"
-        mains = [script if _reimports(target, start_method) and not own else None for target, _, _ in calls]
-        spawn(_scripts.started, args=(mains, calls), nprocs=len(calls), backend="sim", **_as(options, own))
-
-    # runpy swaps sys.modules["__main__"] and sys.argv[0] in and out; with ranks interleaved
-    # the swaps do not nest, so the launcher's own values are put back here.
-    saved = (sys.argv, sys.modules.get("__main__"), list(sys.path))
-    sys.argv = [script, *opts.script_args]
-    sys.path.insert(0, os.getcwd() if opts.module else os.path.dirname(script))
-    target = opts.script if opts.module else script
-    try:
-        with _environment({**_launch_env(opts), **_elastic_env(opts)}):
-            if not as_parent:
-                ranks_args = (target, n, world, master, opts.module)
-                spawn(_scripts.script_rank, args=ranks_args, nprocs=world, backend="sim", **options)
-            else:
-                gpus = torch_bridge.cuda.simulated_gpus(n) if cuda_as_cpu else contextlib.nullcontext()
-                with gpus, torch_bridge.spawn.starting_ranks(start_ranks, run_processes):
-                    _scripts.run_main(target, opts.module, "__main__")
-        return 0
-    except RankError as err:
-        cause = err.__cause__
-        if err.exitcode is not None or isinstance(cause, RankExitError):  # a rank's process ended (os._exit, a signal)
-            sys.stderr.write(f"simdist run: {err}\n")
-            return 1 if err.exitcode is None else (_status(err.exitcode) or 1)
-        if isinstance(cause, SystemExit):
-            code = cause.code if isinstance(cause.code, int) else 1
-            sys.stderr.write(f"simdist run: rank {err.rank} exited with status {code}\n")
-            if not isinstance(cause.code, int):
-                sys.stderr.write(f"{cause.code}\n")
-            return min(code, 255) or 1
-        if cause is not None:
-            sys.stderr.write(getattr(cause, "rank_traceback", None) or format_user_exception(cause))
-        sys.stderr.write(f"simdist run: {err}\n")
-        return 1
-    except DistError as err:  # DeadlockError, CollectiveMismatchError, DistTimeoutError: their reports
-        sys.stderr.write(f"simdist run: {type(err).__name__}: {err}\n")
-        return 1
-    except SystemExit as exc:  # the parent of a spawn-style script exited
-        if isinstance(exc.code, int) or exc.code is None:
-            return min(exc.code or 0, 255)
-        sys.stderr.write(f"{exc.code}\n")
-        return 1
-    except Exception as exc:  # noqa: BLE001 - the parent of a spawn-style script failed: report it as python does
-        sys.stderr.write("".join(traceback.format_exception(exc)))
-        sys.stderr.write(f"simdist run: {opts.script} raised {type(exc).__name__}: {exc}\n")
-        return 1
-    finally:
-        sys.argv, main_module, sys.path[:] = saved
-        if main_module is not None:
-            sys.modules["__main__"] = main_module
-        sys.stdout.flush()
 
 
 if __name__ == "__main__":
