@@ -27,8 +27,10 @@ INSTALLED = tuple(sorted({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", 
 """Python's own library and installed packages."""
 
 _SKIP: list[str] = []
-_LIBRARY: dict[CodeType, bool] = {}
-_SITES: dict[tuple[CodeType, int], str] = {}
+_LIBRARY: dict[str, bool] = {}  # by file name
+# by file name, code and instruction: code objects compare equal across files (co_filename is not compared), so two
+# copies of one script in two folders have equal code
+_SITES: dict[tuple[str, CodeType, int], str] = {}
 
 
 def skip_directory(path: str) -> None:
@@ -49,10 +51,10 @@ def is_user_file(filename: str, skip: tuple[str, ...] = ()) -> bool:
     return not filename.startswith((*_SKIP, *INSTALLED, "<frozen", *skip))
 
 
-def _is_library(code: CodeType) -> bool:
-    lib = _LIBRARY.get(code)
+def _is_library(filename: str) -> bool:
+    lib = _LIBRARY.get(filename)
     if lib is None:
-        lib = _LIBRARY[code] = is_library_file(code.co_filename)
+        lib = _LIBRARY[filename] = is_library_file(filename)
     return lib
 
 
@@ -84,13 +86,15 @@ def user_call_site(skip: tuple[str, ...] = ()) -> str:
     library = _LIBRARY.get
     while frame is not None:
         code = frame.f_code
-        lib = library(code)  # (inlined _is_library: a call site is looked up at every operation)
+        filename = code.co_filename
+        lib = library(filename)  # (inlined _is_library: a call site is looked up at every operation)
         if lib is None:
-            lib = _is_library(code)
-        if not lib and not (skip and code.co_filename.startswith(skip)):
-            site = _SITES.get((code, frame.f_lasti))
+            lib = _is_library(filename)
+        if not lib and not (skip and filename.startswith(skip)):
+            key = (filename, code, frame.f_lasti)
+            site = _SITES.get(key)
             if site is None:
-                site = _SITES[code, frame.f_lasti] = f"{code.co_filename}:{frame.f_lineno}"
+                site = _SITES[key] = f"{filename}:{frame.f_lineno}"
             return site
         frame = frame.f_back
     return "<unknown>"
@@ -124,7 +128,7 @@ def user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning raised by our caller point at the user's line."""
     frame: FrameType | None = sys._getframe(2)
     level = 2
-    while frame is not None and _is_library(frame.f_code):
+    while frame is not None and _is_library(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
     return level
 
@@ -147,7 +151,7 @@ class _UserTracer:
         self.inner = inner
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> Callable | None:
-        if event == "call" and _is_library(frame.f_code):
+        if event == "call" and _is_library(frame.f_code.co_filename):
             return None
         return self.inner(frame, event, arg)
 

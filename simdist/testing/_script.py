@@ -247,8 +247,8 @@ class Script:
         if launch == "spawn" and nnodes > 1:
             raise ValueError(
                 f"{os.path.basename(path)} starts its own ranks with torch.multiprocessing.spawn, so it runs once, as "
-                f"the parent on one node; nnodes={nnodes} is not supported for it (the node's GPUs are nprocs); "
-                "use launch='torchrun' to run the script on every rank"
+                f"the parent on one node; --nnodes={nnodes} is not supported for it. Use --nnodes 1 (the node's GPUs "
+                "are --nproc-per-node), or --launch torchrun to run the script on every rank"
             )
         return cls(target, path, tuple(args), per_node, nnodes, module, launch, master, dict(env or {}))
 

@@ -40,3 +40,18 @@ def _line() -> int:
     import sys
 
     return sys._getframe(1).f_lineno
+
+
+def test_two_copies_of_one_script_in_two_folders_report_their_own_lines(tmp_path):
+    """Code objects compare equal across files (their file name is not compared): the call sites of a copy of a
+    script are the copy's, not those of the copy that ran first."""
+    source = "import simdist\n\ndef where():\n    return simdist.core.user_call_site()\n"
+    sites = []
+    for name in ("a", "b"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "same.py").write_text(source)
+        namespace: dict = {}
+        exec(compile(source, str(folder / "same.py"), "exec"), namespace)
+        sites.append(namespace["where"]())
+    assert sites == [f"{tmp_path / 'a' / 'same.py'}:4", f"{tmp_path / 'b' / 'same.py'}:4"]

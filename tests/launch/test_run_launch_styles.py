@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from simdist.launch import run
+from simdist.testing._script import spawn_line
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.torch_release]  # CI: lowest priority, beside the main suite
 
@@ -342,7 +343,7 @@ SPAWN_CALLS = [
 
 @pytest.mark.parametrize(("source", "line"), SPAWN_CALLS)
 def test_the_spawn_call_is_found_by_reading_the_script(tmp_path: Path, source: str, line: int | None) -> None:
-    assert run._spawn_line(_script(tmp_path, source)) == line
+    assert spawn_line(_script(tmp_path, source)) == line
 
 
 FOUR_GPU_SCRIPT = """

@@ -228,13 +228,17 @@ def test_several_nodes_on_torchs_gloo_need_no_simdist_secret(tmp_path):
 
 
 def test_help_screens_end_with_examples(capsys):
-    with pytest.raises(SystemExit):
-        run.main(["--help"])
-    tail = capsys.readouterr().out.rstrip().splitlines()[-4:]
-    assert tail[0] == "examples:" and all(line.startswith("  simdist run ") for line in tail[1:]), tail
+    from simdist.launch._test_command import main as test_main
+
+    for main, command in ((run.main, "run"), (test_main, "test")):
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        lines = capsys.readouterr().out.rstrip().splitlines()
+        tail = lines[lines.index("examples:") + 1 :]
+        assert len(tail) >= 3 and all(line.startswith(f"  simdist {command} ") for line in tail), tail
     out = subprocess.run([sys.executable, "-c", "import sys; from simdist.run import cli; sys.argv = ['simdist', '--help']; "
                           "sys.exit(cli())"], capture_output=True, text=True, timeout=120).stdout  # fmt: skip
-    assert out.rstrip().splitlines()[-4] == "examples:", out
+    assert out.rstrip().splitlines()[-5] == "examples:", out
 
 
 @pytest.mark.timeout(120)
