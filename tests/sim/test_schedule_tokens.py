@@ -47,9 +47,14 @@ node_ids = st.text(min_size=1, max_size=40).filter(lambda s: s.strip() == s and 
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(choices=choice_lists, world=st.none() | st.integers(1, 4096), test=st.none() | node_ids)
-def test_a_schedule_round_trips_through_its_token_and_its_repr(choices, world, test):
-    s = Schedule(choices, world=world, test=test)
+@given(
+    choices=choice_lists,
+    world=st.none() | st.integers(1, 4096),
+    test=st.none() | node_ids,
+    script=st.none() | st.text(min_size=1, max_size=20),
+)
+def test_a_schedule_round_trips_through_its_token_and_its_repr(choices, world, test, script):
+    s = Schedule(choices, world=world, test=test, script=script)
     assert eval(repr(s), {"Schedule": Schedule}) == s
     token = s.token
     back = Schedule.from_token(token)
@@ -57,8 +62,8 @@ def test_a_schedule_round_trips_through_its_token_and_its_repr(choices, world, t
     significant = list(choices)
     while significant and significant[-1] == 0:  # trailing zeros are implied: the token leaves them out
         significant.pop()
-    assert back == Schedule(significant, world=world, test=test)
-    assert back.choices == significant and (back.world, back.test) == (world, test)
+    assert back == Schedule(significant, world=world, test=test, script=script)
+    assert back.choices == significant and (back.world, back.test, back.script) == (world, test, script)
 
 
 def test_short_schedules_read_as_decimals_long_ones_are_compact():
@@ -111,6 +116,7 @@ def test_a_token_records_the_world_size_and_replays_only_there():
         (([True],), r"choices=\[True\] has True"),
         (([0], 0), r"world=0 must be a positive int"),
         (([0], None, ""), r"test='' must be a pytest node id"),
+        (([0], None, None, ""), r"script='' must be a script's file name"),
     ],
 )
 def test_bad_schedules_are_refused(args, message):
@@ -125,6 +131,7 @@ def test_bad_schedules_are_refused(args, message):
         ("choices:0,1@world=x", r"schedule='choices:0,1@world=x' is not a valid replay token; expected SCHEDULE"),
         ("choices:0,1@world=0", r"with N a positive int"),
         ("choices:!!", r"schedule='choices:!!' is not a valid replay token"),
+        ("choices:0@world=2@script=", r"expected SCHEDULE\[@world=N\]\[@script=NAME\]\[@test=NODEID\]"),
     ],
 )
 def test_bad_tokens_are_refused(token, message):

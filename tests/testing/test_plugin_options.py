@@ -60,7 +60,13 @@ def test_the_tokens_simdist_makes_have_a_replay_tokens_shape():
     schedules = [RandomStrategy(3).token(), RoundRobinStrategy().token(), PCTStrategy(5, 2, 40).token()]
     schedules += [encode_choices([0, 1, 2]), encode_choices(list(range(200)) * 3), encode_choices([])]
     for schedule in schedules:
-        for token in (schedule, make_token(schedule, 4), make_token(schedule, 2, "tests/test_x.py::test_y[a@b]")):
+        for token in (
+            schedule,
+            make_token(schedule, 4),
+            make_token(schedule, 2, "tests/test_x.py::test_y[a@b]"),
+            make_token(schedule, 4, None, "train.py"),
+            make_token(schedule, 3, "tests/test_x.py::test_y[a@b]", "my@train%.py"),
+        ):
             assert pytest_simdist._replay(token) == token
 
 
