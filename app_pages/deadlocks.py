@@ -59,3 +59,10 @@ for b in blocked:
 st.markdown("\n".join(rows))
 st.subheader("The report (simdist.DeadlockError)")
 st.code(text, language="text", wrap_lines=True)
+st.subheader("Your own script")
+st.markdown(
+    "`simdist test --nproc-per-node 4 train.py` runs a torchrun script under many schedules and reports the first "
+    "deadlock (or other failure) as above, with the command that replays it: "
+    "`simdist run --backend sim --nproc-per-node 4 --replay TOKEN train.py`. Add `--trace run.json` to that command "
+    "and open the file on the **Traces** page to see the run, at your script's lines."
+)

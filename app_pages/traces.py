@@ -24,9 +24,13 @@ st.download_button(
 st.caption("Open the Chrome/Perfetto JSON at ui.perfetto.dev or chrome://tracing.")
 
 st.subheader("Look at a trace")
+st.markdown(
+    "A run of your own script on simulated ranks writes one: "
+    "`simdist run --backend sim --nproc-per-node 4 --trace run.json train.py` (add `--replay TOKEN` for the run "
+    "a failure or `simdist test` printed). A real run's ranks write one file each with `SIMDIST_TRACE=DIR`."
+)
 uploaded = st.file_uploader(
-    "simdist traces (simdist JSON): one file, or one per rank of a real run "
-    "(`SIMDIST_TRACE=DIR` makes socket ranks write them)",
+    "simdist traces (simdist JSON): one file, or one per rank of a real run",
     type=["json"],
     accept_multiple_files=True,
     key="tr_upload",
@@ -51,3 +55,22 @@ cols[3].metric("messages", summary.messages)
 cols[4].metric("events", len(trace))
 st.caption(summary.note)
 st.plotly_chart(V.trace_figure(trace), key="uploaded_timeline")
+lines = V.call_lines(trace)
+if lines:
+    unit = "µs (virtual)" if summary.clock == "virtual" else "ms (wall clock)"
+    scale = 1e6 if summary.clock == "virtual" else 1e3
+    st.subheader("The program's lines that communicate")
+    st.dataframe(
+        [
+            {
+                "line": c.site,
+                "calls": ", ".join(c.ops),
+                "ranks": ", ".join(map(str, c.ranks)),
+                "times called": c.calls,
+                f"time in the calls, {unit}": round(c.seconds * scale, 3),
+            }
+            for c in lines
+        ],
+        hide_index=True,
+    )
+    st.caption(f"Each send, receive and collective at the line that called it ({lines[0].call_site}, ...).")

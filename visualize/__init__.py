@@ -83,8 +83,10 @@ from ._timeline import lanes as lanes
 from ._timeline import messages_by_step as messages_by_step
 from ._timeline import timeline as timeline
 from ._topologies import topology_choices as topology_choices
+from ._traces import CallLine as CallLine
 from ._traces import LoadedTraces as LoadedTraces
 from ._traces import TraceSummary as TraceSummary
+from ._traces import call_lines as call_lines
 from ._traces import load_traces as load_traces
 from ._traces import summarize as summarize
 from ._traces import trace_clock as trace_clock
@@ -93,6 +95,7 @@ from ._traces import trace_figure as trace_figure
 __all__ = [
     "Arrow",
     "Blocked",
+    "CallLine",
     "CONSTANTS",
     "CodeResult",
     "GradeResult",
@@ -121,6 +124,7 @@ __all__ = [
     "bubblewrap",
     "buffer_figure",
     "buffer_table",
+    "call_lines",
     "chunk_colors",
     "code_allowed",
     "coincident",

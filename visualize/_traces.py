@@ -19,7 +19,16 @@ from ._figures import timeline_figure
 from ._graph import world_of
 from ._timeline import timeline
 
-__all__ = ["TraceSummary", "LoadedTraces", "trace_clock", "summarize", "load_traces", "trace_figure"]
+__all__ = [
+    "CallLine",
+    "TraceSummary",
+    "LoadedTraces",
+    "call_lines",
+    "trace_clock",
+    "summarize",
+    "load_traces",
+    "trace_figure",
+]
 
 
 def trace_clock(trace: Trace) -> str:
@@ -106,6 +115,70 @@ def summarize(trace: Trace) -> TraceSummary:
         messages = sum(1 for e in trace.events if e.kind == "send")
     ranks = max(world_of(trace), int(trace.meta.get("world_size") or 0))
     return TraceSummary(clock, ranks, len(colls), messages, trace.duration())
+
+
+@dataclass(frozen=True)
+class CallLine:
+    """One line of the program that communicated, as a trace saw it.
+
+    Attributes:
+        site: the file's name and line (``'train.py:12'``); ``call_site`` the full ``path:line``.
+        ops: the operations called there (``'recv'``, ``'all_reduce'``, ...), sorted.
+        ranks: the ranks that called them there, sorted.
+        calls: how many calls (a collective counts once per rank).
+        seconds: the time the calls took from start to end, summed over ranks (virtual or real, as the trace's).
+    """
+
+    site: str
+    call_site: str
+    ops: tuple[str, ...]
+    ranks: tuple[int, ...]
+    calls: int
+    seconds: float
+
+
+CALL_KINDS = ("collective", "send", "recv")
+"""The kinds of events that are a rank's own calls (a message is the traffic of one)."""
+
+
+def call_lines(trace: Trace) -> list[CallLine]:
+    """The program's lines that called communication in ``trace``, the ones that took longest first.
+
+    Each send, receive and collective a rank called is counted at its call site, the user's line
+    (a script's own lines for ``simdist run --backend sim --trace``).
+
+    Args:
+        trace: a ``simdist.Trace``.
+
+    Returns:
+        One :class:`CallLine` per call site; calls without a site are left out.
+
+    Example:
+        >>> from simdist.visualize import call_lines, collective_run
+        >>> line = call_lines(collective_run("all_reduce", "ring", 4, 64).trace)[0]
+        >>> line.ops, line.ranks, line.calls
+        (('all_reduce',), (0, 1, 2, 3), 4)
+    """
+    found: dict[str, dict[str, Any]] = {}
+    for e in trace.events:
+        if e.kind not in CALL_KINDS or not e.call_site:
+            continue
+        line = found.setdefault(e.call_site, {"ops": set(), "ranks": set(), "calls": 0, "seconds": 0.0})
+        line["ops"].add(e.op)
+        line["ranks"].add(e.rank)
+        line["calls"] += 1
+        line["seconds"] += max(e.t_end - e.t_start, 0.0)
+    lines = [
+        CallLine(_short(site), site, tuple(sorted(v["ops"])), tuple(sorted(v["ranks"])), v["calls"], v["seconds"])
+        for site, v in found.items()
+    ]
+    return sorted(lines, key=lambda c: (-c.seconds, c.call_site))
+
+
+def _short(call_site: str) -> str:
+    """``'train.py:12'`` of ``'/any/folder/train.py:12'``."""
+    path, _, line = call_site.rpartition(":")
+    return f"{path.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}"
 
 
 @dataclass(frozen=True)

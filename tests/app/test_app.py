@@ -246,6 +246,17 @@ def test_traces_page_offers_downloads_and_shows_a_timeline():
     ok(at)
     assert int(metric(at, "events")) > 0 and metric(at, "clock") == "virtual"
     assert int(metric(at, "messages")) == 7 * 8  # ring all_gather: p - 1 steps of p messages
+    markdown = " ".join(m.value for m in at.markdown)
+    assert "simdist run --backend sim --nproc-per-node 4 --trace run.json train.py" in markdown
+    (calls,) = at.dataframe
+    assert list(calls.value["times called"]) == [8]  # the all_gather, once per rank, at the line that called it
+
+
+def test_the_deadlock_lab_says_how_to_test_and_trace_a_script_of_ones_own():
+    at = page("deadlocks")
+    ok(at)
+    markdown = " ".join(m.value for m in at.markdown)
+    assert "simdist test --nproc-per-node 4 train.py" in markdown and "--trace run.json" in markdown
 
 
 @pytest.fixture

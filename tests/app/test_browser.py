@@ -13,6 +13,7 @@ or Playwright is missing. ``$SIMDIST_CHROMIUM`` names another Chromium executabl
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -68,15 +69,23 @@ def test_every_page_renders_without_an_exception(app_url, chromium_path, tmp_pat
 
 
 @pytest.mark.timeout(180)
-def test_traces_page_shows_an_uploaded_trace(app_url, chromium_path, tmp_path):
-    """The one widget AppTest cannot drive: a simdist trace file uploaded through the browser."""
+def test_traces_page_shows_an_uploaded_trace_of_a_script_at_its_own_lines(app_url, chromium_path, tmp_path):
+    """The one widget AppTest cannot drive: a trace file uploaded through the browser, here the one
+    ``simdist run --backend sim --trace`` wrote for a torchrun script."""
     from playwright.sync_api import sync_playwright
 
-    import simdist as dist
+    from simdist.launch import run
 
-    res = dist.simulate(_two_rank_all_reduce, 2, seed=0)
-    good = tmp_path / "run.trace.json"
-    good.write_text(res.trace.to_json())
+    (tmp_path / "two_ranks.py").write_text(TWO_RANKS)
+    good = tmp_path / "run.json"
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        args = ["--backend", "sim", "--nproc-per-node", "2", "--isolation", "threads", "--trace", str(good)]
+        assert run.main([*args, "two_ranks.py"]) == 0
+    finally:
+        os.chdir(cwd)
+    events = len(json.loads(good.read_text())["events"])
     bad = tmp_path / "not_a_trace.json"
     bad.write_text('{"hello": 1}')
     with sync_playwright() as pw:
@@ -91,10 +100,13 @@ def test_traces_page_shows_an_uploaded_trace(app_url, chromium_path, tmp_path):
             _wait_for_run(page)
             upload = page.locator('[data-testid="stFileUploaderDropzoneInput"]')
             upload.set_input_files(str(good))
-            page.get_by_text(f"{len(res.trace)}", exact=True).wait_for(timeout=RUN_TIMEOUT_MS)
+            page.get_by_text(f"{events}", exact=True).wait_for(timeout=RUN_TIMEOUT_MS)
             _wait_for_run(page)
             assert page.locator('[data-testid="stException"]').count() == 0
+            page.get_by_text("The program's lines that communicate").wait_for(timeout=RUN_TIMEOUT_MS)
+            shown = page.locator('[data-testid="stDataFrame"]').inner_text(timeout=RUN_TIMEOUT_MS)
             page.screenshot(path=str(tmp_path / "uploaded.png"), full_page=True)
+            assert page.get_by_text(str(tmp_path / "two_ranks.py:"), exact=False).count() >= 1, shown
             upload.set_input_files(str(bad))
             page.get_by_text("was left out: it is JSON but not a simdist trace", exact=False).wait_for(
                 timeout=RUN_TIMEOUT_MS
@@ -104,12 +116,14 @@ def test_traces_page_shows_an_uploaded_trace(app_url, chromium_path, tmp_path):
             browser.close()
 
 
-def _two_rank_all_reduce(rank):
-    import torch
-
-    import simdist as dist
-
-    dist.init_process_group("gloo")
-    t = torch.ones(3)
-    dist.all_reduce(t)
-    dist.destroy_process_group()
+TWO_RANKS = """\
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(3)
+dist.all_reduce(t)
+if dist.get_rank() == 0:
+    dist.send(t, dst=1)
+else:
+    dist.recv(t, src=0)
+dist.destroy_process_group()
+"""
