@@ -23,7 +23,9 @@ __all__ = ["SimGroup", "SimWorld", "SimWork"]
 
 
 class SimWork(Work):
-    """A work in the simulator; ``wait`` is a scheduling point.
+    """A work in the simulator; ``wait`` is a scheduling point until the rank has seen the work complete (a
+    ``wait`` returned, or ``is_completed()`` answered ``True``); then it returns at once, as in a rank's own
+    process, which knows its work completed.
 
     ``check`` is the buffer check of an asynchronous send or receive (see :mod:`._buffers`):
     settled when the rank learns the operation has completed, at ``wait()`` or at an
@@ -39,6 +41,7 @@ class SimWork(Work):
         self.outs = outputs
         self.key = None
         self.check = check
+        self.seen_done = False  # the rank knows it completed: a wait() returned, or is_completed() said so
         if track:
             engine = group.engine
             engine.works_made += 1
@@ -53,7 +56,9 @@ class SimWork(Work):
         engine, me = self.group.engine, self.group.me
         if self.key is not None:
             engine.unwaited.pop(self.key, None)
-        engine.wait(me, [self.item], self.what, None if timeout is None else me.clock + timeout)
+        if not self.seen_done:
+            engine.wait(me, [self.item], self.what, None if timeout is None else me.clock + timeout)
+            self.seen_done = True
         if self.check is not None:
             self._settle("wait()")
         return True
@@ -61,6 +66,7 @@ class SimWork(Work):
     def is_completed(self) -> bool:
         if self.check is not None and self.item.done and self.group.engine.current is self.group.me:
             self._settle("is_completed()")
+        self.seen_done = self.seen_done or self.item.done
         return self.item.done
 
     @library_call

@@ -119,6 +119,42 @@ def test_the_same_run_in_both_modes(seed):
     assert a.points == b.points and a.leaks == b.leaks
 
 
+def torch_arrivals(rank: int):
+    """Through torch.distributed: any-source receives (torch asks each work its source after waiting), a work polled
+    with is_completed() and a work waited twice."""
+    import torch.distributed as tdist
+
+    tdist.init_process_group("gloo")
+    world = tdist.get_world_size()
+    if rank == 0:
+        got = []
+        for _ in range(world - 1):
+            t = torch.zeros(1)
+            got.append(tdist.recv(t))
+        work = tdist.irecv(torch.zeros(1), src=1, tag=5)
+        for _ in range(3):  # polling is no scheduling point: rank 1 cannot send meanwhile
+            work.is_completed()
+        work.wait()
+        work.wait()
+        return got
+    tdist.send(torch.tensor([float(rank)]), dst=0)
+    if rank == 1:
+        sent = tdist.isend(torch.ones(1), dst=0, tag=5)
+        sent.wait()
+        sent.wait()
+    tdist.destroy_process_group()
+    return None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_torch_distributed_program_makes_the_same_choices_in_both_modes(seed):
+    """A wait on a work the rank already saw complete is no scheduling point in either mode (a rank process knows
+    its work completed), so torch's any-source receive, which asks its source after waiting, schedules alike."""
+    a, b = (simdist.simulate(torch_arrivals, 4, seed=seed, isolation=m, leaks="ignore") for m in MODES)
+    assert a.values == b.values and a.choices == b.choices and a.option_counts == b.option_counts
+    assert a.trace.to_json() == b.trace.to_json() and a.points == b.points
+
+
 @pytest.mark.parametrize(
     "program,world,error",
     [
