@@ -302,10 +302,20 @@ def explore_script(
 
     Args:
         path: the script (with ``module``, a module's name).
-        nprocs: ranks per node; ``nnodes``: nodes.
+        nprocs: ranks per node.
         args: the script's arguments (strs).
-        module, launch, workdir: as for :func:`run_script`.
-        strategy, max_runs, depth, seed, progress, preemption_bound, reduction, check: as for :func:`explore`.
+        nnodes: nodes (the world is ``nprocs * nnodes`` ranks).
+        module: ``path`` is a module's name.
+        launch: ``'auto'``, ``'torchrun'`` or ``'spawn'``, as for :func:`run_script`.
+        workdir: the folder whose copy every run starts in (default: the current directory).
+        strategy: ``'pct'`` (default), ``'random'`` or ``'exhaustive'``, as for :func:`explore`.
+        max_runs: the most runs (default 100, or ``--simdist-max-schedules``).
+        depth: PCT's depth.
+        seed: the exploration's seed.
+        progress: draw a progress line on stderr (default: when stderr is a terminal).
+        preemption_bound: with ``'exhaustive'``, the most non-zero choices per schedule.
+        reduction: with ``'exhaustive'``, skip reorderings of independent steps.
+        check: ``check(values)`` after each run, in the run's folder; raising or returning ``False`` fails it.
         options: :func:`simdist.simulate`'s keyword arguments; here ranks are processes unless
             ``isolation='threads'`` (or where the system has no pidfd), and their output is kept as their values.
 
