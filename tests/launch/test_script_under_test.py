@@ -269,3 +269,41 @@ def test_a_script_that_starts_its_own_ranks_is_seeded_replayed_and_explored(tmp_
         assert "arrival order" in capfd.readouterr().err
     trace = simdist.Trace.load(tmp_path / "spawned.json")
     assert {e.rank for e in trace.events} == {0, 1, 2} and trace.meta["schedule"] == token
+
+
+@pytest.mark.timeout(120)
+def test_simdist_test_draws_a_progress_line_on_a_terminal_and_none_in_a_pipe(tmp_path):
+    import pty
+
+    _script(tmp_path, FIXED, "fixed.py")
+    argv = [
+        _console_script(),
+        "test",
+        "--nproc-per-node",
+        "2",
+        "--schedules",
+        "20",
+        "--isolation",
+        "threads",
+        "fixed.py",
+    ]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the command on the terminal
+        os.chdir(tmp_path)
+        os.execv(argv[0], argv)
+    said = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # the terminal closed with the child
+            break
+        if not chunk:
+            break
+        said += chunk
+    os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    text = said.decode()
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    assert "\rsimdist explore: 20/20 runs" in text and "simdist test: 20 runs (pct)" in text, text
+    piped = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=100)
+    assert piped.returncode == 0 and "\r" not in piped.stdout + piped.stderr
