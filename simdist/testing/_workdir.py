@@ -7,7 +7,10 @@ made once, and before each run :meth:`Scratch.reset` puts back what the last run
 entry with what the copy held (for a file its inode, size, modification and change times: writing a file
 always changes its change time, which no program can set), deletes what was added, and copies back from the
 folder only what was changed or removed. Symbolic links are copied as links (what they point to outside the
-copy is not copied, so writes through them are not undone); sockets and pipes are left out.
+copy is not copied, so writes through them are not undone); sockets and pipes are left out. Folders that a
+training run reads but does not write, and that are often large, are linked instead of copied (:data:`LINKED`:
+a git repository's ``.git``, a virtual environment, caches of tools), so a run started at the root of a project
+finds them where they were.
 """
 
 from __future__ import annotations
@@ -24,12 +27,24 @@ MAX_FILES = 20_000
 """The most entries a folder may hold to be copied for the runs of a script."""
 MAX_BYTES = 1 << 30
 """The most bytes (1 GiB) its files may hold."""
+LINKED = (".git", ".hg", ".svn", "node_modules", "__pycache__", ".tox", ".nox", ".mypy_cache", ".pytest_cache",
+          ".ruff_cache", ".ipynb_checkpoints")  # fmt: skip
+"""The folders linked, not copied (and any folder holding a ``pyvenv.cfg``: a virtual environment)."""
+
+
+def _linked(folder: str, name: str) -> bool:
+    """Whether the folder ``name`` of ``folder`` is one of those linked, not copied."""
+    path = os.path.join(folder, name)
+    if os.path.islink(path) or not os.path.isdir(path):
+        return False
+    return name in LINKED or os.path.isfile(os.path.join(path, "pyvenv.cfg"))
 
 
 def _measure(folder: str) -> tuple[int, int]:
     """``(entries, bytes of regular files)`` below ``folder``, links not followed; stops counting past the limits."""
     entries = size = 0
     for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not _linked(root, d)]
         entries += len(dirs) + len(files)
         for name in files:
             try:
@@ -64,10 +79,14 @@ def _scan(top: str) -> dict[str, tuple]:
     return found
 
 
-def _special(folder: str, names: list[str]) -> list[str]:
-    """The entries of ``folder`` that are neither files, folders nor links (sockets, pipes, devices): not copied."""
+def _left_out(folder: str, names: list[str]) -> list[str]:
+    """The entries of ``folder`` not copied: those linked instead, and those neither files, folders nor links
+    (sockets, pipes, devices)."""
     left_out = []
     for name in names:
+        if _linked(folder, name):
+            left_out.append(name)
+            continue
         try:
             mode = os.lstat(os.path.join(folder, name)).st_mode
         except OSError:
@@ -112,7 +131,12 @@ class Scratch:
         self.root = tempfile.mkdtemp(prefix="simdist-runs-")
         self.path = os.path.join(self.root, os.path.basename(source) or "work")
         try:
-            shutil.copytree(source, self.path, symlinks=True, ignore=_special)
+            shutil.copytree(source, self.path, symlinks=True, ignore=_left_out)
+            for root, dirs, _ in os.walk(source):
+                for name in [d for d in dirs if _linked(root, d)]:
+                    origin = os.path.join(root, name)
+                    os.symlink(origin, os.path.join(self.path, os.path.relpath(origin, source)))
+                dirs[:] = [d for d in dirs if not _linked(root, d)]
         except BaseException:
             shutil.rmtree(self.root, ignore_errors=True)
             raise

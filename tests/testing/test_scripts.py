@@ -136,9 +136,15 @@ def test_a_scratch_copy_is_put_back_as_it_was_before_each_run(tmp_path, monkeypa
     (source / "keep.txt").write_text("keep")
     (source / "link").symlink_to("data/x.txt")
     os.mkfifo(source / "pipe")  # not copied (reading it would block)
+    (source / ".git" / "objects").mkdir(parents=True)  # linked, not copied: a run reads it, does not write it
+    (source / "venv").mkdir()
+    (source / "venv" / "pyvenv.cfg").write_text("home = /usr/bin")
+    for i in range(5):
+        (source / ".git" / "objects" / f"o{i}").write_text("o")
     with Scratch(source) as scratch:
         copy = Path(scratch.path)
-        assert copy.name == "job" and sorted(os.listdir(copy)) == ["data", "keep.txt", "link"]
+        assert copy.name == "job" and sorted(os.listdir(copy)) == [".git", "data", "keep.txt", "link", "venv"]
+        assert os.readlink(copy / ".git") == str(source / ".git") and (copy / "venv").is_symlink()
         (copy / "keep.txt").write_text("changed")
         (copy / "data" / "x.txt").unlink()
         (copy / "ckpt").mkdir()
@@ -147,13 +153,15 @@ def test_a_scratch_copy_is_put_back_as_it_was_before_each_run(tmp_path, monkeypa
         os.unlink(copy / "link")
         os.symlink("keep.txt", copy / "link")
         scratch.reset()
-        assert sorted(os.listdir(copy)) == ["data", "keep.txt", "link"]
+        assert sorted(os.listdir(copy)) == [".git", "data", "keep.txt", "link", "venv"]
         assert (copy / "keep.txt").read_text() == "keep" and (copy / "data" / "x.txt").read_text() == "x"
         assert os.readlink(copy / "link") == "data/x.txt"
         same = (copy / "keep.txt").stat().st_ino
         scratch.reset()  # nothing changed: nothing copied again
         assert (copy / "keep.txt").stat().st_ino == same
     assert not copy.exists() and (source / "keep.txt").read_text() == "keep"
+    monkeypatch.setattr("simdist.testing._workdir.MAX_FILES", 6)  # the 7 entries of .git are not counted
+    Scratch(source).close()
     monkeypatch.setattr("simdist.testing._workdir.MAX_FILES", 3)
     with pytest.raises(ValueError, match=r"workdir=.*job' holds more than 3 entries"):
         Scratch(source)
