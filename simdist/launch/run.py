@@ -386,8 +386,12 @@ def _check(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if opts.no_python and opts.backend == "sim":
         parser.error("--no-python is supported with the process backends only: a simulated rank runs Python")
     if opts.module:
-        if _module_spec(opts.script) is None:
-            parser.error(f"-m {opts.script}: no module named {opts.script!r} (looked up as python -m does)")
+        from simdist.testing._script import module_file
+
+        try:
+            module_file(opts.script)
+        except ValueError as exc:
+            parser.error(str(exc))
     elif opts.no_python:
         if shutil.which(opts.script) is None:
             parser.error(f"--no-python: {opts.script!r} is not an executable file or a command on PATH")
@@ -473,22 +477,6 @@ def _check_token(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> N
     name = opts.script if opts.module else os.path.basename(opts.script)
     if parts.script is not None and parts.script != name:
         parser.error(f"--replay {token!r} was made for the script {parts.script!r}, not for {name!r}")
-
-
-def _module_spec(name: str) -> Any:
-    """The spec ``python -m name`` would run (the working folder first on ``sys.path``), or ``None``."""
-    import importlib.util
-
-    sys.path.insert(0, os.getcwd())
-    try:
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.submodule_search_locations is not None:  # a package: its __main__
-            spec = importlib.util.find_spec(f"{name}.__main__")
-        return spec
-    except (ImportError, ValueError):
-        return None
-    finally:
-        sys.path.remove(os.getcwd())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -40,6 +40,7 @@ __all__ = [
     "ScriptProgram",
     "ScriptRank",
     "default_isolation",
+    "module_file",
     "script_defaults",
     "spawn_line",
 ]
@@ -236,7 +237,7 @@ class Script:
         if isinstance(args, (str, bytes)) or not all(isinstance(a, str) for a in args):
             raise TypeError(f"args={args!r:.80} must be a sequence of str (the script's sys.argv[1:])")
         if module:
-            path = _module_file(os.fspath(script))
+            path = module_file(os.fspath(script))
             target = os.fspath(script)
         else:
             target = path = os.path.abspath(os.fspath(script))
@@ -287,7 +288,7 @@ class Script:
             sys.stdout.flush()
 
 
-def _module_file(name: str) -> str:
+def module_file(name: str) -> str:
     """The file ``python -m name`` runs (the working folder first on ``sys.path``); ``ValueError`` when there is none."""
     import importlib.util
 

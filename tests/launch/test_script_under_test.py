@@ -17,31 +17,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from scripts_under_test import FIXED, RACE
 from test_run_cli import _console_script
 
 import simdist
 from simdist.launch import run
 from simdist.launch._test_command import main as simdist_test
 
-# Rank 0 receives from any source and assumes the messages come in rank order: a schedule-dependent bug.
-RACE = """\
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-r, w = dist.get_rank(), dist.get_world_size()
-if r == 0:
-    got = []
-    for _ in range(w - 1):
-        t = torch.zeros(1); dist.recv(t); got.append(int(t.item()))
-    assert got == sorted(got), f"arrival order {got}"
-    print("order ok", got)
-else:
-    dist.send(torch.tensor([float(r)]), dst=0)
-dist.destroy_process_group()
-"""
-
-FIXED = RACE.replace("for _ in range(w - 1):", "for src in range(1, w):").replace(
-    "dist.recv(t)", "dist.recv(t, src=src)"
-)
 
 # Each rank saves a checkpoint in the working directory and refuses to start where one is left: a run that sees
 # another run's files fails.

@@ -11,31 +11,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from scripts_under_test import FIXED, RACE
 
 import simdist
 import simdist.testing as sdt
 from simdist.testing._workdir import Scratch
 
 pytest_plugins = ["pytester"]
-
-RACE = """\
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-r, w = dist.get_rank(), dist.get_world_size()
-if r == 0:
-    got = []
-    for _ in range(w - 1):
-        t = torch.zeros(1); dist.recv(t); got.append(int(t.item()))
-    assert got == sorted(got), f"arrival order {got}"
-    print("order ok", got)
-else:
-    dist.send(torch.tensor([float(r)]), dst=0)
-dist.destroy_process_group()
-"""
-
-FIXED = RACE.replace("for _ in range(w - 1):", "for src in range(1, w):").replace(
-    "dist.recv(t)", "dist.recv(t, src=src)"
-)
 
 # Each rank says who it is, in which process, and what it wrote; rank 1 ends with sys.exit(0), as scripts do.
 WHO = """\
