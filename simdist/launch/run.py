@@ -240,8 +240,12 @@ def _parser(prog: str = "simdist run") -> argparse.ArgumentParser:
         "--no-cuda-as-cpu: the ranks see this machine's own torch.cuda, as under torchrun here (a script that "
         "takes a GPU branch when torch.cuda.is_available() then takes the CPU one)",
     )
-    _schedule_flags(p, test=prog == "simdist test")
+    _schedule_flags(p, test=test)
     _torchrun_flags(p)
+    if test:  # taken (a process backend's, refused), not shown: simdist test runs on simulated ranks only
+        for action in p._actions:
+            if action.dest in PROCESS_ONLY:
+                action.help = argparse.SUPPRESS
     p.add_argument("script", nargs="?", help="the Python script to run (by every rank, or once: see --launch)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script (sys.argv[1:])")
     return p
@@ -418,6 +422,17 @@ def _check(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
 
 SIM_FLAGS = ("seed", "strategy", "replay", "trace", "detail", "topology")
+PROCESS_ONLY = (
+    "backend",
+    "log_dir",
+    "store_port",
+    "no_python",
+    "redirects",
+    "tee",
+    "local_ranks_filter",
+    "virtual_local_rank",
+)
+"""The flags (by their ``opts`` name) that only process backends take: ``simdist test``'s help leaves them out."""
 """The flags (by their ``opts`` name) that only the simulator takes."""
 
 
