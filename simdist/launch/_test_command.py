@@ -33,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     passed, 1 on a failure (after its report), 2 on a usage error."""
     from simdist.core import DistError
     from simdist.testing._explore import Plan, explore_program
+    from simdist.testing._run import NondeterminismError
     from simdist.testing._script import ScriptProgram
     from simdist.testing._workdir import Scratch
 
@@ -69,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         program = ScriptProgram.of(script, options, check, files)
         try:
             summary = explore_program(program, plan)
+        except NondeterminismError as err:  # a failure whose replay did not fail the same way: no command replays it
+            sys.stderr.write(f"simdist test: a run failed, and its replay did not fail the same way: {err}\n")
+            return 1
         except DistError as err:
             if err.schedule is None:
                 raise
