@@ -289,3 +289,29 @@ def test_simdist_test_draws_a_progress_line_on_a_terminal_and_none_in_a_pipe(tmp
     assert "\rsimdist explore: 20/20 runs" in text and "simdist test: 20 runs (pct)" in text, text
     piped = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=100)
     assert piped.returncode == 0 and "\r" not in piped.stdout + piped.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_failure_that_does_not_replay_is_reported_as_such(tmp_path, monkeypatch, capfd):
+    """The script fails on its first run only, keeping count in a file outside the folder the runs start in."""
+    count = tmp_path / "outside" / "runs"
+    count.parent.mkdir()
+    job = tmp_path / "job"
+    job.mkdir()
+    _script(job, FIRST_RUN_FAILS.replace("COUNT", repr(str(count))), "once.py")
+    monkeypatch.chdir(job)
+    assert simdist_test(["--nproc-per-node", "2", "--isolation", "threads", "once.py"]) == 1
+    err = capfd.readouterr().err
+    assert "a run failed, and its replay did not fail the same way" in err and "depends on state outside" in err, err
+    assert "replay it:" not in err
+
+
+FIRST_RUN_FAILS = """\
+import os, torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 0:
+    runs = int(open(COUNT).read()) if os.path.exists(COUNT) else 0
+    open(COUNT, "w").write(str(runs + 1))
+    assert runs > 0, "the first run fails"
+dist.destroy_process_group()
+"""
