@@ -57,7 +57,7 @@ st.caption(summary.note)
 st.plotly_chart(V.trace_figure(trace), key="uploaded_timeline")
 lines = V.call_lines(trace)
 if lines:
-    unit = "µs (virtual)" if summary.clock == "virtual" else "ms (wall clock)"
+    unit = "µs" if summary.clock == "virtual" else "ms"  # (the clock: the metric above)
     scale = 1e6 if summary.clock == "virtual" else 1e3
     st.subheader("The program's lines that communicate")
     st.dataframe(

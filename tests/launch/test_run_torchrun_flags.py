@@ -25,6 +25,7 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 keys = ("ROLE_NAME", "GROUP_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "ROLE_RANK")
 print("launched", dist.is_torchelastic_launched(), *(os.environ[k] for k in keys), sys.argv[1:], flush=True)
+dist.barrier()  # no rank leaves while another is still connecting (gloo's connectFullMesh fails then, under load)
 dist.destroy_process_group()
 """
 
