@@ -252,6 +252,7 @@ def _unshare() -> None:
     py, npy, th, stdout, environ, stderr = _shared.saved
     _shared.saved = None
     os.environ = environ  # noqa: B003 - the real mapping again
+    _restore_c_environment(environ)
     random.setstate(py)
     np.random.set_state(npy)
     torch.set_rng_state(th)
@@ -544,13 +545,30 @@ def pin_thread(core: int | None) -> None:
         _local.core = core
 
 
+_WRITTEN: set[str] = set()
+"""Variables rank threads set in the C environment while simulations run (put back when the last ends)."""
+
+
+def _restore_c_environment(real: MutableMapping) -> None:
+    """Put the C environment's variables that ranks set back to what the real ``os.environ`` holds."""
+    for key in _WRITTEN:
+        value = real.get(key)
+        if value is None:
+            os.unsetenv(key)
+        else:
+            os.putenv(key, value)
+    _WRITTEN.clear()
+
+
 class _Environ(MutableMapping):
     """``os.environ`` while simulations run: each rank thread sees and edits its own copy.
 
     A rank's copy is the environment as it was when its run started. Any other thread (a
     caller, threads a rank starts) sees and edits the real environment. Only Python-level
-    reads see a rank's copy: C code calling ``getenv`` and subprocesses started without
-    ``env=`` see the process environment.
+    reads see a rank's copy: subprocesses started without ``env=`` see the process environment.
+    A variable a rank sets is also set in the process's C environment, which C code reads with
+    ``getenv`` (inductor's compiled modules read there what torch's Python sets): the rank threads
+    of a process share that one, and it is put back when the last simulation ends.
     """
 
     def __init__(self, real: MutableMapping) -> None:
@@ -564,7 +582,11 @@ class _Environ(MutableMapping):
         return self._env()[key]
 
     def __setitem__(self, key: str, value: str) -> None:
-        self._env()[key] = value
+        env = self._env()
+        env[key] = value
+        if env is not self.real:
+            os.putenv(key, value)
+            _WRITTEN.add(key)
 
     def __delitem__(self, key: str) -> None:
         del self._env()[key]

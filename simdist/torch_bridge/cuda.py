@@ -48,6 +48,7 @@ Touch points, the same in torch 2.13 and 2.14 (``simdist.torch_bridge.versions.T
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 import threading
@@ -58,7 +59,9 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+
+from .gpu_memory import PROPERTIES, Placed
 
 __all__ = [
     "ACCELERATOR",
@@ -104,6 +107,8 @@ class _Gpus:
         self.defaults: dict[int, Stream] = {}
         self.streams: dict[int, Stream] = {}
         self.stream_ids = itertools.count(1)  # per thread, as in a process of its own
+        self.placed = Placed(count)
+        self.nvtx_depth = 0
 
     def names_gpu(self, device: Any) -> bool:
         """Whether ``device`` is a GPU spelling: an int, a 'cuda...' string or a cuda torch.device."""
@@ -140,6 +145,15 @@ class _Gpus:
                 "simdist.simulate(..., gpus_per_node=N))"
             )
         return i
+
+    def gpu_named(self, device: Any) -> int | None:
+        """The GPU ``device`` names (unchecked; ``None`` for another device, such as the CPU)."""
+        if not self.names_gpu(device) or isinstance(device, bool):
+            return None
+        if isinstance(device, int):
+            return device if 0 <= device < self.count else None
+        index = torch.device(device).index
+        return self.current if index is None else index if 0 <= index < self.count else None
 
     def cpu(self, device: Any, call: str) -> Any:
         """``device`` with a GPU (checked) replaced by the CPU; any other device unchanged."""
@@ -422,6 +436,97 @@ def _current_accelerator(check_available: bool = False) -> torch.device:
     return torch.device("cuda")
 
 
+def _memory(call: str) -> Callable[..., Any]:
+    """A ``torch.cuda`` memory statistic of one GPU: ``read(memory)`` of the GPU ``device`` names (the current one)."""
+
+    def read_of(read: Callable[[Any], Any]) -> Callable[..., Any]:
+        def statistic(device: Any = None) -> Any:
+            gpus = _here(call)
+            return read(gpus.placed.memories[gpus.index(device, f"{call}(device=...)")])
+
+        statistic.__name__ = call.rsplit(".", 1)[-1]
+        return statistic
+
+    return read_of
+
+
+def _reset_peak(memory: Any) -> None:
+    memory.reset_peak()
+
+
+def _reset_accumulated(memory: Any) -> None:
+    memory.allocated = memory.freed = memory.allocations = memory.frees = 0
+
+
+def _empty_cache() -> None:
+    for memory in _here("torch.cuda.empty_cache").placed.memories:
+        memory.empty_cache()
+
+
+def _get_device_properties(device: Any = None) -> Any:
+    index = _here("torch.cuda.get_device_properties").index(device, "torch.cuda.get_device_properties(device=...)")
+    return dataclasses.replace(PROPERTIES, name=f"simdist simulated GPU {index} (CPU)")
+
+
+def _get_device_capability(device: Any = None) -> tuple[int, int]:
+    _here("torch.cuda.get_device_capability").index(device, "torch.cuda.get_device_capability(device=...)")
+    return PROPERTIES.major, PROPERTIES.minor
+
+
+def _range_push(msg: str) -> int:
+    gpus = _here("torch.cuda.nvtx.range_push")
+    gpus.nvtx_depth += 1
+    return gpus.nvtx_depth - 1
+
+
+def _range_pop() -> int:
+    gpus = _here("torch.cuda.nvtx.range_pop")
+    if gpus.nvtx_depth == 0:
+        return -1
+    gpus.nvtx_depth -= 1
+    return gpus.nvtx_depth
+
+
+def _zero(*args: Any, **kwargs: Any) -> int:
+    return 0
+
+
+@contextmanager
+def _nvtx_range(msg: str, *args: Any, **kwargs: Any) -> Iterator[None]:
+    _range_push(msg)
+    try:
+        yield
+    finally:
+        _range_pop()
+
+
+MEMORY: dict[str, Any] = {
+    "memory_allocated": _memory("torch.cuda.memory_allocated")(lambda m: m.current),
+    "max_memory_allocated": _memory("torch.cuda.max_memory_allocated")(lambda m: m.peak),
+    "memory_reserved": _memory("torch.cuda.memory_reserved")(lambda m: m.reserved),
+    "max_memory_reserved": _memory("torch.cuda.max_memory_reserved")(lambda m: m.peak_reserved),
+    "memory_cached": _memory("torch.cuda.memory_cached")(lambda m: m.reserved),
+    "max_memory_cached": _memory("torch.cuda.max_memory_cached")(lambda m: m.peak_reserved),
+    "reset_peak_memory_stats": _memory("torch.cuda.reset_peak_memory_stats")(_reset_peak),
+    "reset_max_memory_allocated": _memory("torch.cuda.reset_max_memory_allocated")(_reset_peak),
+    "reset_max_memory_cached": _memory("torch.cuda.reset_max_memory_cached")(_reset_peak),
+    "reset_accumulated_memory_stats": _memory("torch.cuda.reset_accumulated_memory_stats")(_reset_accumulated),
+    "memory_stats": _memory("torch.cuda.memory_stats")(lambda m: m.stats()),
+    "mem_get_info": _memory("torch.cuda.mem_get_info")(lambda m: (max(0, m.capacity - m.reserved), m.capacity)),
+}
+"""The memory statistics of ``torch.cuda`` (and, but for ``mem_get_info``, of ``torch.accelerator``) on simulated GPUs."""
+
+NVTX: dict[str, Any] = {
+    "range_push": _range_push,
+    "range_pop": _range_pop,
+    "range_start": _zero,
+    "range_end": _nothing,
+    "mark": _nothing,
+    "range": _nvtx_range,
+}
+"""What ``torch.cuda.nvtx.<name>`` is in a thread with simulated GPUs: ranges that mark nothing (no profiler sees them)."""
+
+
 CUDA: dict[str, Any] = {
     "is_available": _true,
     "is_initialized": _true,
@@ -450,8 +555,11 @@ CUDA: dict[str, Any] = {
     "get_rng_state_all": _get_rng_state_all,
     "set_rng_state_all": _set_rng_state_all,
     "initial_seed": _initial_seed,
-    "empty_cache": _nothing,
+    "empty_cache": _empty_cache,
     "is_bf16_supported": _true,
+    "get_device_properties": _get_device_properties,
+    "get_device_capability": _get_device_capability,
+    **MEMORY,
 }
 """What ``torch.cuda.<name>`` is in a thread with simulated GPUs (docs/gpu-scripts.md explains each)."""
 
@@ -467,7 +575,10 @@ ACCELERATOR: dict[str, Any] = {
     "synchronize": _synchronize,
     "current_stream": _current_stream,
     "set_stream": _set_stream,
-    "empty_cache": _nothing,
+    "empty_cache": _empty_cache,
+    **{name: MEMORY[name] for name in MEMORY if name not in ("mem_get_info", "memory_cached", "max_memory_cached")
+       and not name.startswith("reset_max")},
+    "get_memory_info": MEMORY["mem_get_info"],
 }
 """What ``torch.accelerator.<name>`` is in a thread with simulated GPUs."""
 
@@ -528,12 +639,13 @@ class _ThreadModule(types.ModuleType):
     with ``_``, it is the real module: reads, writes and submodule imports go to it.
     """
 
-    def __init__(self, real: types.ModuleType, table: dict[str, Any]):
+    def __init__(self, real: types.ModuleType, table: dict[str, Any], modules: dict[str, "_ThreadModule"] | None = None):
         super().__init__(real.__name__)
         for key in ("__doc__", "__package__", "__loader__", "__spec__", "__path__", "__file__"):
             if hasattr(real, key):
                 self.__dict__[key] = getattr(real, key)
         self.__dict__.update(_simdist_real=real, _simdist_table=table, _simdist_names={})
+        self.__dict__.update(modules or {})  # submodules with stand-ins of their own (torch.cuda.nvtx)
 
     def __getattr__(self, name: str) -> Any:
         real = self.__dict__["_simdist_real"]
@@ -594,17 +706,30 @@ class _OnCpu(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        gpus = self.gpus
+        gpu = gpus.placed.gpu_of(args)  # a result computed from a tensor on a GPU is on that GPU
         special = _SPECIAL.get(func)
         if special is not None:
-            return special(self.gpus, args, kwargs)
-        if func is torch._C._nn.scaled_dot_product_attention and _any_dtensor(args[:3]):
-            return _attention_of_dtensors(func, args, kwargs)
-        if "device" in kwargs:
-            kwargs = {**kwargs, "device": self.gpus.cpu(kwargs["device"], f"{_name(func)}(device=...)")}
-        at = _DEVICE_AT.get(func)
-        if at is not None and len(args) > at:
-            args = (*args[:at], self.gpus.cpu(args[at], f"{_name(func)}(device)"), *args[at + 1 :])
-        return func(*args, **kwargs)
+            out = special(gpus, args, kwargs)
+            if func is torch.Tensor.cuda:
+                gpu = gpus.index(args[1] if len(args) > 1 else kwargs.get("device"), "Tensor.cuda(device=...)")
+        elif func is torch._C._nn.scaled_dot_product_attention and _any_dtensor(args[:3]):
+            out = _attention_of_dtensors(func, args, kwargs)
+        else:
+            if "device" in kwargs:
+                gpu = gpus.gpu_named(kwargs["device"])
+                kwargs = {**kwargs, "device": gpus.cpu(kwargs["device"], f"{_name(func)}(device=...)")}
+            at = _DEVICE_AT.get(func)
+            if at is not None and len(args) > at:
+                if not isinstance(args[at], (torch.dtype, torch.Tensor)):
+                    gpu = gpus.gpu_named(args[at])
+                args = (*args[:at], gpus.cpu(args[at], f"{_name(func)}(device)"), *args[at + 1 :])
+            elif func is torch.Tensor.cpu:
+                gpu = None
+            out = func(*args, **kwargs)
+        if gpu is not None:
+            gpus.placed.place(out, gpu)
+        return out
 
 
 def _any_dtensor(values: Any) -> bool:
@@ -746,6 +871,65 @@ def _record_stream(original: Callable) -> Callable:
     return record_stream
 
 
+def _module_to(original: Callable) -> Callable:
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        """torch's ``Module.to``; with simulated GPUs, a module moved to a GPU has its parameters and buffers on it."""
+        out = original(self, *args, **kwargs)
+        gpus = getattr(_local, "gpus", None)
+        if gpus is not None:
+            gpu = gpus.gpu_named(args[0] if args else kwargs.get("device"))
+            if gpu is not None:
+                _place_module(gpus, self, gpu)
+        return out
+
+    return to
+
+
+def _module_cuda(original: Callable) -> Callable:
+    def cuda(self: Any, device: Any = None) -> Any:
+        """torch's ``Module.cuda``; with simulated GPUs, its parameters and buffers are on the GPU."""
+        out = original(self, device)
+        gpus = getattr(_local, "gpus", None)
+        if gpus is not None:
+            _place_module(gpus, self, gpus.index(device, "Module.cuda(device=...)"))
+        return out
+
+    return cuda
+
+
+def _place_module(gpus: _Gpus, module: Any, gpu: int) -> None:
+    for tensor in itertools.chain(module.parameters(), module.buffers()):
+        gpus.placed.place(tensor, gpu)
+
+
+def _compile(original: Callable) -> Callable:
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        """``torch.compile``; on a thread with simulated GPUs on a machine without CUDA, inductor does not look for
+        triton's GPU (it would load the CUDA driver): tensors on simulated GPUs are CPU tensors, compiled for the CPU."""
+        if getattr(_local, "gpus", None) is not None and not _saved["cuda"].is_available():
+            from torch._inductor import config
+
+            if "detection" not in _saved_config:
+                _saved_config["detection"] = config.triton_disable_device_detection
+            config.triton_disable_device_detection = True
+        return original(*args, **kwargs)
+
+    return compile
+
+
+def _backward_in_mode(original: Callable) -> Callable:
+    def _engine_run_backward(*args: Any, **kwargs: Any) -> Any:
+        """torch's backward engine; on a thread with simulated GPUs, under the thread's device mode, which torch's
+        dispatch of ``Tensor.backward`` takes off the stack: hooks and ``autograd.Function.backward`` see the GPUs."""
+        mode = getattr(_local, "mode", None)
+        if mode is None or mode in _get_current_function_mode_stack():
+            return original(*args, **kwargs)
+        with mode:
+            return original(*args, **kwargs)
+
+    return _engine_run_backward
+
+
 def _wrapped() -> list[tuple[Any, str, Callable]]:
     """What is replaced while installed: (class or module, attribute, wrapper of the original)."""
     from torch.distributed.device_mesh import DeviceMesh
@@ -762,6 +946,11 @@ def _wrapped() -> list[tuple[Any, str, Callable]]:
         (pin_memory, "_pin_memory_loop", _pin_memory_loop),
         (DeviceContext, "__init__", _device_context_init),
         (torch.Tensor, "record_stream", _record_stream),
+        (torch.autograd.graph, "_engine_run_backward", _backward_in_mode),
+        (torch.nn.Module, "to", _module_to),
+        (torch.nn.Module, "cuda", _module_cuda),
+        (torch, "compile", _compile),
+        (torch.autograd, "_engine_run_backward", _backward_in_mode),
     ]
 
 
@@ -784,6 +973,7 @@ _lock = threading.Lock()
 _users = 0
 _saved: dict[str, Any] = {}
 _saved_methods: list[tuple[Any, str, Any]] = []
+_saved_config: dict[str, Any] = {}  # inductor's settings changed while installed
 _INHERITED = object()  # an attribute the owner inherits: uninstall deletes the wrapper
 _deserializer_registered = False
 
@@ -795,9 +985,12 @@ def install() -> None:
         _users += 1
         if _users > 1:
             return
-        _saved.update(cuda=torch.cuda, accelerator=torch.accelerator)
+        _saved.update(cuda=torch.cuda, accelerator=torch.accelerator, nvtx=torch.cuda.nvtx)
+        nvtx = _ThreadModule(_saved["nvtx"], NVTX)
+        sys.modules["torch.cuda.nvtx"] = nvtx
         for name in ("cuda", "accelerator"):
-            stand_in = _ThreadModule(_saved[name], CUDA if name == "cuda" else ACCELERATOR)
+            stand_in = _ThreadModule(_saved[name], CUDA if name == "cuda" else ACCELERATOR,
+                                     {"nvtx": nvtx} if name == "cuda" else None)  # fmt: skip
             setattr(torch, name, stand_in)
             sys.modules[f"torch.{name}"] = stand_in
         for owner, name, wrap in _wrapped():
@@ -818,6 +1011,7 @@ def uninstall() -> None:
         for name in ("cuda", "accelerator"):
             setattr(torch, name, _saved[name])
             sys.modules[f"torch.{name}"] = _saved[name]
+        sys.modules["torch.cuda.nvtx"] = _saved["nvtx"]
         for owner, name, original in _saved_methods:
             if original is _INHERITED:
                 delattr(owner, name)
@@ -825,6 +1019,10 @@ def uninstall() -> None:
                 setattr(owner, name, original)
         _saved_methods.clear()
         _saved.clear()
+        if "detection" in _saved_config:
+            from torch._inductor import config
+
+            config.triton_disable_device_detection = _saved_config.pop("detection")
 
 
 def enter_thread(count: int, clock: Callable[[], float] = time.perf_counter) -> None:

@@ -469,3 +469,19 @@ def bridge_classes() -> tuple[type, type]:
             pass
 
     return BridgeGroup, BridgeWork
+
+
+@functools.cache
+def hide_from_compiler() -> None:
+    """Make ``torch.compile`` run the bridge's groups and works as it runs torch's C++ ones: called, not traced.
+
+    Dynamo would otherwise trace into their Python methods (a ``broadcast`` of DDP's buffers
+    inside a compiled ``DistributedDataParallel``) and fail on torch's opaque objects. Done once,
+    when a rank first compiles (importing the compiler costs a second, so not before).
+    """
+    import torch._dynamo
+
+    for cls in bridge_classes():
+        for name, member in list(vars(cls).items()):
+            if callable(member) and not name.startswith("__"):
+                setattr(cls, name, torch._dynamo.disable(member))

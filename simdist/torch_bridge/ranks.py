@@ -151,6 +151,15 @@ def _showwarning(message: Any, category: Any, filename: str, lineno: int, file: 
     _state["showwarning"](message, category, filename, lineno, file, line)
 
 
+def _compile(*args: Any, **kwargs: Any) -> Any:
+    """``torch.compile``; on a rank thread, the bridge's groups are first hidden from the compiler (called, not traced)."""
+    if in_rank():
+        from .group import hide_from_compiler
+
+        hide_from_compiler()
+    return _state["compile"](*args, **kwargs)
+
+
 def _ddp_logging_data(ddp: Any) -> dict:
     """DDP's logging data, naming on a rank thread the backend the program asked for."""
     return factory.ddp_logging_data(_state["ddp_logging_data"], in_rank, ddp)
@@ -189,7 +198,9 @@ def install() -> None:
         multithreading=torch._C._is_multithreading_enabled(),
         rank_world=_rank_world_class(),
         ddp_logging_data=DDP._get_ddp_logging_data,
+        compile=torch.compile,
     )
+    torch.compile = _compile
     DDP._get_ddp_logging_data = _ddp_logging_data
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
     c10d._world = _WorldProxy(c10d._world)
@@ -214,6 +225,7 @@ def uninstall() -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         DDP._get_ddp_logging_data = _state["ddp_logging_data"]
+        torch.compile = _state["compile"]
         torch._C._distributed_c10d._set_thread_isolation_mode(False)
         torch._C._set_multithreading_enabled(_state["multithreading"])
     _state.clear()
