@@ -10,6 +10,7 @@ simdist's own API. Its parts:
 - :mod:`.processes`: in a real process launched by ``simdist run`` on one of simdist's own
   backends (``socket``), torch's group factory creates groups of that backend;
 - :mod:`.cuda`: simulated GPUs backed by the CPU, so GPU programs run on simulated ranks;
+- :mod:`.gpu_memory`: what a simulated GPU says of itself (device properties) and of its memory;
 - :mod:`.spawn`: ``torch.multiprocessing.spawn`` while ranks are simulated in this process;
 - :mod:`.profiler`: torch's profiler, shared by the rank threads of one process;
 - :mod:`.versions`: the torch releases the bridge supports, and what differs between them.
@@ -19,6 +20,6 @@ place that turns a group torch creates into a simdist group, on simulated ranks 
 Importing the package installs nothing.
 """
 
-from . import cuda, factory, group, processes, profiler, ranks, spawn, versions
+from . import cuda, factory, gpu_memory, group, processes, profiler, ranks, spawn, versions
 
-__all__ = ["cuda", "factory", "group", "processes", "profiler", "ranks", "spawn", "versions"]
+__all__ = ["cuda", "factory", "gpu_memory", "group", "processes", "profiler", "ranks", "spawn", "versions"]

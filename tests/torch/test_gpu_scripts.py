@@ -150,10 +150,11 @@ def test_unmapped_calls_name_simdist_and_the_call():
         call()
 
     calls = {
-        "torch.cuda.memory_allocated": lambda: torch.cuda.memory_allocated(),
-        "torch.cuda.get_device_properties": lambda: torch.cuda.get_device_properties(0),
+        "torch.cuda.memory_summary": lambda: torch.cuda.memory_summary(),
+        "torch.cuda.CUDAGraph": lambda: torch.cuda.CUDAGraph(),
+        "torch.cuda.make_graphed_callables": lambda: torch.cuda.make_graphed_callables(nn.Linear(2, 2), (torch.ones(2),)),
         "torch.cuda.FloatTensor": lambda: torch.cuda.FloatTensor(2),
-        "torch.accelerator.memory_allocated": lambda: torch.accelerator.memory_allocated(),
+        "torch.accelerator.get_device_capability": lambda: torch.accelerator.get_device_capability(),
     }
     for name, call in calls.items():
         with pytest.raises(simdist.RankError) as info:
@@ -166,7 +167,9 @@ def test_unmapped_calls_name_simdist_and_the_call():
 
 def test_the_docs_table_lists_every_mapped_name():
     text = (Path(__file__).resolve().parents[2] / "docs" / "gpu-scripts.md").read_text()
-    for module, table in (("torch.cuda", torch_bridge.cuda.CUDA), ("torch.accelerator", torch_bridge.cuda.ACCELERATOR)):
+    tables = (("torch.cuda", torch_bridge.cuda.CUDA), ("torch.accelerator", torch_bridge.cuda.ACCELERATOR),
+              ("torch.cuda.nvtx", torch_bridge.cuda.NVTX))  # fmt: skip
+    for module, table in tables:
         for name in table:
             assert f"`{module}.{name}" in text, f"{module}.{name} is mapped but not in docs/gpu-scripts.md"
 

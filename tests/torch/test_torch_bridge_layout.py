@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BRIDGE = ROOT / "simdist" / "torch_bridge"
-MODULES = {"cuda", "factory", "group", "processes", "profiler", "ranks", "spawn", "versions"}
+MODULES = {"cuda", "factory", "gpu_memory", "group", "processes", "profiler", "ranks", "spawn", "versions"}
 INTERNALS = ("distributed_c10d", "_distributed_c10d", "_functional_collectives", "_World", "_new_process_group_helper")
 """Names of torch.distributed's internals that only the bridge may use."""
 

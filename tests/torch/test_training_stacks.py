@@ -202,9 +202,45 @@ def _compiled_results(run, script: str, out: Path, device: str) -> list:
     return [json.loads(path.read_text()) for path in files]
 
 
+@pytest.mark.torch_release  # CI's job on torch 2.14.1 (a CUDA build, triton installed) runs it again
 def test_torch_compile_works_on_simulated_ranks_on_cpu_tensors_and_simulated_gpus(tmp_path):
     script = _script(tmp_path, COMPILE, "compiled.py")
     expected = _compiled_results(torchrun, script, tmp_path / "torchrun", "cpu")
     for device in ("cpu", "cuda"):  # cuda: the ranks' simulated GPUs (this machine has none)
         got = _compiled_results(simdist_run, script, tmp_path / device, device)
         assert got == expected and all(same for _, same, _ in got)
+
+
+COMPILE_DDP = """\
+import json, pathlib, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+device, out = sys.argv[1], pathlib.Path(sys.argv[2])
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).to(device)
+ddp = torch.compile(DDP(model, device_ids=[rank] if device == "cuda" else None))  # as torch's DDP docs show
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(rank)
+losses = []
+for _ in range(3):
+    loss = ddp(torch.randn(4, 8, generator=g).to(device)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    losses.append(round(loss.item(), 5))
+(out / f"rank{rank}.json").write_text(json.dumps([rank, losses, round(sum(p.sum().item() for p in model.parameters()), 5)]))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.torch_release
+@pytest.mark.parametrize("isolation", ["processes", "threads"])
+def test_compiled_ddp_gives_torchruns_numbers_on_simulated_ranks(tmp_path, isolation):
+    """``torch.compile(DDP(model))``: dynamo runs the simulated ranks' process groups as torch's own (not traced),
+    on CPU tensors and on simulated GPUs; losses and parameters are torchrun's on gloo."""
+    script = _script(tmp_path, COMPILE_DDP, "compiled_ddp.py")
+    expected = _compiled_results(torchrun, script, tmp_path / "torchrun", "cpu")
+    for device in ("cpu", "cuda"):
+        run = lambda *argv: simdist_run("--isolation", isolation, *argv)  # noqa: E731
+        assert _compiled_results(run, script, tmp_path / f"{isolation}-{device}", device) == expected, device
