@@ -26,7 +26,7 @@ from collections import deque
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
-from simdist import algorithms
+from simdist import algorithms, torch_bridge
 from simdist.core import arrays as A
 from simdist.core import CollectiveMismatchError, DistError, DistTimeoutError, RankError, add_note
 from simdist.core import Trace
@@ -245,6 +245,8 @@ class Engine:
             self.iso.enter_thread(rs, partial(rs.now, self.cpu_time))  # (called only while the rank runs)
             try:
                 failure = self._call_user(rs)
+                if failure is not None and isinstance(self.iso, ThreadRanks):
+                    torch_bridge.ranks.note_shared_state(failure)  # while the rank's torch world is still its own
             finally:
                 self.iso.leave_thread(rs)
                 set_thread_world(None)

@@ -38,6 +38,11 @@ def resolve(fn: str, group: Any) -> tuple[World, ProcessGroup | None]:
         )
     if group.destroyed:
         raise ValueError(f"group={group!r} was destroyed by destroy_process_group(); make a new one with new_group()")
+    if group.ranks[group.rank] != world.rank:
+        raise ValueError(
+            f"group={group!r} is rank {group.ranks[group.rank]}'s group object, not rank {world.rank}'s: each rank has "
+            "its own (a group kept where ranks share state, such as a module's when ranks are threads, is another's)"
+        )
     return world, group
 
 

@@ -183,6 +183,10 @@ def bridge_classes() -> tuple[type, type]:
             self._keeper = _Keeper()
             self.bound_device_id = None
 
+        def __repr__(self) -> str:
+            """Which rank's group this is: torch's errors show it ("Group <...> is not registered")."""
+            return f"<process group {self._name!r} of simulated rank {self._g.ranks[self.rank()]}, ranks {list(self._g.ranks)}>"
+
         # -- identity, as torch's C++ groups answer it --------------------------------------------------
 
         @property

@@ -40,7 +40,7 @@ import torch
 from . import factory, profiler, versions
 from ..core._callsite import INSTALLED, is_library_file, skip_directory, user_call_site
 
-__all__ = ["install", "uninstall", "new_store", "enter_rank", "leave_rank", "in_rank"]
+__all__ = ["install", "uninstall", "new_store", "enter_rank", "leave_rank", "in_rank", "note_shared_state"]
 
 _OWN = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "tags_to_pg", "pg_to_tag")
 _state: dict[str, Any] = {}
@@ -163,6 +163,29 @@ def _compile(*args: Any, **kwargs: Any) -> Any:
 def _ddp_logging_data(ddp: Any) -> dict:
     """DDP's logging data, naming on a rank thread the backend the program asked for."""
     return factory.ddp_logging_data(_state["ddp_logging_data"], in_rank, ddp)
+
+
+_UNKNOWN_GROUP = ("is not registered", "Default process group has not been initialized",
+                  "Invalid process group specified", "is not initialized in the world group map",
+                  "group object, not rank")  # fmt: skip
+"""torch's errors (and simdist's) for a process group this rank's torch world does not hold."""
+
+SHARED_STATE_NOTE = (
+    "simdist: the ranks are threads of one process here, so they share module state: a library that keeps a "
+    "process group, or its own 'initialized' state, in a module or class (DeepSpeed's groups, accelerate's "
+    "PartialState) hands one rank's to another, and torch does not know it on this rank. Run with --isolation "
+    "processes (simdist run, simdist test; isolation='processes' in Python): each rank a process of its own, as "
+    "under torchrun."
+)
+
+
+def note_shared_state(exc: BaseException) -> None:
+    """On a rank thread: add :data:`SHARED_STATE_NOTE` to ``exc`` if torch raised it for a group this rank does not
+    hold (ranks as threads only: a rank process has module state of its own)."""
+    if in_rank() and isinstance(exc, (ValueError, RuntimeError)) and any(m in str(exc) for m in _UNKNOWN_GROUP):
+        from ..core._errors import add_note
+
+        add_note(exc, SHARED_STATE_NOTE)
 
 
 # -- install / uninstall ----------------------------------------------------------------------------------

@@ -244,3 +244,86 @@ def test_compiled_ddp_gives_torchruns_numbers_on_simulated_ranks(tmp_path, isola
     for device in ("cpu", "cuda"):
         run = lambda *argv: simdist_run("--isolation", isolation, *argv)  # noqa: E731
         assert _compiled_results(run, script, tmp_path / f"{isolation}-{device}", device) == expected, device
+
+
+# -- DeepSpeed: ZeRO on its CUDA accelerator, on simulated GPUs -------------------------------------------------
+
+DEEPSPEED = """\
+import json, os, sys, torch
+import deepspeed
+from deepspeed.accelerator import get_accelerator
+stage, out = int(sys.argv[1]), sys.argv[2]
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+config = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "Adam", "params": {"lr": 0.01, "torch_adam": True}},
+          "zero_optimization": {"stage": stage}, "steps_per_print": 100}
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+rank = int(os.environ["RANK"])
+g = torch.Generator().manual_seed(rank)
+losses = []
+for _ in range(3):
+    loss = engine(torch.randn(4, 8, generator=g).to(engine.device)).pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+    losses.append(round(loss.item(), 5))
+with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), enabled=stage == 3):
+    total = round(sum(p.sum().item() for p in engine.module.parameters()), 5)
+with open(f"{out}/rank{rank}.json", "w") as f:
+    json.dump([rank, losses, total, get_accelerator().device_name(), torch.cuda.max_memory_allocated() > 0], f)
+"""
+
+
+def _deepspeed_results(run, script: str, out: Path, stage: int, env: dict) -> list:
+    out.mkdir()
+    proc = run("--nproc-per-node", "2", script, str(stage), str(out), env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))]
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_zero_on_its_cuda_accelerator_gives_its_cpu_accelerators_numbers(tmp_path, stage):
+    """What runs on a GPU machine (DeepSpeed's CUDA accelerator: memory statistics, NVTX ranges, capability checks,
+    tensors made on "cuda" inside backward hooks) on simulated GPUs, against its CPU accelerator under torchrun."""
+    pytest.importorskip("deepspeed")
+    script = _script(tmp_path, DEEPSPEED, "zero.py")
+    theirs = _deepspeed_results(torchrun, script, tmp_path / "torchrun", stage, {"DS_ACCELERATOR": "cpu"})
+    ours = _deepspeed_results(simdist_run, script, tmp_path / "sim", stage, {"DS_ACCELERATOR": "cuda"})
+    assert [r[:3] for r in ours] == [r[:3] for r in theirs] and len(ours) == 2
+    assert [r[3:] for r in ours] == [["cuda", True]] * 2 and [r[3] for r in theirs] == ["cpu"] * 2
+
+
+LIBRARY_WITH_GROUPS = """\
+import torch.distributed as dist
+
+_groups = {}
+
+def group_of(ranks):
+    # a library's cache of process groups in module state, as DeepSpeed's groups module keeps them
+    key = tuple(ranks)
+    if key not in _groups:
+        _groups[key] = dist.new_group(list(ranks))
+    return _groups[key]
+"""
+
+USES_THE_LIBRARY = """\
+import torch, torch.distributed as dist
+import grouplib
+dist.init_process_group("gloo")
+grouplib.group_of([0, 1])  # made once, kept by the library
+dist.barrier()
+t = torch.ones(1)
+dist.all_reduce(t, group=grouplib.group_of([0, 1]))
+print("SUM", t.item())
+dist.destroy_process_group()
+"""
+
+
+def test_a_group_kept_in_a_librarys_module_state_says_to_run_ranks_as_processes(tmp_path):
+    _script(tmp_path, LIBRARY_WITH_GROUPS, "grouplib.py")
+    script = _script(tmp_path, USES_THE_LIBRARY, "uses_grouplib.py")
+    threads = simdist_run("--nproc-per-node", "2", "--isolation", "threads", script, cwd=tmp_path)
+    assert threads.returncode == 1, threads.stdout[-2000:] + threads.stderr[-2000:]
+    assert "of simulated rank" in threads.stderr and "Run with --isolation processes" in threads.stderr, threads.stderr
+    assert "--isolation threads --replay" in threads.stderr  # the printed replay runs the ranks as threads again
+    processes = simdist_run("--nproc-per-node", "2", script, cwd=tmp_path)
+    assert processes.returncode == 0 and processes.stdout.count("SUM 2.0") == 2, processes.stderr[-3000:]
