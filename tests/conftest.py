@@ -18,6 +18,7 @@ if SUPPORT not in sys.path:
 MAX_WORKERS = 8
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without it installed (tests/gpu/run.sh), not called
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """The workers ``-n auto`` (pyproject's addopts) starts: twice the usable cores, at most ``MAX_WORKERS``, for
     the whole suite (``python3 -m pytest``, which may select with ``-k`` or ``-m``); 0 (one process) for a run

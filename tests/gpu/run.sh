@@ -4,7 +4,7 @@
 #     bash tests/gpu/run.sh [OUT_DIR]
 #
 # Uses the python3 on PATH with what it already has (torch with CUDA, cupy with NCCL,
-# numpy, networkx, hypothesis, pytest, pytest-timeout): simdist is installed without its
+# numpy, networkx, hypothesis, pytest, pytest-timeout; pytest-xdist is not needed): simdist is installed without its
 # dependencies, so nothing is downloaded (GPU machines may have no network). Writes the
 # test log, the benchmark's table and its JSON to OUT_DIR (default gpu-results/).
 set -uo pipefail
@@ -30,7 +30,8 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index . >"$ou
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 start=$SECONDS
-python3 -m pytest tests/gpu -v -rs -p no:cacheprovider 2>&1 | tee "$out/gpu-tests.log"
+# -o addopts=: one process (the GPU is one), and no need of pytest-xdist, which pyproject's addopts ask for.
+python3 -m pytest tests/gpu -o addopts= -v -rs -p no:cacheprovider 2>&1 | tee "$out/gpu-tests.log"
 status=${PIPESTATUS[0]}
 python3 benchmarks/bench_library.py --backend nccl --json "$out/bench-nccl.json" 2>&1 | tee "$out/bench-nccl.md"
 python3 benchmarks/bench_library.py --backend nccl --world 2 --json "$out/bench-nccl-world2.json" 2>&1 | tee "$out/bench-nccl-world2.md"

@@ -335,3 +335,21 @@ def test_simdist_app_names_the_extra_it_misses(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "(not installed: plotly)" in err and "pip install 'simdist[app]'" in err, err
     assert _app_cli.main(["--help"]) == 0 and "usage: simdist app" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(300)
+def test_the_gpu_suite_runs_from_a_python_without_pytest_xdist(tmp_path: Path):
+    """``bash tests/gpu/run.sh`` with a python that has what the script says it needs and no pytest-xdist (here,
+    xdist's plugin blocked): the suite collects and runs (it skips without a GPU) and the script exits 0."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=SKIP)
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", venv], cwd=tmp_path)
+    _see_our_dependencies(venv / "bin" / "python")
+    out = tmp_path / "out"
+    env = {"PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", "PYTEST_ADDOPTS": "-p no:xdist"}
+    proc = _run(["bash", "tests/gpu/run.sh", out], cwd=src, timeout=240, extra_env=env)
+    log = (out / "gpu-tests.log").read_text()
+    assert "unrecognized arguments" not in log and "INTERNALERROR" not in log, log[-3000:]
+    assert re.search(r"^=+ \d+ (passed|skipped)", log, re.M), log[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:]
