@@ -582,9 +582,9 @@ def test_simdist_calibrate_across_two_hosts_measures_their_shaped_link(testbed, 
     assert 20e3 < got["inter_burst"] < 150e3, got["measured"]["one_way_seconds"]
     assert got["inter_alpha"] > 0 and got["check_overhead"] >= 0
     fan = got["measured"]["fan_out"]
-    # measured and modelled alike, within a factor the load of a busy machine leaves (the accuracy, 25% on an idle one,
-    # is BENCHMARKS.md (o)'s figure: a test holds no timing; it measured 32% over once beside the whole suite)
-    assert fan["messages"] == 1 and 0.5 * fan["model_seconds"] < fan["seconds"] < 2 * fan["model_seconds"], fan
+    # the shaped link bounds the measured time from below, whatever the load; how close the model comes (25% on an
+    # idle machine) is BENCHMARKS.md (o)'s figure: load only adds time, so a test asserts no upper bound
+    assert fan["messages"] == 1 and fan["seconds"] > 0.5 * fan["model_seconds"] > 0, fan
     res = simdist.simulate(lambda rank: dist.init_process_group("gloo") or dist.all_reduce(torch.ones(1 << 16)), 2,
                            topology=str(out))  # fmt: skip
     assert res.time > (1 << 18) / got["inter_bandwidth"] / 2
