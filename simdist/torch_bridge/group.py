@@ -153,13 +153,20 @@ def bridge_classes() -> tuple[type, type]:
             def complete() -> None:
                 try:
                     self.wait()
-                except BaseException as exc:  # noqa: BLE001 - the future carries it to whoever waits
-                    fut.set_exception(exc)
-                else:
-                    fut.set_result(self._outputs)
+                except BaseException:  # noqa: BLE001 - kept in self._error, raised by the future's callback
+                    pass
+                done.set_result(None)
 
+            # The op's error must fail the future in C++ (torch's DDP reads the value there): a Python
+            # ``set_exception`` would store the exception as the value. A callback that raises does fail it.
+            done: torch.futures.Future = torch.futures.Future()
             threading.Thread(target=complete, name="simdist-work-future", daemon=True).start()
-            return fut
+            return done.then(self._outputs_or_error)
+
+        def _outputs_or_error(self, _: Any) -> list:
+            if self._error is not None:
+                raise self._error
+            return self._outputs
 
         def synchronize(self) -> None:
             self.wait()

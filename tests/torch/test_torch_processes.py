@@ -119,3 +119,36 @@ def failing_future(rank: int) -> str:
 def test_a_failed_work_fails_its_future():
     for message in _socket(failing_future):
         assert "collective mismatch" in message and "dtype" in message, message
+
+
+PEER_GONE_IN_BACKWARD = """\
+import os, time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+model = DDP(torch.nn.Linear(4, 4))
+for _ in range(2):
+    model(torch.ones(2, 4)).sum().backward()
+loss = model(torch.ones(2, 4)).sum()
+if dist.get_rank() == 1:
+    os._exit(0)
+time.sleep(1)
+loss.backward()
+"""
+
+
+@pytest.mark.parametrize("checked", ["1", "0"])
+def test_ddp_whose_peer_has_gone_raises_naming_the_peer_and_the_line(tmp_path, checked):
+    """DDP's reducer waits on the all-reduce's future in C++: the op's error fails that future as an error (gloo raises
+    "Connection closed by peer" there), not a value that C++ reads as tensors (a SIGSEGV of the rank)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "peer_gone.py"
+    script.write_text(PEER_GONE_IN_BACKWARD)
+    env = {**os.environ, "SIMDIST_CHECK_COLLECTIVES": checked}
+    proc = subprocess.run([sys.executable, "-m", "simdist.run", "--backend", "socket", "--nproc-per-node", "2",
+                           str(script)], capture_output=True, text=True, timeout=100, env=env)  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "SIGSEGV" not in out and "killed by" not in out, out[-3000:]
+    assert re.search(r'peer_gone\.py", line 11, in <module>', out), out[-3000:]
+    assert re.search(r"RuntimeError: .*rank 1 failed: its process ended", out), out[-3000:]
