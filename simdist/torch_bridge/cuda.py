@@ -576,8 +576,11 @@ ACCELERATOR: dict[str, Any] = {
     "current_stream": _current_stream,
     "set_stream": _set_stream,
     "empty_cache": _empty_cache,
-    **{name: MEMORY[name] for name in MEMORY if name not in ("mem_get_info", "memory_cached", "max_memory_cached")
-       and not name.startswith("reset_max")},
+    **{
+        name: MEMORY[name]
+        for name in MEMORY
+        if name not in ("mem_get_info", "memory_cached", "max_memory_cached") and not name.startswith("reset_max")
+    },
     "get_memory_info": MEMORY["mem_get_info"],
 }
 """What ``torch.accelerator.<name>`` is in a thread with simulated GPUs."""
@@ -639,7 +642,9 @@ class _ThreadModule(types.ModuleType):
     with ``_``, it is the real module: reads, writes and submodule imports go to it.
     """
 
-    def __init__(self, real: types.ModuleType, table: dict[str, Any], modules: dict[str, "_ThreadModule"] | None = None):
+    def __init__(
+        self, real: types.ModuleType, table: dict[str, Any], modules: dict[str, "_ThreadModule"] | None = None
+    ):
         super().__init__(real.__name__)
         for key in ("__doc__", "__package__", "__loader__", "__spec__", "__path__", "__file__"):
             if hasattr(real, key):

@@ -152,7 +152,9 @@ def test_unmapped_calls_name_simdist_and_the_call():
     calls = {
         "torch.cuda.memory_summary": lambda: torch.cuda.memory_summary(),
         "torch.cuda.CUDAGraph": lambda: torch.cuda.CUDAGraph(),
-        "torch.cuda.make_graphed_callables": lambda: torch.cuda.make_graphed_callables(nn.Linear(2, 2), (torch.ones(2),)),
+        "torch.cuda.make_graphed_callables": lambda: torch.cuda.make_graphed_callables(
+            nn.Linear(2, 2), (torch.ones(2),)
+        ),
         "torch.cuda.FloatTensor": lambda: torch.cuda.FloatTensor(2),
         "torch.accelerator.get_device_capability": lambda: torch.accelerator.get_device_capability(),
     }

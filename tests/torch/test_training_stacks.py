@@ -77,6 +77,17 @@ def test_accelerates_scripts_pass_on_two_simulated_ranks(name):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+@pytest.mark.parametrize("name", ["test_sync.py", "test_script.py"])
+def test_accelerates_scripts_take_their_gpu_branch_on_simulated_gpus(name):
+    """Without ACCELERATE_USE_CPU the ranks' simulated GPUs are what accelerate sees: its CUDA device, fp16 and bf16
+    autocast on "cuda", its GPU branches. (``test_ops.py``'s debug-mode check compares a tensor's device with the
+    accelerator's: a simulated GPU's tensors say "cpu", docs/gpu-scripts.md.)"""
+    proc = simdist_run("--nproc-per-node", "2", _accelerate_script(name))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if name == "test_script.py":
+        assert "FP16 training check." in proc.stdout and "BF16 training check." in proc.stdout, proc.stdout[-3000:]
+
+
 @pytest.mark.parametrize("name", ACCELERATE_SCRIPTS)
 def test_accelerates_scripts_on_three_simulated_ranks_end_as_under_torchrun(name):
     """At three ranks test_script.py fails under torchrun too (its split of 2 batches over 3 ranks): the same rank,
