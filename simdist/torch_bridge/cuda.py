@@ -107,7 +107,7 @@ class _Gpus:
         self.defaults: dict[int, Stream] = {}
         self.streams: dict[int, Stream] = {}
         self.stream_ids = itertools.count(1)  # per thread, as in a process of its own
-        self.placed = Placed(count)
+        self.placed = Placed()
         self.nvtx_depth = 0
 
     def names_gpu(self, device: Any) -> bool:
@@ -442,7 +442,7 @@ def _memory(call: str) -> Callable[..., Any]:
     def read_of(read: Callable[[Any], Any]) -> Callable[..., Any]:
         def statistic(device: Any = None) -> Any:
             gpus = _here(call)
-            return read(gpus.placed.memories[gpus.index(device, f"{call}(device=...)")])
+            return read(gpus.placed.memory(gpus.index(device, f"{call}(device=...)")))
 
         statistic.__name__ = call.rsplit(".", 1)[-1]
         return statistic
@@ -459,7 +459,7 @@ def _reset_accumulated(memory: Any) -> None:
 
 
 def _empty_cache() -> None:
-    for memory in _here("torch.cuda.empty_cache").placed.memories:
+    for memory in _here("torch.cuda.empty_cache").placed.memories.values():
         memory.empty_cache()
 
 

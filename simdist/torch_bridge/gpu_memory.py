@@ -135,11 +135,19 @@ class Placed:
     counts while any tensor placed with it is alive (a weak reference per tensor).
     """
 
-    def __init__(self, count: int, capacity: int = PROPERTIES.total_memory):
-        self.memories = [Memory(capacity) for _ in range(count)]
+    def __init__(self, capacity: int = PROPERTIES.total_memory):
+        self.capacity = capacity
+        self.memories: dict[int, Memory] = {}  # made on first use: a rank of a node of 1,000 GPUs uses one or two
         self.tensors: dict[int, tuple[int, int]] = {}  # id(tensor) -> (gpu, storage key)
         self.storages: dict[int, list[int]] = {}  # storage key -> [gpu, nbytes, placed tensors alive]
         self.lock = threading.Lock()  # tensors may be freed on any thread
+
+    def memory(self, gpu: int) -> Memory:
+        """GPU ``gpu``'s counters."""
+        memory = self.memories.get(gpu)
+        if memory is None:
+            memory = self.memories[gpu] = Memory(self.capacity)
+        return memory
 
     def gpu_of(self, values: Any) -> int | None:
         """The GPU of the first placed tensor among ``values`` (and the items of lists and tuples in it)."""
@@ -179,7 +187,7 @@ class Placed:
             entry = self.storages.get(key)
             if entry is None:
                 self.storages[key] = [gpu, nbytes, 1]
-                self.memories[gpu].add(nbytes)
+                self.memory(gpu).add(nbytes)
             else:
                 entry[2] += 1
         weakref.finalize(tensor, self._freed, id(tensor))
@@ -191,4 +199,4 @@ class Placed:
             entry[2] -= 1
             if entry[2] == 0:
                 del self.storages[key]
-                self.memories[entry[0]].remove(entry[1])
+                self.memory(entry[0]).remove(entry[1])
