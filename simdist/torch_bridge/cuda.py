@@ -712,7 +712,7 @@ class _OnCpu(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         gpus = self.gpus
-        gpu = gpus.placed.gpu_of(args)  # a result computed from a tensor on a GPU is on that GPU
+        gpu: Any = _FROM_INPUTS  # where the result is: a GPU the call names, or that of a tensor it computes from
         special = _SPECIAL.get(func)
         if special is not None:
             out = special(gpus, args, kwargs)
@@ -732,9 +732,17 @@ class _OnCpu(TorchFunctionMode):
             elif func is torch.Tensor.cpu:
                 gpu = None
             out = func(*args, **kwargs)
+        if gpu is _FROM_INPUTS:  # (most calls: looked at only when the result is a tensor not yet placed)
+            if isinstance(out, torch.Tensor):
+                gpu = None if id(out) in gpus.placed.tensors else gpus.placed.gpu_of(args)
+            else:
+                gpu = gpus.placed.gpu_of(args) if isinstance(out, (list, tuple)) else None
         if gpu is not None:
             gpus.placed.place(out, gpu)
         return out
+
+
+_FROM_INPUTS = object()
 
 
 def _any_dtensor(values: Any) -> bool:

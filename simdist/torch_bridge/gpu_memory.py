@@ -19,6 +19,7 @@ placed on it, counted by :class:`Placed` as torch's caching allocator counts a r
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from dataclasses import dataclass
@@ -132,15 +133,16 @@ class Placed:
     """The tensors one rank placed on its simulated GPUs, and each GPU's :class:`Memory`.
 
     Storages are told apart by torch's storage identity (which survives ``resize_``); each
-    counts while any tensor placed with it is alive (a weak reference per tensor).
+    counts while any tensor placed with it is alive (a weak reference per tensor, whose callback
+    counts it out).
     """
 
     def __init__(self, capacity: int = PROPERTIES.total_memory):
         self.capacity = capacity
         self.memories: dict[int, Memory] = {}  # made on first use: a rank of a node of 1,000 GPUs uses one or two
-        self.tensors: dict[int, tuple[int, int]] = {}  # id(tensor) -> (gpu, storage key)
+        self.tensors: dict[int, tuple[int, int, Any]] = {}  # id(tensor) -> (gpu, storage key, weak reference)
         self.storages: dict[int, list[int]] = {}  # storage key -> [gpu, nbytes, placed tensors alive]
-        self.lock = threading.Lock()  # tensors may be freed on any thread
+        self.lock = threading.RLock()  # tensors may be freed on any thread, or by a collection inside place()
 
     def memory(self, gpu: int) -> Memory:
         """GPU ``gpu``'s counters."""
@@ -175,26 +177,26 @@ class Placed:
                     self._place(item, gpu)
 
     def _place(self, tensor: torch.Tensor, gpu: int) -> None:
-        if id(tensor) in self.tensors or tensor.is_meta or tensor.layout != torch.strided:
+        tensor_id = id(tensor)
+        if tensor_id in self.tensors:
             return
         try:
             storage = tensor.untyped_storage()
-        except (RuntimeError, NotImplementedError, TypeError):  # a wrapper subclass (DTensor) owns no storage
+        except (RuntimeError, NotImplementedError, TypeError):  # sparse, or a wrapper subclass (DTensor): no storage
             return
         key, nbytes = storage._cdata, -(-storage.nbytes() // _MIN_BLOCK) * _MIN_BLOCK
         with self.lock:
-            self.tensors[id(tensor)] = (gpu, key)
+            self.tensors[tensor_id] = (gpu, key, weakref.ref(tensor, functools.partial(self._freed, tensor_id)))
             entry = self.storages.get(key)
             if entry is None:
                 self.storages[key] = [gpu, nbytes, 1]
                 self.memory(gpu).add(nbytes)
             else:
                 entry[2] += 1
-        weakref.finalize(tensor, self._freed, id(tensor))
 
-    def _freed(self, tensor_id: int) -> None:
+    def _freed(self, tensor_id: int, _: Any = None) -> None:
         with self.lock:
-            _, key = self.tensors.pop(tensor_id)
+            _, key, _ = self.tensors.pop(tensor_id)
             entry = self.storages[key]
             entry[2] -= 1
             if entry[2] == 0:
