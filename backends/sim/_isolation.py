@@ -188,6 +188,33 @@ class ThreadRanks:
             sys.settrace(None)
 
 
+def _carried() -> Callable[[], Callable[[], None]]:
+    """For a thread a rank thread starts: ``enter``, which gives it the rank's environment (the same mapping, as a
+    process's threads share one) and output (its prefix and capture), and returns ``leave``."""
+    environ, prefix, output = getattr(_local, "environ", None), getattr(_local, "prefix", None), getattr(
+        _local, "output", None
+    )
+    if environ is None:
+        return lambda: _nothing
+
+    def enter() -> Callable[[], None]:
+        _local.environ, _local.prefix, _local.output, _local.at_start = environ, prefix, output, True
+        return _leave_carried
+
+    return enter
+
+
+def _leave_carried() -> None:
+    _local.environ = _local.prefix = _local.output = None
+
+
+def _nothing() -> None:
+    return None
+
+
+torch_bridge.ranks.carry(_carried)
+
+
 def refuse_nested() -> None:
     """Raise ``RuntimeError`` on a rank thread: simulations do not nest."""
     rank = getattr(_local, "rank", None)

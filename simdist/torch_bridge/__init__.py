@@ -23,3 +23,6 @@ Importing the package installs nothing.
 from . import cuda, factory, gpu_memory, group, processes, profiler, ranks, spawn, versions
 
 __all__ = ["cuda", "factory", "gpu_memory", "group", "processes", "profiler", "ranks", "spawn", "versions"]
+
+ranks.carry(cuda.carried)  # a thread a rank starts sees the rank's simulated GPUs (once the bridge is installed)
+

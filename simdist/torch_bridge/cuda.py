@@ -865,6 +865,8 @@ def _pin_memory_loop(original: Callable) -> Callable:
     def _pin_memory_loop(in_queue: Any, out_queue: Any, device_id: int, done_event: Any, device: Any) -> None:
         """DataLoader's pin-memory thread (``pin_memory=True, num_workers>0``), started by a thread with simulated
         GPUs while they are installed: it sees simulated GPUs too, so pinning keeps the batch as it is."""
+        if getattr(_local, "gpus", None) is not None:  # a simulated rank's thread: it has its rank's GPUs already
+            return original(in_queue, out_queue, device_id, done_event, device)
         enter_thread(device_id + 1)
         try:
             return original(in_queue, out_queue, device_id, done_event, device)
@@ -1044,6 +1046,22 @@ def enter_thread(count: int, clock: Callable[[], float] = time.perf_counter) -> 
     _local.gpus = gpus
     _local.mode = _OnCpu(gpus)
     _local.mode.__enter__()
+
+
+def carried() -> Callable[[], Callable[[], None]]:
+    """For a thread the calling thread starts (:func:`simdist.torch_bridge.ranks.carry`): ``enter``, which gives it
+    simulated GPUs as the caller's (their number, clock and current GPU), and returns ``leave``."""
+    gpus = getattr(_local, "gpus", None)
+    if gpus is None:
+        return lambda: _nothing
+    count, clock, current = gpus.count, gpus.clock, gpus.current
+
+    def enter() -> Callable[[], None]:
+        enter_thread(count, clock)
+        _local.gpus.current = current
+        return leave_thread
+
+    return enter
 
 
 def leave_thread() -> None:

@@ -244,7 +244,11 @@ def bridge_classes() -> tuple[type, type]:
             return self._g.ranks[group_rank]
 
         def _record(self, op: str, inputs: list) -> None:
-            """Record ``op`` for torch's profiler as torch's own backend names it (while a rank profiles)."""
+            """Record ``op`` for torch's profiler as torch's own backend names it (while a rank profiles); refused on
+            a thread a simulated rank started."""
+            from .ranks import refuse_on_started_thread
+
+            refuse_on_started_thread(f"torch.distributed {op}")
             profiler.record_op(f"{self._backend_name}:{op}", inputs)
 
         def _start(self, works: list, outputs: Any, source: Any = None) -> Any:

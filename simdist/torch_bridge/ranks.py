@@ -40,7 +40,18 @@ import torch
 from . import factory, profiler, versions
 from ..core._callsite import INSTALLED, is_library_file, skip_directory, user_call_site
 
-__all__ = ["install", "uninstall", "new_store", "enter_rank", "leave_rank", "in_rank", "note_shared_state"]
+__all__ = [
+    "install",
+    "uninstall",
+    "new_store",
+    "enter_rank",
+    "leave_rank",
+    "in_rank",
+    "note_shared_state",
+    "carry",
+    "started_by_rank",
+    "refuse_on_started_thread",
+]
 
 _OWN = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "tags_to_pg", "pg_to_tag")
 _state: dict[str, Any] = {}
@@ -96,6 +107,60 @@ class _WorldProxy:
 def in_rank() -> bool:
     """Whether the calling thread is a rank thread of a running simulation with the bridge installed."""
     return getattr(_local, "world", None) is not None
+
+
+# -- threads a rank starts ----------------------------------------------------------------------------------
+
+_CARRIERS: list[Callable[[], Callable[[], Callable[[], None]]]] = []
+
+
+def carry(capture: Callable[[], Callable[[], Callable[[], None]]]) -> None:
+    """Register what a thread a rank starts takes from the rank: ``capture()`` runs on the rank's thread as it
+    starts the thread and returns ``enter``; the new thread calls ``enter()`` first, and the ``leave`` it returns
+    last."""
+    _CARRIERS.append(capture)
+
+
+def started_by_rank() -> bool:
+    """Whether the calling thread is one that a simulated rank started (it sees the rank's world)."""
+    return bool(getattr(_local, "started", False))
+
+
+def _thread_start(original: Callable) -> Callable:
+    def start(self: threading.Thread) -> None:
+        """``threading.Thread.start``; a thread a simulated rank starts (not simdist's own) runs in the rank's world:
+        its torch world and process groups, its simulated GPUs, its environment and output (what :func:`carry`
+        registered). What it calls of the rank's process groups is refused (:func:`refuse_on_started_thread`)."""
+        if in_rank() and not self.name.startswith("simdist"):
+            world, store = _local.world, _local.store
+            enters = [capture() for capture in _CARRIERS]
+            run = self.run
+
+            def run_in_rank() -> None:
+                _local.world, _local.store, _local.started = world, store, True
+                leaves = [enter() for enter in enters]
+                try:
+                    run()
+                finally:
+                    for leave in reversed(leaves):
+                        leave()
+                    _local.world = _local.store = _local.started = None
+
+            self.run = run_in_rank  # type: ignore[method-assign]
+        original(self)
+
+    return start
+
+
+def refuse_on_started_thread(op: str) -> None:
+    """Raise a ``RuntimeError`` naming ``op`` on a thread a simulated rank started: its collectives are not scheduled."""
+    if started_by_rank():
+        raise RuntimeError(
+            f"simdist: {op} called from thread {threading.current_thread().name!r}, which a simulated rank started: "
+            "the simulator schedules each rank's own thread only, so communication from other threads is not "
+            "simulated. Make the call on the rank's thread (torch.distributed.checkpoint.save rather than "
+            "async_save), or run on real processes (simdist run --backend socket, torchrun)"
+        )
 
 
 # -- torch's hooks, on rank threads -------------------------------------------------------------------------
@@ -225,6 +290,8 @@ def install() -> None:
     )
     torch.compile = _compile
     DDP._get_ddp_logging_data = _ddp_logging_data
+    _state["thread_start"] = threading.Thread.start
+    threading.Thread.start = _thread_start(threading.Thread.start)  # type: ignore[method-assign]
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
     c10d._world = _WorldProxy(c10d._world)
     c10d.rendezvous = _rendezvous
@@ -248,6 +315,7 @@ def uninstall() -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         DDP._get_ddp_logging_data = _state["ddp_logging_data"]
+        threading.Thread.start = _state["thread_start"]  # type: ignore[method-assign]
         torch.compile = _state["compile"]
         torch._C._distributed_c10d._set_thread_isolation_mode(False)
         torch._C._set_multithreading_enabled(_state["multithreading"])
