@@ -191,8 +191,10 @@ class ThreadRanks:
 def _carried() -> Callable[[], Callable[[], None]]:
     """For a thread a rank thread starts: ``enter``, which gives it the rank's environment (the same mapping, as a
     process's threads share one) and output (its prefix and capture), and returns ``leave``."""
-    environ, prefix, output = getattr(_local, "environ", None), getattr(_local, "prefix", None), getattr(
-        _local, "output", None
+    environ, prefix, output = (
+        getattr(_local, "environ", None),
+        getattr(_local, "prefix", None),
+        getattr(_local, "output", None),
     )
     if environ is None:
         return lambda: _nothing

@@ -131,8 +131,7 @@ def _replay_hint(opts: argparse.Namespace, script: Any, err: Any, status: int) -
 
 def replay_command(opts: argparse.Namespace, script: Any, token: str) -> str:
     """The ``simdist run`` command line that replays the run of ``token``: the script, its arguments and the flags
-    that decide what the ranks see (ranks per node, nodes, how it is launched, simulated GPUs, ranks as threads when
-    asked, detail, topology)."""
+    that decide what the ranks see (ranks per node, nodes, how it is launched, simulated GPUs, detail, topology)."""
     from simdist.testing._script import spawn_line
 
     words = ["simdist", "run", "--backend", "sim", "--nproc-per-node", str(opts.nproc_per_node)]
@@ -142,8 +141,6 @@ def replay_command(opts: argparse.Namespace, script: Any, token: str) -> str:
         words += ["--launch", script.launch]
     if opts.cuda_as_cpu is not None:
         words.append("--cuda-as-cpu" if opts.cuda_as_cpu else "--no-cuda-as-cpu")
-    if getattr(opts, "isolation", None) == "threads":  # the schedule is the same; module state shared is not
-        words += ["--isolation", "threads"]
     for flag in ("detail", "topology"):
         if getattr(opts, flag, None) is not None:
             words += [f"--{flag}", str(getattr(opts, flag))]

@@ -25,4 +25,3 @@ from . import cuda, factory, gpu_memory, group, processes, profiler, ranks, spaw
 __all__ = ["cuda", "factory", "gpu_memory", "group", "processes", "profiler", "ranks", "spawn", "versions"]
 
 ranks.carry(cuda.carried)  # a thread a rank starts sees the rank's simulated GPUs (once the bridge is installed)
-

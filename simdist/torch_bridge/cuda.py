@@ -442,7 +442,9 @@ def _memory(call: str) -> Callable[..., Any]:
     def read_of(read: Callable[[Any], Any]) -> Callable[..., Any]:
         def statistic(device: Any = None) -> Any:
             gpus = _here(call)
-            return read(gpus.placed.memory(gpus.index(device, f"{call}(device=...)")))
+            index = gpus.index(device, f"{call}(device=...)")
+            gpus.placed.settle(orphans=True)
+            return read(gpus.placed.memory(index))
 
         statistic.__name__ = call.rsplit(".", 1)[-1]
         return statistic
@@ -459,7 +461,9 @@ def _reset_accumulated(memory: Any) -> None:
 
 
 def _empty_cache() -> None:
-    for memory in _here("torch.cuda.empty_cache").placed.memories.values():
+    placed = _here("torch.cuda.empty_cache").placed
+    placed.settle(orphans=True)
+    for memory in placed.memories.values():
         memory.empty_cache()
 
 
@@ -932,6 +936,25 @@ def _compile(original: Callable) -> Callable:
     return compile
 
 
+def _swap_tensors(original: Callable) -> Callable:
+    def swap_tensors(t1: Any, t2: Any) -> None:
+        """torch's ``torch.utils.swap_tensors`` (``Module.to`` and FSDP2 swap parameters); with simulated GPUs, where
+        each tensor lies follows its data. torch refuses a tensor with a weak reference, which the count holds: it
+        is dropped for the swap and made again."""
+        gpus = getattr(_local, "gpus", None)
+        if gpus is None:
+            return original(t1, t2)
+        placed = gpus.placed
+        first, second = placed.unplace(t1), placed.unplace(t2)
+        original(t1, t2)
+        for tensor, was in ((t1, second), (t2, first)):  # each now holds the other's data
+            gpu = was if was is not None else placed.storage_gpu(tensor)
+            if gpu is not None:
+                placed.place(tensor, gpu)
+
+    return swap_tensors
+
+
 def _backward_in_mode(original: Callable) -> Callable:
     def _engine_run_backward(*args: Any, **kwargs: Any) -> Any:
         """torch's backward engine; on a thread with simulated GPUs, under the thread's device mode, which torch's
@@ -965,6 +988,7 @@ def _wrapped() -> list[tuple[Any, str, Callable]]:
         (torch.nn.Module, "to", _module_to),
         (torch.nn.Module, "cuda", _module_cuda),
         (torch, "compile", _compile),
+        (torch.utils, "swap_tensors", _swap_tensors),
         (torch.autograd, "_engine_run_backward", _backward_in_mode),
     ]
 

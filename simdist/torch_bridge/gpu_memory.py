@@ -9,8 +9,8 @@ placed on it, counted by :class:`Placed` as torch's caching allocator counts a r
   from a tensor on GPU ``i`` (so activations, optimizer states and gradients read as ``.grad``
   count); what torch allocates inside its C++ code without handing it to Python (DDP's buckets,
   autograd's temporaries) does not;
-- a storage counts once, with the size it had when first placed, from then until the last of its
-  placed tensors is freed;
+- a storage counts once, with the size it had when first placed, from then until torch frees it
+  (an activation autograd keeps for backward counts until backward is done with it);
 - ``memory_allocated`` is the bytes placed now, ``max_memory_allocated`` the most since the start
   or ``reset_peak_memory_stats``; reserved memory is what a caching allocator keeps: it grows in
   2 MiB blocks to cover what is allocated and shrinks only in ``empty_cache``;
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 __all__ = ["PROPERTIES", "Properties", "Memory", "Placed"]
 
@@ -132,16 +133,19 @@ class Memory:
 class Placed:
     """The tensors one rank placed on its simulated GPUs, and each GPU's :class:`Memory`.
 
-    Storages are told apart by torch's storage identity (which survives ``resize_``); each
-    counts while any tensor placed with it is alive (a weak reference per tensor, whose callback
-    counts it out).
+    Storages are told apart by torch's storage identity (which survives ``resize_``). A storage
+    counts from when a tensor with it is placed until torch frees it: each placed tensor has a
+    weak reference whose callback notes that the storage may be free; it is counted out once its
+    own weak reference says so (another tensor, such as a ``Parameter`` made around it, may keep it).
     """
 
     def __init__(self, capacity: int = PROPERTIES.total_memory):
         self.capacity = capacity
         self.memories: dict[int, Memory] = {}  # made on first use: a rank of a node of 1,000 GPUs uses one or two
         self.tensors: dict[int, tuple[int, int, Any]] = {}  # id(tensor) -> (gpu, storage key, weak reference)
-        self.storages: dict[int, list[int]] = {}  # storage key -> [gpu, nbytes, placed tensors alive]
+        self.storages: dict[int, list] = {}  # storage key -> [gpu, nbytes, placed tensors alive, StorageWeakRef]
+        self.pending: list[int] = []  # storages whose last placed tensor died since the last look
+        self.orphans: list[int] = []  # such storages found still alive (another tensor holds them)
         self.lock = threading.RLock()  # tensors may be freed on any thread, or by a collection inside place()
 
     def memory(self, gpu: int) -> Memory:
@@ -150,6 +154,25 @@ class Placed:
         if memory is None:
             memory = self.memories[gpu] = Memory(self.capacity)
         return memory
+
+    def settle(self, orphans: bool = False) -> None:
+        """Count out the storages torch has freed among those whose last placed tensor died (and, with ``orphans``,
+        among those found alive before: what the statistics read)."""
+        with self.lock:
+            keys = self.pending + self.orphans if orphans else self.pending
+            if not keys:
+                return
+            alive = [] if orphans else self.orphans
+            for key in keys:
+                entry = self.storages.get(key)
+                if entry is None or entry[2] > 0:
+                    continue
+                if entry[3].expired():
+                    del self.storages[key]
+                    self.memory(entry[0]).remove(entry[1])
+                else:
+                    alive.append(key)
+            self.pending, self.orphans = [], alive
 
     def gpu_of(self, values: Any) -> int | None:
         """The GPU of the first placed tensor among ``values`` (and the items of lists and tuples in it)."""
@@ -186,19 +209,44 @@ class Placed:
             return
         key, nbytes = storage._cdata, -(-storage.nbytes() // _MIN_BLOCK) * _MIN_BLOCK
         with self.lock:
-            self.tensors[tensor_id] = (gpu, key, weakref.ref(tensor, functools.partial(self._freed, tensor_id)))
+            self.settle()
             entry = self.storages.get(key)
+            if entry is not None and entry[3].expired():  # a freed storage's address, reused
+                del self.storages[key]
+                self.memory(entry[0]).remove(entry[1])
+                entry = None
             if entry is None:
-                self.storages[key] = [gpu, nbytes, 1]
+                self.storages[key] = [gpu, nbytes, 1, StorageWeakRef(storage)]
                 self.memory(gpu).add(nbytes)
             else:
                 entry[2] += 1
+            self.tensors[tensor_id] = (gpu, key, weakref.ref(tensor, functools.partial(self._freed, tensor_id)))
+
+    def storage_gpu(self, tensor: torch.Tensor) -> int | None:
+        """The GPU of ``tensor``'s storage if it is counted (a ``Parameter`` made around a placed tensor)."""
+        try:
+            entry = self.storages.get(tensor.untyped_storage()._cdata)
+        except (RuntimeError, NotImplementedError, TypeError):
+            return None
+        return None if entry is None or entry[3].expired() else entry[0]
+
+    def unplace(self, tensor: torch.Tensor) -> int | None:
+        """Stop counting ``tensor`` (its weak reference goes): the GPU it was on, or ``None`` if it was not placed."""
+        with self.lock:
+            entry = self.tensors.pop(id(tensor), None)
+            if entry is None:
+                return None
+            self._count_out(entry[1])
+            return entry[0]
+
+    def _count_out(self, key: int) -> None:
+        entry = self.storages[key]
+        entry[2] -= 1
+        if entry[2] == 0:
+            self.pending.append(key)
 
     def _freed(self, tensor_id: int, _: Any = None) -> None:
         with self.lock:
-            _, key, _ = self.tensors.pop(tensor_id)
-            entry = self.storages[key]
-            entry[2] -= 1
-            if entry[2] == 0:
-                del self.storages[key]
-                self.memory(entry[0]).remove(entry[1])
+            entry = self.tensors.pop(tensor_id, None)
+            if entry is not None:
+                self._count_out(entry[1])

@@ -24,7 +24,7 @@ import torch
 from ..core._checks import timeout_seconds
 from ..core._errors import DistTimeoutError
 
-__all__ = ["bridge_classes"]
+__all__ = ["bridge_classes", "hide_from_compiler", "refuse_on_started_thread"]
 
 _MONITORED = 2**40
 """The tag of monitored_barrier's messages: beyond the 32-bit tags torch's backends take, so no user's."""
@@ -246,9 +246,8 @@ def bridge_classes() -> tuple[type, type]:
         def _record(self, op: str, inputs: list) -> None:
             """Record ``op`` for torch's profiler as torch's own backend names it (while a rank profiles); refused on
             a thread a simulated rank started."""
-            from .ranks import refuse_on_started_thread
-
-            refuse_on_started_thread(f"torch.distributed {op}")
+            if getattr(threading.current_thread(), "_simdist_started_by_rank", False):  # ranks.STARTED_BY_RANK
+                refuse_on_started_thread(f"torch.distributed {op}")
             profiler.record_op(f"{self._backend_name}:{op}", inputs)
 
         def _start(self, works: list, outputs: Any, source: Any = None) -> Any:
@@ -484,6 +483,17 @@ def bridge_classes() -> tuple[type, type]:
             pass
 
     return BridgeGroup, BridgeWork
+
+
+def refuse_on_started_thread(op: str) -> None:
+    """Raise a ``RuntimeError`` naming ``op``: the calling thread is one a simulated rank started, and the simulator
+    schedules each rank's own thread only."""
+    raise RuntimeError(
+        f"simdist: {op} called from thread {threading.current_thread().name!r}, which a simulated rank started: "
+        "the simulator schedules each rank's own thread only, so communication from other threads is not "
+        "simulated. Make the call on the rank's thread (torch.distributed.checkpoint.save rather than "
+        "async_save), or run on real processes (simdist run --backend socket, torchrun)"
+    )
 
 
 @functools.cache

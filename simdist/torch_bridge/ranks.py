@@ -50,7 +50,7 @@ __all__ = [
     "note_shared_state",
     "carry",
     "started_by_rank",
-    "refuse_on_started_thread",
+    "STARTED_BY_RANK",
 ]
 
 _OWN = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "tags_to_pg", "pg_to_tag")
@@ -123,44 +123,39 @@ def carry(capture: Callable[[], Callable[[], Callable[[], None]]]) -> None:
 
 def started_by_rank() -> bool:
     """Whether the calling thread is one that a simulated rank started (it sees the rank's world)."""
-    return bool(getattr(_local, "started", False))
+    return getattr(threading.current_thread(), STARTED_BY_RANK, False)
+
+
+STARTED_BY_RANK = "_simdist_started_by_rank"
+"""The attribute that marks a ``threading.Thread`` a simulated rank started (read by the bridge's groups)."""
 
 
 def _thread_start(original: Callable) -> Callable:
     def start(self: threading.Thread) -> None:
         """``threading.Thread.start``; a thread a simulated rank starts (not simdist's own) runs in the rank's world:
         its torch world and process groups, its simulated GPUs, its environment and output (what :func:`carry`
-        registered). What it calls of the rank's process groups is refused (:func:`refuse_on_started_thread`)."""
+        registered). What it calls of the rank's process groups is refused (the bridge's groups check
+        :data:`STARTED_BY_RANK`)."""
         if in_rank() and not self.name.startswith("simdist"):
             world, store = _local.world, _local.store
             enters = [capture() for capture in _CARRIERS]
             run = self.run
 
             def run_in_rank() -> None:
-                _local.world, _local.store, _local.started = world, store, True
+                _local.world, _local.store = world, store
                 leaves = [enter() for enter in enters]
                 try:
                     run()
                 finally:
                     for leave in reversed(leaves):
                         leave()
-                    _local.world = _local.store = _local.started = None
+                    _local.world = _local.store = None
 
             self.run = run_in_rank  # type: ignore[method-assign]
+            setattr(self, STARTED_BY_RANK, True)
         original(self)
 
     return start
-
-
-def refuse_on_started_thread(op: str) -> None:
-    """Raise a ``RuntimeError`` naming ``op`` on a thread a simulated rank started: its collectives are not scheduled."""
-    if started_by_rank():
-        raise RuntimeError(
-            f"simdist: {op} called from thread {threading.current_thread().name!r}, which a simulated rank started: "
-            "the simulator schedules each rank's own thread only, so communication from other threads is not "
-            "simulated. Make the call on the rank's thread (torch.distributed.checkpoint.save rather than "
-            "async_save), or run on real processes (simdist run --backend socket, torchrun)"
-        )
 
 
 # -- torch's hooks, on rank threads -------------------------------------------------------------------------
@@ -171,6 +166,10 @@ def _rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs: Any) -
     if not in_rank():
         yield from _state["rendezvous"](url, rank, world_size, **kwargs)
         return
+    if started_by_rank():
+        from .group import refuse_on_started_thread
+
+        refuse_on_started_thread("torch.distributed.init_process_group")
     from .. import api
 
     _join_simdist(rank, world_size, kwargs.get("timeout"))
@@ -193,6 +192,10 @@ def _new_process_group_helper(
     """torch's group factory on a rank thread: the simdist group first, then torch's bridge group over it."""
     if not in_rank():
         return _state["helper"](group_size, group_rank, global_ranks, backend, store, *args, **kwargs)
+    if started_by_rank():
+        from .group import refuse_on_started_thread
+
+        refuse_on_started_thread("torch.distributed's making of a process group")
     versions.warn_if_untested()
     return factory.helper(
         _state["helper"], _join_simdist, group_size, group_rank, global_ranks, backend, store, *args, **kwargs

@@ -135,3 +135,24 @@ def test_the_real_torch_cuda_answers_once_the_run_is_over():
 
     for name in ("torch.cuda", "torch.cuda.nvtx", "torch.accelerator"):
         assert type(sys.modules[name]) is types.ModuleType, name  # torch's own modules again, not the stand-ins
+
+
+def test_tensors_on_a_gpu_can_be_swapped_and_their_count_follows_their_data():
+    """``torch.utils.swap_tensors`` (``Module.to`` swaps parameters where torch's future flag asks, FSDP2 always)
+    refuses a tensor with a weak reference; the memory count holds one per tensor and gives it up for the swap."""
+
+    def program(rank):
+        on_gpu, on_cpu = torch.ones(256, device="cuda"), torch.ones(512)
+        before = torch.cuda.memory_allocated()
+        torch.utils.swap_tensors(on_gpu, on_cpu)  # the GPU's data, now in on_cpu, stays on the GPU
+        after = torch.cuda.memory_allocated()
+        model = nn.Linear(16, 16)
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        try:
+            model.to("cuda").half()
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(False)
+        return before, after, on_gpu.numel(), torch.cuda.memory_allocated() - after
+
+    half_linear = 512 + 512  # a 16x16 float16 weight and its bias, each a 512-byte block
+    assert simdist.simulate(program, 2, **ON_CPU).values == [(1024, 1024, 512, half_linear)] * 2
