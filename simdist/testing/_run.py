@@ -406,9 +406,15 @@ def _is_user_file(name: str) -> bool:
     return is_user_file(name, _PACKAGES)
 
 
-def _user_caller() -> str | None:
-    """``file:line`` of the caller's caller if it is the user's code (not simdist, the stdlib or a package)."""
-    frame = sys._getframe(2)
+_SIMDIST = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _user_caller(past_simdist: bool = False) -> str | None:
+    """``file:line`` of the caller's caller if it is the user's code (not simdist, the stdlib or a package);
+    ``past_simdist``: first past simdist's own wrappers of the call (the bridge's of ``Thread.start``)."""
+    frame: Any = sys._getframe(2)
+    while past_simdist and frame.f_back is not None and frame.f_code.co_filename.startswith(_SIMDIST):
+        frame = frame.f_back
     name = frame.f_code.co_filename
     return f"{name}:{frame.f_lineno}" if _is_user_file(name) else None
 
@@ -430,7 +436,7 @@ def _diagnose(program: Program, token: str) -> list[str]:
         return clock
 
     def watched_start(thread: threading.Thread) -> None:
-        site = _user_caller()
+        site = _user_caller(past_simdist=True)
         if site is not None:
             seen["thread"].add(f"a thread started at {site}")
         start(thread)
