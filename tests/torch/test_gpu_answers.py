@@ -128,8 +128,6 @@ def test_the_real_torch_cuda_answers_once_the_run_is_over():
     if not torch.cuda.is_available():
         with pytest.raises((RuntimeError, AssertionError)):
             torch.cuda.get_device_properties(0)
-        with pytest.raises(RuntimeError):
-            torch.cuda.nvtx.range_push("x")
     import sys
     import types
 

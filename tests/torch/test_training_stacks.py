@@ -245,7 +245,6 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.torch_release
 @pytest.mark.parametrize("isolation", ["processes", "threads"])
 def test_compiled_ddp_gives_torchruns_numbers_on_simulated_ranks(tmp_path, isolation):
     """``torch.compile(DDP(model))``: dynamo runs the simulated ranks' process groups as torch's own (not traced),
