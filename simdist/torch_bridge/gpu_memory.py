@@ -232,8 +232,11 @@ class Placed:
 
     def unplace(self, tensor: torch.Tensor) -> int | None:
         """Stop counting ``tensor`` (its weak reference goes): the GPU it was on, or ``None`` if it was not placed."""
+        return self._drop(id(tensor))
+
+    def _drop(self, tensor_id: int) -> int | None:
         with self.lock:
-            entry = self.tensors.pop(id(tensor), None)
+            entry = self.tensors.pop(tensor_id, None)
             if entry is None:
                 return None
             self._count_out(entry[1])
@@ -246,7 +249,4 @@ class Placed:
             self.pending.append(key)
 
     def _freed(self, tensor_id: int, _: Any = None) -> None:
-        with self.lock:
-            entry = self.tensors.pop(tensor_id, None)
-            if entry is not None:
-                self._count_out(entry[1])
+        self._drop(tensor_id)

@@ -24,7 +24,7 @@ import torch
 from ..core._checks import timeout_seconds
 from ..core._errors import DistTimeoutError
 
-__all__ = ["bridge_classes", "hide_from_compiler", "refuse_on_started_thread"]
+__all__ = ["bridge_classes", "hide_from_compiler", "refuse_on_started_thread", "STARTED_BY_RANK"]
 
 _MONITORED = 2**40
 """The tag of monitored_barrier's messages: beyond the 32-bit tags torch's backends take, so no user's."""
@@ -246,7 +246,7 @@ def bridge_classes() -> tuple[type, type]:
         def _record(self, op: str, inputs: list) -> None:
             """Record ``op`` for torch's profiler as torch's own backend names it (while a rank profiles); refused on
             a thread a simulated rank started."""
-            if getattr(threading.current_thread(), "_simdist_started_by_rank", False):  # ranks.STARTED_BY_RANK
+            if getattr(threading.current_thread(), STARTED_BY_RANK, False):
                 refuse_on_started_thread(f"torch.distributed {op}")
             profiler.record_op(f"{self._backend_name}:{op}", inputs)
 
@@ -483,6 +483,10 @@ def bridge_classes() -> tuple[type, type]:
             pass
 
     return BridgeGroup, BridgeWork
+
+
+STARTED_BY_RANK = "_simdist_started_by_rank"
+"""The attribute that marks a ``threading.Thread`` a simulated rank started (set by :mod:`.ranks`)."""
 
 
 def refuse_on_started_thread(op: str) -> None:

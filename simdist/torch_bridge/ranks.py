@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from . import factory, profiler, versions
+from .group import STARTED_BY_RANK
 from ..core._callsite import INSTALLED, is_library_file, skip_directory, user_call_site
 
 __all__ = [
@@ -50,7 +51,6 @@ __all__ = [
     "note_shared_state",
     "carry",
     "started_by_rank",
-    "STARTED_BY_RANK",
 ]
 
 _OWN = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "tags_to_pg", "pg_to_tag")
@@ -124,10 +124,6 @@ def carry(capture: Callable[[], Callable[[], Callable[[], None]]]) -> None:
 def started_by_rank() -> bool:
     """Whether the calling thread is one that a simulated rank started (it sees the rank's world)."""
     return getattr(threading.current_thread(), STARTED_BY_RANK, False)
-
-
-STARTED_BY_RANK = "_simdist_started_by_rank"
-"""The attribute that marks a ``threading.Thread`` a simulated rank started (read by the bridge's groups)."""
 
 
 def _thread_start(original: Callable) -> Callable:
